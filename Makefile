@@ -5,7 +5,7 @@
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -I. -pthread -fno-strict-aliasing
+CFLAGS  += -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter -I. -pthread -fno-strict-aliasing
 LDLIBS  += -lm -lpcre2-8 -ljansson -luring -lseccomp -lsystemd
 B       := build
 
@@ -19,7 +19,7 @@ CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
 
 .PHONY: all deps venv model test test-c test-py clean
-all: $(PROGRAMS) $(TOOLS)
+all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -28,6 +28,10 @@ $(B)/obj/%.o: %.c
 $(B)/libnx.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+# Shared library for the Python tests (ctypes) to call the engine directly.
+$(B)/libnx.so: $(LIB_OBJ)
+	$(CC) $(CFLAGS) -shared $^ -o $@ $(LDLIBS)
 
 $(B)/nxd: $(patsubst %.c,$(B)/obj/%.o,$(wildcard daemon/*.c worker/*.c)) $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -56,7 +60,7 @@ test-c: all $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; $$t; done
 
 test-py: all venv
-	NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python -m pytest -q tests/py
+	NX_BUILD=$(B) NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python -m pytest -q tests/py
 
 test: deps venv
 	@$(MAKE) --no-print-directory all $(CTESTS)

@@ -1,0 +1,70 @@
+/* model.h - a llama / qwen2 model bound to the tensors of a parsed GGUF file.
+ *
+ * nx_model is plain data (no heap pointers of its own), so the daemon can copy
+ * it into shared memory and swap one weight between steps (LoRA fold). */
+#ifndef NX_MODEL_H
+#define NX_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "kern/quant.h"
+#include "model/gguf.h"
+
+#define NX_MAX_LAYERS 128
+
+enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2 };
+
+struct nx_hparams {
+	enum nx_arch arch;
+	int n_layer;
+	int dim;        /* embedding length */
+	int n_ff;       /* feed-forward length */
+	int n_head;
+	int n_head_kv;
+	int head_dim;   /* dim / n_head */
+	int rope_dim;   /* rotated dims per head (<= head_dim) */
+	int n_vocab;
+	int n_ctx_train;
+	float rope_base;
+	float norm_eps;
+	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2) instead of (2i, 2i+1) (llama) */
+};
+
+/* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
+ * starts at data + r * row_bytes. */
+struct nx_wt {
+	enum nx_type type;
+	int64_t n_in;
+	int64_t n_out;
+	size_t row_bytes;
+	const void *data;
+};
+
+struct nx_layer {
+	const float *attn_norm;     /* (dim) */
+	struct nx_wt wq;            /* (n_head*head_dim, dim) */
+	struct nx_wt wk;            /* (n_head_kv*head_dim, dim) */
+	struct nx_wt wv;            /* (n_head_kv*head_dim, dim) */
+	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL for llama */
+	struct nx_wt wo;            /* (dim, n_head*head_dim) */
+	const float *ffn_norm;      /* (dim) */
+	struct nx_wt w_gate;        /* (n_ff, dim) */
+	struct nx_wt w_up;          /* (n_ff, dim) */
+	struct nx_wt w_down;        /* (dim, n_ff) */
+};
+
+struct nx_model {
+	struct nx_hparams hp;
+	struct nx_wt tok_embd;      /* (n_vocab, dim), rows looked up by token id */
+	const float *out_norm;      /* (dim) */
+	struct nx_wt output;        /* (n_vocab, dim); tok_embd when the file ties them */
+	struct nx_layer layers[NX_MAX_LAYERS];
+};
+
+/* Reads hyper-parameters from metadata and binds every tensor, checking
+ * architecture, shapes and types. Norm and bias vectors must be F32. */
+int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *err);
+
+#endif
