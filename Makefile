@@ -2,6 +2,7 @@
 #   make            build/nxd, build/nxctl and the engine tools
 #   make test       install what is missing, build, fetch the model, run every test
 #   make model      fetch the default model into the cache (prints its path)
+#   make run        start nxd on the default model and ask it a question with nxctl
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -18,7 +19,7 @@ TOOLS    := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
 
-.PHONY: all deps venv model test test-c test-py clean
+.PHONY: all deps venv model run test test-c test-py clean
 all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
 
 $(B)/obj/%.o: %.c
@@ -54,6 +55,10 @@ venv: deps
 
 model: venv
 	@scripts/fetch-model
+
+run: deps venv
+	@$(MAKE) --no-print-directory all
+	@scripts/demo "$(PROMPT)"
 
 # C unit tests run from the repo root (they find fixtures relative to it).
 test-c: all $(CTESTS)

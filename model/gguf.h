@@ -79,10 +79,21 @@ struct gguf_file {
 	uint64_t n_tensors;
 	struct gguf_tensor *tensors; /* n_tensors entries, heap */
 	uint64_t data_offset;      /* start of the tensor data section in the file */
+	/* Indices into kv / tensors sorted by key / name (duplicate check at parse,
+	 * binary search in gguf_get / gguf_find_tensor; NULL means scan). */
+	size_t *kv_order;
+	size_t *tensor_order;
 };
 
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_ALIGNMENT (1u << 24) /* general.alignment must be a power of two <= this */
+#define GGUF_MAX_NEST 8               /* arrays of arrays: deeper nesting is rejected */
+
 /* Parses and validates [base, base+size). The range must outlive the gguf_file.
- * Returns 0, or -1 with err naming what is wrong. */
+ * Returns 0, or -1 with err naming what is wrong (indices in messages count
+ * from 0). Policy beyond the GGUF spec: keys and tensor names must be unique
+ * and non-empty; every dimension > 0; bools 0 or 1; tensor data may appear in
+ * any order but never overlaps and lies wholly inside the file. */
 int gguf_parse(struct gguf_file *g, const void *base, size_t size, struct nx_err *err);
 void gguf_free(struct gguf_file *g);
 
@@ -106,6 +117,21 @@ int gguf_get_arr(const struct gguf_file *g, const char *key, enum gguf_vtype ele
  * For string arrays, gguf_arr_strings fills out[0..n) in one pass (validated at parse). */
 size_t gguf_vtype_size(enum gguf_vtype t); /* 0 for string/array */
 int gguf_arr_strings(const struct gguf_value *arr, struct gguf_str *out);
+/* "u8", "string", ...; "?" when out of range. */
+const char *gguf_vtype_name(uint32_t t);
+
+/* Walks any array (also of strings or of arrays) element by element:
+ *   struct gguf_arr_iter it; struct gguf_value v;
+ *   gguf_arr_iter_init(&it, arr); while (gguf_arr_next(&it, &v)) ...
+ * Elements come out as values of the array's element type (nested arrays as
+ * array values that can be walked the same way). */
+struct gguf_arr_iter {
+	const struct gguf_value *arr;
+	uint64_t i;
+	const uint8_t *p;
+};
+void gguf_arr_iter_init(struct gguf_arr_iter *it, const struct gguf_value *arr);
+bool gguf_arr_next(struct gguf_arr_iter *it, struct gguf_value *out);
 
 /* Maps a file read-only and parses it. */
 struct gguf_mapped {
