@@ -25,7 +25,10 @@ int nx_err_prefix(struct nx_err *err, const char *fmt, ...)
 		vsnprintf(pre, sizeof(pre), fmt, ap);
 		va_end(ap);
 		memcpy(old, err->msg, sizeof(old));
-		snprintf(err->msg, sizeof(err->msg), "%s: %s", pre, old);
+		/* Truncation is acceptable: the message stays a readable prefix. */
+		int n = snprintf(err->msg, sizeof(err->msg), "%s: ", pre);
+		if (n >= 0 && (size_t)n < sizeof(err->msg))
+			snprintf(err->msg + n, sizeof(err->msg) - (size_t)n, "%.*s", (int)(sizeof(err->msg) - (size_t)n - 1), old);
 	}
 	return -1;
 }

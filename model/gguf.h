@@ -78,7 +78,8 @@ struct gguf_file {
 	struct gguf_kv *kv;        /* n_kv entries, heap */
 	uint64_t n_tensors;
 	struct gguf_tensor *tensors; /* n_tensors entries, heap */
-	uint64_t data_offset;      /* start of the tensor data section in the file */
+	uint64_t data_offset;      /* start of the tensor data section (aligned); may be past
+				    * the end in a file with no tensors (vocab-only files) */
 	/* Indices into kv / tensors sorted by key / name (duplicate check at parse,
 	 * binary search in gguf_get / gguf_find_tensor; NULL means scan). */
 	size_t *kv_order;
@@ -102,8 +103,10 @@ const struct gguf_value *gguf_get(const struct gguf_file *g, const char *key);
 const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *g, const char *name);
 
 /* Typed getters: 0 on success; -1 with err naming the key when the key is
- * missing (for the _req forms) or holds the wrong type. Integer getters accept
- * any integer type whose value fits. */
+ * missing and required, or holds the wrong type (the message names both
+ * types). A missing optional key returns 0 and leaves *out untouched, as does
+ * any error. Integer getters accept any integer type whose value fits;
+ * gguf_get_f32 accepts f32 and f64. */
 int gguf_get_u32(const struct gguf_file *g, const char *key, uint32_t *out, bool required, struct nx_err *err);
 int gguf_get_f32(const struct gguf_file *g, const char *key, float *out, bool required, struct nx_err *err);
 int gguf_get_bool(const struct gguf_file *g, const char *key, bool *out, bool required, struct nx_err *err);
