@@ -1,0 +1,475 @@
+/* sampler.c - the token sampler: penalty, greedy, top-k, temperature, top-p, min-p, seeded draw (see sampler.h). */
+#include "sample/sampler.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct nx_sample_params nx_sample_params_default(void)
+{
+	return (struct nx_sample_params){
+		.temperature = 0.8f,
+		.top_k = 40,
+		.top_p = 0.95f,
+		.min_p = 0.05f,
+		.repeat_penalty = 1.0f,
+		.repeat_last_n = 64,
+		.seed = 0,
+		.n_logprobs = 0,
+	};
+}
+
+int nx_sample_params_check(const struct nx_sample_params *p, struct nx_err *err)
+{
+	if (!p)
+		return nx_errf(err, "sample: no parameters");
+	/* Written as !(ok) so NaN fails every test. */
+	if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+		return nx_errf(err, "sample: temperature %g must be a finite number >= 0 (0 is greedy)",
+			       (double)p->temperature);
+	if (p->top_k < 0)
+		return nx_errf(err, "sample: top_k %d must be >= 0 (0 turns it off)", p->top_k);
+	if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+		return nx_errf(err, "sample: top_p %g must be in (0, 1] (1 turns it off)", (double)p->top_p);
+	if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+		return nx_errf(err, "sample: min_p %g must be in [0, 1] (0 turns it off)", (double)p->min_p);
+	if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
+		return nx_errf(err, "sample: repeat_penalty %g must be a finite number > 0 (1 turns it off)",
+			       (double)p->repeat_penalty);
+	if (p->repeat_last_n < 0)
+		return nx_errf(err, "sample: repeat_last_n %d must be >= 0 (0 turns the penalty off)",
+			       p->repeat_last_n);
+	if (p->n_logprobs < 0 || p->n_logprobs > NX_SAMPLE_MAX_LOGPROBS)
+		return nx_errf(err, "sample: n_logprobs %d must be in [0, %d]", p->n_logprobs,
+			       NX_SAMPLE_MAX_LOGPROBS);
+	return 0;
+}
+
+/* --- generator: xoshiro256** (Blackman & Vigna), seeded by splitmix64 ------ */
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* splitmix64 spreads any seed (0 included) over the 256-bit state, so the
+ * state is never all zero in practice and nearby seeds give unrelated streams. */
+void nx_rng_seed(uint64_t st[4], uint64_t seed)
+{
+	uint64_t x = seed;
+	for (int i = 0; i < 4; i++)
+		st[i] = splitmix64(&x);
+}
+
+uint64_t nx_rng_next(uint64_t s[4])
+{
+	const uint64_t result = rotl(s[1] * 5, 7) * 9;
+	const uint64_t t = s[1] << 17;
+	s[2] ^= s[0];
+	s[3] ^= s[1];
+	s[1] ^= s[2];
+	s[0] ^= s[3];
+	s[2] ^= t;
+	s[3] = rotl(s[3], 45);
+	return result;
+}
+
+double nx_rng_uniform(uint64_t st[4])
+{
+	return (double)(nx_rng_next(st) >> 11) * 0x1.0p-53;
+}
+
+/* --- ordering of candidate ids ----------------------------------------- */
+
+/* A strict total order: larger logit first, equal logits by lower id. Being
+ * total (no two ids compare equal) keeps selection and sorting deterministic
+ * and stops all-equal rows from degrading the partition. */
+static inline int before(const float *v, int32_t a, int32_t b)
+{
+	return v[a] > v[b] || (v[a] == v[b] && a < b);
+}
+
+static inline void swap_id(int32_t *a, int32_t *b)
+{
+	int32_t t = *a;
+	*a = *b;
+	*b = t;
+}
+
+/* Median of idx[lo], idx[mid], idx[hi] moved to idx[hi]; then Lomuto
+ * partition. Returns the pivot's final position: everything left of it
+ * comes before it. */
+static int partition(int32_t *idx, int lo, int hi, const float *v)
+{
+	int mid = lo + (hi - lo) / 2;
+	if (before(v, idx[mid], idx[lo]))
+		swap_id(&idx[mid], &idx[lo]);
+	if (before(v, idx[hi], idx[lo]))
+		swap_id(&idx[hi], &idx[lo]);
+	if (before(v, idx[hi], idx[mid]))
+		swap_id(&idx[hi], &idx[mid]);
+	/* now lo <= mid <= hi in the order: the median is at mid */
+	swap_id(&idx[mid], &idx[hi]);
+	int32_t piv = idx[hi];
+	int store = lo;
+	for (int i = lo; i < hi; i++)
+		if (before(v, idx[i], piv))
+			swap_id(&idx[i], &idx[store++]);
+	swap_id(&idx[store], &idx[hi]);
+	return store;
+}
+
+static void sift_down(int32_t *a, int root, int n, const float *v)
+{
+	for (;;) {
+		int c = 2 * root + 1;
+		if (c >= n)
+			return;
+		/* max-heap under before(): the root is the id that comes last */
+		if (c + 1 < n && before(v, a[c], a[c + 1]))
+			c++;
+		if (!before(v, a[root], a[c]))
+			return;
+		swap_id(&a[root], &a[c]);
+		root = c;
+	}
+}
+
+static void heap_sort(int32_t *a, int n, const float *v)
+{
+	for (int i = n / 2 - 1; i >= 0; i--)
+		sift_down(a, i, n, v);
+	for (int end = n - 1; end > 0; end--) {
+		swap_id(&a[0], &a[end]);
+		sift_down(a, 0, end, v);
+	}
+}
+
+static int depth_budget(int n)
+{
+	int d = 0;
+	while (n > 1) {
+		n >>= 1;
+		d++;
+	}
+	return 2 * d + 4;
+}
+
+/* Introsort: quicksort, insertion sort on short ranges, heapsort when the
+ * depth budget runs out. Our own rather than qsort_r, which may malloc. */
+static void sort_rec(int32_t *a, int lo, int hi, int budget, const float *v)
+{
+	while (hi - lo > 16) {
+		if (budget-- == 0) {
+			heap_sort(a + lo, hi - lo + 1, v);
+			return;
+		}
+		int p = partition(a, lo, hi, v);
+		/* recurse into the smaller side, loop on the larger: stack depth O(log n) */
+		if (p - lo < hi - p) {
+			sort_rec(a, lo, p - 1, budget, v);
+			lo = p + 1;
+		} else {
+			sort_rec(a, p + 1, hi, budget, v);
+			hi = p - 1;
+		}
+	}
+	for (int i = lo + 1; i <= hi; i++) {
+		int32_t x = a[i];
+		int j = i - 1;
+		while (j >= lo && before(v, x, a[j])) {
+			a[j + 1] = a[j];
+			j--;
+		}
+		a[j + 1] = x;
+	}
+}
+
+static void sort_ids(int32_t *a, int n, const float *v)
+{
+	if (n > 1)
+		sort_rec(a, 0, n - 1, depth_budget(n), v);
+}
+
+/* Introselect: afterwards idx[0..k) holds the k ids that come first, in no
+ * particular order. Expected O(n). */
+static void select_top(int32_t *idx, int n, int k, const float *v)
+{
+	if (k <= 0 || k >= n)
+		return;
+	int lo = 0, hi = n - 1, budget = depth_budget(n);
+	while (hi > lo) {
+		if (budget-- == 0) {
+			sort_ids(idx + lo, hi - lo + 1, v);
+			return;
+		}
+		int p = partition(idx, lo, hi, v);
+		if (p == k - 1 || p == k)
+			return;
+		if (p > k)
+			hi = p - 1;
+		else
+			lo = p + 1;
+	}
+}
+
+/* One pass: the k ids (finite logits only) that come first, into h[0..ret)
+ * as a heap whose root is the one that comes last. Most tokens cost a single
+ * compare against the root. */
+static int heap_top(const float *w, int n, int k, int32_t *h)
+{
+	int c = 0;
+	for (int32_t i = 0; i < n; i++) {
+		if (w[i] == -INFINITY)
+			continue;
+		if (c < k) {
+			int j = c++;
+			while (j > 0) {
+				int par = (j - 1) / 2;
+				if (!before(w, h[par], i))
+					break;
+				h[j] = h[par];
+				j = par;
+			}
+			h[j] = i;
+		} else if (before(w, i, h[0])) {
+			h[0] = i;
+			sift_down(h, 0, k, w);
+		}
+	}
+	return c;
+}
+
+/* Rearranges idx[0..c) so that idx[0..ret) is the smallest prefix, in
+ * before() order, whose weight (wt[id]) reaches target; all c when none does.
+ * Quickselect on the cut: each partition sums the better side and recurses
+ * into the side that holds the cut, so nothing is sorted but the last short
+ * range. */
+static int topp_select(int32_t *idx, int c, const float *w, const float *wt, double target)
+{
+	int lo = 0, hi = c - 1, budget = depth_budget(c);
+	double acc = 0.0; /* weight of idx[0..lo), all kept */
+	while (lo <= hi) {
+		if (hi - lo < 16 || budget-- == 0) {
+			sort_ids(idx + lo, hi - lo + 1, w);
+			for (int i = lo; i <= hi; i++) {
+				acc += wt[idx[i]];
+				if (acc >= target)
+					return i + 1;
+			}
+			return hi + 1;
+		}
+		int p = partition(idx, lo, hi, w);
+		double left = 0.0;
+		for (int i = lo; i < p; i++)
+			left += wt[idx[i]];
+		if (acc + left >= target) {
+			hi = p - 1;
+		} else if (acc + left + wt[idx[p]] >= target) {
+			return p + 1;
+		} else {
+			acc += left + wt[idx[p]];
+			lo = p + 1;
+		}
+	}
+	return lo;
+}
+
+/* --- sampler ------------------------------------------------------------ */
+
+int nx_sampler_reset(struct nx_sampler *s, const struct nx_sample_params *p, struct nx_err *err)
+{
+	if (nx_sample_params_check(p, err))
+		return -1;
+	s->p = *p;
+	nx_rng_seed(s->rng, p->seed);
+	s->last_logprob = 0.0f;
+	return 0;
+}
+
+int nx_sampler_init(struct nx_sampler *s, int n_vocab, const struct nx_sample_params *p,
+		    struct nx_err *err)
+{
+	memset(s, 0, sizeof(*s));
+	if (n_vocab <= 0)
+		return nx_errf(err, "sample: n_vocab %d must be > 0", n_vocab);
+	if (nx_sample_params_check(p, err))
+		return -1;
+	size_t n = (size_t)n_vocab;
+	s->work = malloc(n * sizeof(*s->work));
+	s->idx = malloc(n * sizeof(*s->idx));
+	s->weight = malloc(n * sizeof(*s->weight));
+	s->stamp = calloc(n, sizeof(*s->stamp));
+	if (!s->work || !s->idx || !s->weight || !s->stamp) {
+		nx_sampler_free(s);
+		return nx_errf(err, "sample: out of memory for a sampler over %d tokens", n_vocab);
+	}
+	s->n_vocab = n_vocab;
+	return nx_sampler_reset(s, p, err);
+}
+
+void nx_sampler_free(struct nx_sampler *s)
+{
+	free(s->work);
+	free(s->idx);
+	free(s->weight);
+	free(s->stamp);
+	memset(s, 0, sizeof(*s));
+}
+
+float nx_sampler_last_logprob(const struct nx_sampler *s)
+{
+	return s->last_logprob;
+}
+
+/* Divides positive logits by the penalty and multiplies negative ones, once
+ * per distinct token among the last repeat_last_n of history. */
+static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_history)
+{
+	const float pen = s->p.repeat_penalty;
+	if (pen == 1.0f || s->p.repeat_last_n == 0 || !history || n_history <= 0)
+		return;
+	if (++s->gen == 0) { /* wrapped: old stamps could collide */
+		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
+		s->gen = 1;
+	}
+	int from = n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
+	for (int j = from; j < n_history; j++) {
+		int32_t id = history[j];
+		if (id < 0 || id >= s->n_vocab || s->stamp[id] == s->gen)
+			continue;
+		s->stamp[id] = s->gen;
+		float *x = &s->work[id];
+		*x = *x > 0.0f ? *x / pen : *x * pen;
+	}
+}
+
+/* The m most likely ids (finite logits only) with their log-softmax. */
+static int top_logprobs(const struct nx_sampler *s, double lse, struct nx_logprob *top, int m)
+{
+	const float *w = s->work;
+	int32_t best[NX_SAMPLE_MAX_LOGPROBS];
+	int c = 0;
+	for (int32_t i = 0; i < s->n_vocab; i++) {
+		if (w[i] == -INFINITY)
+			continue;
+		if (c == m && !before(w, i, best[c - 1]))
+			continue;
+		int j = c < m ? c++ : m - 1;
+		while (j > 0 && before(w, i, best[j - 1])) {
+			best[j] = best[j - 1];
+			j--;
+		}
+		best[j] = i;
+	}
+	for (int j = 0; j < c; j++)
+		top[j] = (struct nx_logprob){ .id = best[j], .logprob = (float)(w[best[j]] - lse) };
+	return c;
+}
+
+int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *history, int n_history,
+		  struct nx_logprob *top, int *n_top)
+{
+	const struct nx_sample_params *p = &s->p;
+	const int n = s->n_vocab;
+	float *w = s->work, *wt = s->weight;
+	int32_t *idx = s->idx;
+
+	if (n_top)
+		*n_top = 0;
+	s->last_logprob = 0.0f;
+
+	for (int i = 0; i < n; i++) {
+		float x = logits[i];
+		w[i] = x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX;
+	}
+	apply_penalty(s, history, n_history);
+
+	int32_t best = -1;
+	float wmax = -INFINITY;
+	for (int32_t i = 0; i < n; i++) {
+		if (w[i] > wmax) {
+			wmax = w[i];
+			best = i;
+		}
+	}
+	if (best < 0)
+		return -1;
+
+	double lse = 0.0;
+	if (p->n_logprobs > 0) {
+		double z = 0.0;
+		for (int i = 0; i < n; i++)
+			z += exp((double)w[i] - wmax);
+		lse = wmax + log(z);
+		if (top && n_top)
+			*n_top = top_logprobs(s, lse, top, p->n_logprobs < n ? p->n_logprobs : n);
+	}
+
+	int32_t tok = best;
+	const float inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
+	/* greedy; a subnormal temperature (1/T = inf) too, where 0 * inf would
+	 * make the best token's weight NaN */
+	if (p->temperature == 0.0f || isinf(inv_t))
+		goto out;
+
+	int c;
+	if (p->top_k > 0 && p->top_k <= NX_SAMPLE_HEAP_K && p->top_k < n) {
+		c = heap_top(w, n, p->top_k, idx);
+	} else {
+		c = 0;
+		for (int32_t i = 0; i < n; i++)
+			if (w[i] != -INFINITY)
+				idx[c++] = i;
+		if (p->top_k > 0 && p->top_k < c) {
+			select_top(idx, c, p->top_k, w);
+			c = p->top_k;
+		}
+	}
+
+	/* Weights relative to the best token (whose weight is exactly 1); the
+	 * best token survives every filter below. */
+	double z = 0.0;
+	for (int i = 0; i < c; i++) {
+		float e = expf((w[idx[i]] - wmax) * inv_t);
+		wt[idx[i]] = e;
+		z += e;
+	}
+	int keep = c;
+	if (p->top_p < 1.0f)
+		keep = topp_select(idx, c, w, wt, (double)p->top_p * z);
+
+	/* min-p: p >= min_p * p_max, and p_max is weight 1 */
+	double sum = 0.0;
+	int k2 = 0;
+	for (int i = 0; i < keep; i++) {
+		float e = wt[idx[i]];
+		if (e < p->min_p)
+			continue;
+		idx[k2++] = idx[i];
+		sum += e;
+	}
+
+	double r = nx_rng_uniform(s->rng) * sum, cum = 0.0;
+	tok = idx[k2 - 1];
+	for (int i = 0; i < k2; i++) {
+		cum += wt[idx[i]];
+		if (r < cum) {
+			tok = idx[i];
+			break;
+		}
+	}
+out:
+	if (p->n_logprobs > 0)
+		s->last_logprob = (float)(w[tok] - lse);
+	return tok;
+}

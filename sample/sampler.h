@@ -1,0 +1,110 @@
+/* sampler.h - picks the next token from a row of logits: repetition penalty, greedy, top-k, temperature, top-p, min-p, seeded draw.
+ *
+ * One sampler per sequence, owned by the supervisor. Every buffer is sized for
+ * n_vocab at init, so nx_sample() never allocates; the daemon embeds one
+ * struct nx_sampler per slot and calls nx_sampler_reset() for each request.
+ *
+ * Order (llama.cpp's classic chain, also HF's warper order):
+ *   1. repetition penalty over the distinct tokens among the last
+ *      repeat_last_n of history: a positive logit is divided by the penalty,
+ *      a negative one multiplied (llama.cpp / CTRL paper);
+ *   2. temperature == 0: greedy, argmax, ties to the lowest id;
+ *   3. top-k (k == 0: off), by partial selection, not a full sort;
+ *   4. softmax of the survivors at the temperature;
+ *   5. top-p: the smallest prefix, in descending probability, whose sum is
+ *      >= top_p (1: off);
+ *   6. min-p: keep p >= min_p * p_max (0: off);
+ *   7. renormalize and draw with the sampler's own xoshiro256** generator,
+ *      seeded through splitmix64, so a (seed, sequence of calls) pair always
+ *      gives the same tokens.
+ *
+ * Nothing sorts the vocabulary. Top-k with k <= NX_SAMPLE_HEAP_K keeps a
+ * k-entry heap in one pass over the logits (most tokens cost one compare);
+ * larger k uses quickselect. Top-p uses a quickselect that partitions by
+ * logit and sums the probability mass on the better side, recursing into the
+ * side that holds the cut: expected O(n), and the kept set is exactly the
+ * smallest prefix in (logit desc, id asc) order, left unordered (the draw
+ * does not need an order). Ties between equal logits go to the lower id
+ * everywhere, so results never depend on memory order.
+ *
+ * Log-probabilities (n_logprobs > 0): the n most likely tokens of the
+ * log-softmax of the full vocabulary after the repetition penalty, at
+ * temperature 1 and before any truncation: what the model (with the penalty
+ * applied) believes, not what the truncated sampler would draw.
+ *
+ * Non-finite logits are not trusted (workers write them into shared memory):
+ * NaN counts as -inf and +inf as FLT_MAX. A row with no finite logit at all
+ * makes nx_sample() return -1. */
+#ifndef NX_SAMPLER_H
+#define NX_SAMPLER_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+
+#define NX_SAMPLE_MAX_LOGPROBS 20
+#define NX_SAMPLE_HEAP_K 256
+
+/* Defaults (llama.cpp-like): temperature 0.8, top_k 40, top_p 0.95,
+ * min_p 0.05, repeat_penalty 1.0 (off), repeat_last_n 64, seed 0 (every
+ * value is a valid seed; the daemon picks a fresh one when a client gives
+ * none), n_logprobs 0. Greedy decoding is temperature 0. */
+struct nx_sample_params {
+	float temperature;    /* >= 0, finite; 0 = greedy */
+	int top_k;            /* >= 0; 0 = off */
+	float top_p;          /* (0, 1]; 1 = off */
+	float min_p;          /* [0, 1]; 0 = off */
+	float repeat_penalty; /* > 0; 1 = off */
+	int repeat_last_n;    /* >= 0 tokens of history penalized; 0 = off */
+	uint64_t seed;
+	int n_logprobs;       /* [0, NX_SAMPLE_MAX_LOGPROBS] */
+};
+
+struct nx_logprob {
+	int32_t id;
+	float logprob;        /* natural log */
+};
+
+struct nx_sampler {
+	int n_vocab;
+	struct nx_sample_params p;
+	uint64_t rng[4];      /* xoshiro256** state */
+	float *work;          /* (n_vocab) logits after sanitizing and penalty */
+	int32_t *idx;         /* (n_vocab) candidate ids, partially ordered */
+	float *weight;        /* (n_vocab) by token id: exp((logit - max) / T) of candidates */
+	uint32_t *stamp;      /* (n_vocab) penalty dedupe: stamp[id] == gen means seen this call */
+	uint32_t gen;
+	float last_logprob;   /* log-softmax of the last token drawn (n_logprobs > 0) */
+};
+
+/* The documented defaults. */
+struct nx_sample_params nx_sample_params_default(void);
+
+/* 0, or -1 with a message naming the field and its value. */
+int nx_sample_params_check(const struct nx_sample_params *p, struct nx_err *err);
+
+/* Allocates the per-vocabulary buffers and seeds the generator. */
+int nx_sampler_init(struct nx_sampler *s, int n_vocab, const struct nx_sample_params *p,
+		    struct nx_err *err);
+void nx_sampler_free(struct nx_sampler *s);
+
+/* New parameters and a reseeded generator for the next request; no allocation. */
+int nx_sampler_reset(struct nx_sampler *s, const struct nx_sample_params *p, struct nx_err *err);
+
+/* logits: (n_vocab). history: the sequence so far (prompt and generated),
+ * ids outside [0, n_vocab) are ignored. top: room for p.n_logprobs entries
+ * (may be NULL when n_logprobs == 0); *n_top gets how many were written,
+ * most likely first. Returns the token id, or -1 when no logit is finite. */
+int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *history, int n_history,
+		  struct nx_logprob *top, int *n_top);
+
+/* The log-probability (same distribution as top[]) of the token the last
+ * nx_sample() returned; only computed when n_logprobs > 0, else 0. */
+float nx_sampler_last_logprob(const struct nx_sampler *s);
+
+/* The generator on its own (tests, and anything else that needs the stream). */
+void nx_rng_seed(uint64_t st[4], uint64_t seed);
+uint64_t nx_rng_next(uint64_t st[4]);
+double nx_rng_uniform(uint64_t st[4]); /* [0, 1) with 53 random bits */
+
+#endif

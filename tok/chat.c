@@ -1,0 +1,518 @@
+/* chat.c - chat template detection, default system prompt extraction and rendering (see chat.h). */
+#include "tok/chat.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum nx_chat_tmpl nx_chat_detect(const char *jinja)
+{
+	if (!jinja || !*jinja)
+		return NX_CHAT_RAW;
+	if (strstr(jinja, "<|im_start|>"))
+		return NX_CHAT_CHATML;
+	if (strstr(jinja, "<|start_header_id|>"))
+		return NX_CHAT_LLAMA3;
+	if (strstr(jinja, "[INST]"))
+		return NX_CHAT_LLAMA2;
+	return NX_CHAT_RAW;
+}
+
+static const char *const tmpl_names[] = {
+	[NX_CHAT_RAW] = "raw",
+	[NX_CHAT_CHATML] = "chatml",
+	[NX_CHAT_LLAMA2] = "llama2",
+	[NX_CHAT_LLAMA3] = "llama3",
+};
+
+const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
+{
+	if ((unsigned)t < sizeof(tmpl_names) / sizeof(tmpl_names[0]))
+		return tmpl_names[t];
+	return "unknown";
+}
+
+int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
+{
+	for (size_t i = 0; name && i < sizeof(tmpl_names) / sizeof(tmpl_names[0]); i++) {
+		if (strcmp(name, tmpl_names[i]) == 0) {
+			*out = (enum nx_chat_tmpl)i;
+			return 0;
+		}
+	}
+	return nx_errf(err, "chat: unknown template \"%.64s\"; expected raw, chatml, llama2 or llama3",
+		       name ? name : "(null)");
+}
+
+/* --- a growable string (prompt rendering only, never per token) ---------- */
+
+struct sbuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+static void sb_add(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+		while (cap < b->len + n + 1) {
+			if (cap > SIZE_MAX / 2) {
+				b->oom = true;
+				return;
+			}
+			cap *= 2;
+		}
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void sb_str(struct sbuf *b, const char *s)
+{
+	sb_add(b, s, strlen(s));
+}
+
+/* --- Python str.strip(): the whitespace Jinja's trim and .strip() remove -- */
+
+/* Length of the UTF-8 whitespace character (per Python's str.isspace) at s,
+ * or 0. */
+static size_t space_at(const unsigned char *s, size_t n)
+{
+	if (n >= 1 && ((s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20)))
+		return 1;
+	if (n >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0))
+		return 2;
+	if (n >= 3) {
+		uint32_t c = ((uint32_t)s[0] << 16) | ((uint32_t)s[1] << 8) | s[2];
+		if (c == 0xe19a80 /* U+1680 */ || (c >= 0xe28080 && c <= 0xe2808a) /* U+2000..200A */ ||
+		    c == 0xe280a8 || c == 0xe280a9 /* U+2028, 2029 */ || c == 0xe280af /* U+202F */ ||
+		    c == 0xe2819f /* U+205F */ || c == 0xe38080 /* U+3000 */)
+			return 3;
+	}
+	return 0;
+}
+
+/* Length of the whitespace character ending at s[n-1], or 0. */
+static size_t space_before(const unsigned char *s, size_t n)
+{
+	for (size_t k = 1; k <= 3 && k <= n; k++)
+		if (space_at(s + n - k, k) == k)
+			return k;
+	return 0;
+}
+
+static void sb_stripped(struct sbuf *b, const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t n = strlen(s), k;
+	while (n && (k = space_at(u, n))) {
+		u += k;
+		n -= k;
+	}
+	while (n && (k = space_before(u, n)))
+		n -= k;
+	sb_add(b, (const char *)u, n);
+}
+
+/* --- string literals of the Jinja source --------------------------------- */
+
+static void put_utf8(char **o, uint32_t c)
+{
+	unsigned char *p = (unsigned char *)*o;
+	if (c < 0x80) {
+		*p++ = (unsigned char)c;
+	} else if (c < 0x800) {
+		*p++ = (unsigned char)(0xc0 | (c >> 6));
+		*p++ = (unsigned char)(0x80 | (c & 0x3f));
+	} else if (c < 0x10000) {
+		*p++ = (unsigned char)(0xe0 | (c >> 12));
+		*p++ = (unsigned char)(0x80 | ((c >> 6) & 0x3f));
+		*p++ = (unsigned char)(0x80 | (c & 0x3f));
+	} else {
+		*p++ = (unsigned char)(0xf0 | (c >> 18));
+		*p++ = (unsigned char)(0x80 | ((c >> 12) & 0x3f));
+		*p++ = (unsigned char)(0x80 | ((c >> 6) & 0x3f));
+		*p++ = (unsigned char)(0x80 | (c & 0x3f));
+	}
+	*o = (char *)p;
+}
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* Decodes the literal body [s, e) the way Jinja does (Python's
+ * unicode-escape) into out, which has room for e - s bytes: no escape decodes
+ * to more bytes than it is written with. Returns the decoded length. */
+static size_t decode_literal(const char *s, const char *e, char *out)
+{
+	char *o = out;
+	while (s < e) {
+		if (*s == '\r' && s + 1 < e && s[1] == '\n') { /* Jinja normalizes newlines */
+			s++;
+			continue;
+		}
+		if (*s != '\\' || s + 1 >= e) {
+			*o++ = *s++;
+			continue;
+		}
+		static const char esc[] = "nrtabfv\\'\"";
+		static const char val[] = "\n\r\t\a\b\f\v\\'\"";
+		char c = s[1];
+		const char *k = c ? strchr(esc, c) : NULL;
+		if (k) {
+			*o++ = val[k - esc];
+			s += 2;
+			continue;
+		}
+		if (c == '\n') { /* backslash-newline is a line continuation: dropped */
+			s += 2;
+			continue;
+		}
+		if (c >= '0' && c <= '7') {
+			uint32_t v = 0;
+			const char *q = s + 1;
+			for (int i = 0; i < 3 && q < e && *q >= '0' && *q <= '7'; i++)
+				v = v * 8 + (uint32_t)(*q++ - '0');
+			put_utf8(&o, v);
+			s = q;
+			continue;
+		}
+		int nd = c == 'x' ? 2 : c == 'u' ? 4 : c == 'U' ? 8 : 0;
+		if (nd && e - (s + 2) >= nd) {
+			uint32_t v = 0;
+			int i;
+			for (i = 0; i < nd && hexval(s[2 + i]) >= 0; i++)
+				v = v * 16 + (uint32_t)hexval(s[2 + i]);
+			if (i == nd && v <= 0x10ffff) {
+				put_utf8(&o, v);
+				s += 2 + nd;
+				continue;
+			}
+		}
+		/* unknown escape: Python keeps the backslash */
+		*o++ = *s++;
+	}
+	return (size_t)(o - out);
+}
+
+struct lit {
+	const char *open;  /* the opening quote in the source */
+	const char *close; /* just past the closing quote */
+	char *val;         /* decoded, NUL-terminated (in a scratch buffer) */
+	size_t len;
+};
+
+/* Calls fn on each string literal inside {{ }} and {% %} tags, in order,
+ * until it returns nonzero (that value is returned). scratch has room for
+ * strlen(src) + 1 bytes. */
+static int each_literal(const char *src, char *scratch, int (*fn)(const struct lit *, void *), void *ctx)
+{
+	const char *p = src;
+	while ((p = strchr(p, '{'))) {
+		if (p[1] == '#') {
+			const char *e = strstr(p + 2, "#}");
+			if (!e)
+				return 0;
+			p = e + 2;
+			continue;
+		}
+		if (p[1] != '{' && p[1] != '%') {
+			p++;
+			continue;
+		}
+		const char *close = p[1] == '{' ? "}}" : "%}";
+		p += 2;
+		while (*p && strncmp(p, close, 2) != 0) {
+			if (*p != '\'' && *p != '"') {
+				p++;
+				continue;
+			}
+			char q = *p;
+			const char *b = p + 1, *e = b;
+			while (*e && *e != q)
+				e += (*e == '\\' && e[1]) ? 2 : 1;
+			if (!*e)
+				return 0; /* unterminated: nothing more to trust */
+			struct lit l = { .open = p, .close = e + 1, .val = scratch };
+			l.len = decode_literal(b, e, scratch);
+			scratch[l.len] = '\0';
+			int r = fn(&l, ctx);
+			if (r)
+				return r;
+			p = e + 1;
+		}
+		if (*p)
+			p += 2;
+		else
+			return 0;
+	}
+	return 0;
+}
+
+struct find_default {
+	enum nx_chat_tmpl t;
+	const char *src;
+	char *lit;        /* the whole literal, malloc'd (ChatML, Llama 3) */
+	size_t body_off, body_len;
+	bool oom;
+};
+
+static bool starts_with(const char *s, size_t n, const char *pre)
+{
+	size_t l = strlen(pre);
+	return n >= l && memcmp(s, pre, l) == 0;
+}
+
+static int default_cb(const struct lit *l, void *ctx)
+{
+	struct find_default *f = ctx;
+	const char *head = NULL, *tail = NULL;
+	if (f->t == NX_CHAT_CHATML) {
+		head = "<|im_start|>system\n";
+		tail = "<|im_end|>";
+	} else if (f->t == NX_CHAT_LLAMA3) {
+		head = "<|start_header_id|>system<|end_header_id|>\n\n";
+		tail = "<|eot_id|>";
+	}
+	if (head) {
+		/* one literal holding a whole system turn: the template's own default */
+		if (!starts_with(l->val, l->len, head))
+			return 0;
+		size_t hl = strlen(head);
+		const char *t = strstr(l->val + hl, tail);
+		if (!t || t == l->val + hl)
+			return 0;
+		f->body_off = hl;
+		f->body_len = (size_t)(t - (l->val + hl));
+	} else {
+		/* Llama 2: {% set system_message = '...' %} */
+		const char *b = l->open;
+		while (b > f->src && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
+			b--;
+		if (b == f->src || b[-1] != '=')
+			return 0;
+		b--;
+		while (b > f->src && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
+			b--;
+		static const char var[] = "system_message";
+		size_t vl = sizeof(var) - 1;
+		if ((size_t)(b - f->src) < vl || memcmp(b - vl, var, vl) != 0)
+			return 0;
+		const char *a = l->close;
+		while (*a == ' ' || *a == '\t' || *a == '\n')
+			a++;
+		if (strncmp(a, "%}", 2) != 0 && strncmp(a, "-%}", 3) != 0)
+			return 0; /* an expression such as '<<SYS>>\n' + messages[0]... */
+		if (l->len == 0)
+			return 0;
+		f->body_off = 0;
+		f->body_len = l->len;
+	}
+	f->lit = malloc(l->len + 1);
+	if (!f->lit) {
+		f->oom = true;
+		return 1;
+	}
+	memcpy(f->lit, l->val, l->len + 1);
+	return 1;
+}
+
+/* Finds the template's default system literal; f->lit stays NULL when none. */
+static int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err)
+{
+	memset(f, 0, sizeof(*f));
+	f->t = t;
+	f->src = jinja;
+	if (!jinja || t == NX_CHAT_RAW)
+		return 0;
+	/* Llama 2 templates that gate the default on USE_DEFAULT_PROMPT never
+	 * insert it under HF (the variable is undefined there). */
+	if (t == NX_CHAT_LLAMA2 && strstr(jinja, "USE_DEFAULT_PROMPT"))
+		return 0;
+	char *scratch = malloc(strlen(jinja) + 1);
+	if (!scratch)
+		return nx_errf(err, "chat: out of memory reading the template");
+	each_literal(jinja, scratch, default_cb, f);
+	free(scratch);
+	if (f->oom)
+		return nx_errf(err, "chat: out of memory reading the template");
+	return 0;
+}
+
+int nx_chat_default_system(enum nx_chat_tmpl t, const char *jinja, char **out, struct nx_err *err)
+{
+	struct find_default f;
+	*out = NULL;
+	if (find_default(t, jinja, &f, err))
+		return -1;
+	if (!f.lit)
+		return 0;
+	memmove(f.lit, f.lit + f.body_off, f.body_len);
+	f.lit[f.body_len] = '\0';
+	*out = f.lit;
+	return 0;
+}
+
+/* --- rendering ------------------------------------------------------------ */
+
+static int check_msgs(const struct nx_chat_msg *msgs, int n, struct nx_err *err)
+{
+	if (n <= 0 || !msgs)
+		return nx_errf(err, "chat: no messages");
+	for (int i = 0; i < n; i++) {
+		const char *r = msgs[i].role;
+		if (!r)
+			return nx_errf(err, "chat: message %d has no role", i);
+		if (!msgs[i].content)
+			return nx_errf(err, "chat: message %d (%.32s) has no content", i, r);
+		if (strcmp(r, "system") == 0) {
+			if (i != 0)
+				return nx_errf(err, "chat: message %d has role \"system\"; a system message may only come first", i);
+		} else if (strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
+			return nx_errf(err, "chat: message %d has unknown role \"%.64s\"; expected system, user or assistant",
+				       i, r);
+		}
+	}
+	return 0;
+}
+
+static void render_chatml(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+			  int n, bool gen)
+{
+	if (f->lit && strcmp(m[0].role, "system") != 0)
+		sb_str(b, f->lit);
+	for (int i = 0; i < n; i++) {
+		sb_str(b, "<|im_start|>");
+		sb_str(b, m[i].role);
+		sb_str(b, "\n");
+		sb_str(b, m[i].content);
+		sb_str(b, "<|im_end|>\n");
+	}
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+			  int n, bool gen)
+{
+	sb_str(b, "<|begin_of_text|>");
+	if (f->lit && strcmp(m[0].role, "system") != 0)
+		sb_str(b, f->lit);
+	for (int i = 0; i < n; i++) {
+		sb_str(b, "<|start_header_id|>");
+		sb_str(b, m[i].role);
+		sb_str(b, "<|end_header_id|>\n\n");
+		sb_stripped(b, m[i].content);
+		sb_str(b, "<|eot_id|>");
+	}
+	if (gen)
+		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static int render_llama2(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+			 int n, struct nx_err *err)
+{
+	const char *sys = NULL;
+	int first = 0;
+	if (strcmp(m[0].role, "system") == 0) {
+		sys = m[0].content;
+		first = 1;
+	} else if (f->lit && !strstr(m[0].content, "<<SYS>>")) {
+		sys = f->lit;
+	}
+	if (first == n)
+		return nx_errf(err, "chat: the llama2 template needs a user message after the system message");
+	for (int i = first; i < n; i++) {
+		bool want_user = (i - first) % 2 == 0;
+		if ((strcmp(m[i].role, "user") == 0) != want_user)
+			return nx_errf(err, "chat: message %d has role \"%s\"; the llama2 template needs user and "
+				       "assistant turns to alternate, starting with user", i, m[i].role);
+	}
+	struct sbuf c = { 0 };
+	for (int i = first; i < n; i++) {
+		const char *content = m[i].content;
+		if (i == first && sys) {
+			c.len = 0;
+			sb_str(&c, "<<SYS>>\n");
+			sb_str(&c, sys);
+			sb_str(&c, "\n<</SYS>>\n\n");
+			sb_str(&c, content);
+			if (c.oom)
+				break;
+			content = c.p;
+		}
+		if (strcmp(m[i].role, "user") == 0) {
+			sb_str(b, "<s>[INST] ");
+			sb_stripped(b, content);
+			sb_str(b, " [/INST]");
+		} else {
+			sb_str(b, " ");
+			sb_stripped(b, content);
+			sb_str(b, " </s>");
+		}
+	}
+	if (c.oom)
+		b->oom = true;
+	free(c.p);
+	return 0;
+}
+
+int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
+		   bool add_generation_prompt, char **out, struct nx_err *err)
+{
+	*out = NULL;
+	if ((unsigned)t > NX_CHAT_LLAMA3)
+		return nx_errf(err, "chat: unknown template %d", (int)t);
+	if (check_msgs(msgs, n, err))
+		return -1;
+	struct find_default f;
+	if (find_default(t, jinja, &f, err))
+		return -1;
+
+	struct sbuf b = { 0 };
+	sb_add(&b, "", 0); /* an empty render is still a string */
+	int rc = 0;
+	switch (t) {
+	case NX_CHAT_RAW:
+		for (int i = 0; i < n; i++)
+			sb_str(&b, msgs[i].content);
+		break;
+	case NX_CHAT_CHATML:
+		render_chatml(&b, &f, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_LLAMA2:
+		rc = render_llama2(&b, &f, msgs, n, err);
+		break;
+	case NX_CHAT_LLAMA3:
+		render_llama3(&b, &f, msgs, n, add_generation_prompt);
+		break;
+	}
+	free(f.lit);
+	if (rc == 0 && b.oom)
+		rc = nx_errf(err, "chat: out of memory rendering %d messages", n);
+	if (rc) {
+		free(b.p);
+		return -1;
+	}
+	*out = b.p;
+	return 0;
+}

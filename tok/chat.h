@@ -1,0 +1,71 @@
+/* chat.h - chat templates: detect the family from tokenizer.chat_template and render messages into the prompt text.
+ *
+ * No Jinja interpreter: the template source is only read to tell the family
+ * (by its marker tokens) and to pull out a default system prompt. Each family
+ * is rendered by hand to exactly what the Hugging Face template produces for
+ * the same messages:
+ *
+ *   ChatML (Qwen2, SmolLM2):
+ *     [default system]<|im_start|>{role}\n{content}<|im_end|>\n ...
+ *     + "<|im_start|>assistant\n" with add_generation_prompt.
+ *     Content is not trimmed. When the conversation has no system message
+ *     and the template inserts one (a string literal
+ *     '<|im_start|>system\n...<|im_end|>...' in the source, as in Qwen2's
+ *     and SmolLM2's), that literal is inserted first, verbatim.
+ *   Llama 2 (meta-llama/Llama-2-*-chat-hf):
+ *     <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] {user} [/INST]
+ *     Each turn is strip()ped (Python whitespace); user and assistant must
+ *     alternate starting with user (the HF template raises otherwise); no
+ *     generation prompt is added (the template has none). A default system
+ *     prompt is taken from `set system_message = '...'` when the template
+ *     has one (not when it is gated on USE_DEFAULT_PROMPT, which HF leaves
+ *     undefined).
+ *   Llama 3 (Meta-Llama-3-*-Instruct):
+ *     <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> ...
+ *     + "<|start_header_id|>assistant<|end_header_id|>\n\n" with
+ *     add_generation_prompt. Content is trimmed (`| trim`). Llama 3.1+'s
+ *     tool / "Cutting Knowledge Date" system header is not reproduced.
+ *   Raw (no or unknown template): the contents one after another, nothing
+ *     added, for base models that just continue text.
+ *
+ * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>"): the
+ * tokenizer must be run with special-token parsing on the rendered prompt,
+ * and must not add another BOS of its own for Llama 2 / Llama 3 prompts.
+ *
+ * Roles are "system", "user" and "assistant"; a system message may only come
+ * first. Anything else is an error naming the message and its role. */
+#ifndef NX_CHAT_H
+#define NX_CHAT_H
+
+#include <stdbool.h>
+
+#include "common/err.h"
+
+enum nx_chat_tmpl { NX_CHAT_RAW, NX_CHAT_CHATML, NX_CHAT_LLAMA2, NX_CHAT_LLAMA3 };
+
+struct nx_chat_msg {
+	const char *role;
+	const char *content;
+};
+
+/* From the tokenizer.chat_template source (NULL or empty: RAW):
+ * "<|im_start|>" -> ChatML, "<|start_header_id|>" -> Llama 3,
+ * "[INST]" -> Llama 2, anything else -> RAW. */
+enum nx_chat_tmpl nx_chat_detect(const char *jinja);
+
+/* "raw", "chatml", "llama2", "llama3". */
+const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
+
+/* The inverse of nx_chat_tmpl_name (a client forcing a template). */
+int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err);
+
+/* The default system prompt text the template inserts when a conversation
+ * has none: *out is a malloc'd string, or NULL when the template has none. */
+int nx_chat_default_system(enum nx_chat_tmpl t, const char *jinja, char **out, struct nx_err *err);
+
+/* Renders n messages; *out is a malloc'd NUL-terminated string the caller
+ * frees. jinja (may be NULL) is only read for the default system prompt. */
+int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
+		   bool add_generation_prompt, char **out, struct nx_err *err);
+
+#endif
