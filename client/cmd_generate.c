@@ -1,0 +1,591 @@
+/* cmd_generate.c - nxctl generate and chat: sampling flags, streaming an answer, Ctrl-C as cancel. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/nxctl.h"
+#include "proto/proto.h"
+
+#define SAMPLING_HELP                                                                              \
+	"  -n, --max-tokens N     at most N tokens (default 256)\n"                               \
+	"  -t, --temp T           temperature, 0 = greedy (default 0.8)\n"                       \
+	"      --top-k K          keep the K most likely tokens, 0 = off (default 40)\n"         \
+	"      --top-p P          nucleus sampling mass in (0, 1] (default 0.95)\n"              \
+	"      --min-p P          drop tokens below P x the best one's probability (default 0.05)\n" \
+	"      --repeat-penalty R penalty on recent tokens, 1 = off (default 1.0)\n"             \
+	"      --repeat-last-n N  how many recent tokens it looks at (default 64)\n"             \
+	"      --seed S           random seed, 0..2^63-1 (default: a fresh one)\n"               \
+	"      --stop STR         stop before STR (repeatable, at most 8)\n"                    \
+	"      --ignore-eos       keep going past the end-of-sequence token\n"                  \
+	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"
+
+const char nxc_usage_generate[] =
+	"usage: nxctl generate [OPTIONS] PROMPT|-\n\n"
+	"Streams the model's answer to PROMPT (one user message through the model's chat\n"
+	"template). With '-', or without PROMPT when stdin is not a terminal, the prompt\n"
+	"is read from stdin (one trailing newline removed). Several PROMPT words are\n"
+	"joined with spaces. Ctrl-C cancels the request and waits for it to end; a\n"
+	"second Ctrl-C exits at once.\n\n" SAMPLING_HELP
+	"      --system TEXT      system message before the prompt\n"
+	"      --raw              send PROMPT as is, without the chat template\n"
+	"      --tokens           PROMPT is a list of token ids (\"1 2 3\" or \"1,2,3\"), used as is\n"
+	"      --logprobs N       ask for the N (0..20) most likely alternatives per token\n"
+	"                         (shown with --json)\n"
+	"      --json             print every event line from nxd as it arrives\n\n"
+	"exit status: 0 done, 1 error from nxd, 2 bad arguments, 3 nxd not running,\n"
+	"130 cancelled with Ctrl-C.\n";
+
+const char nxc_usage_chat[] =
+	"usage: nxctl chat [--system TEXT] [OPTIONS]\n\n"
+	"An interactive conversation: each line read from stdin is a user message, the\n"
+	"answer streams back, and the whole conversation is sent with every turn.\n"
+	"'/reset' starts over (keeping --system); end of input (Ctrl-D) exits.\n"
+	"Ctrl-C cancels the answer being written; at the prompt it exits.\n\n" SAMPLING_HELP
+	"      --system TEXT      system message at the start of the conversation\n";
+
+struct gen_args {
+	json_t *params;       /* sampling and stop fields, copied into every request */
+	const char *system;
+	bool raw, json, tokens;
+	int n_stop;
+	int first_arg;        /* argv index of the first PROMPT word */
+};
+
+enum {
+	O_TOPK = 256, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_IGNORE_EOS, O_SYSTEM,
+	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA,
+};
+
+static const struct option gen_opts[] = {
+	{"max-tokens", required_argument, NULL, 'n'},
+	{"temp", required_argument, NULL, 't'},
+	{"temperature", required_argument, NULL, 't'},
+	{"top-k", required_argument, NULL, O_TOPK},
+	{"top-p", required_argument, NULL, O_TOPP},
+	{"min-p", required_argument, NULL, O_MINP},
+	{"repeat-penalty", required_argument, NULL, O_RPEN},
+	{"repeat-last-n", required_argument, NULL, O_RLAST},
+	{"seed", required_argument, NULL, O_SEED},
+	{"stop", required_argument, NULL, O_STOP},
+	{"ignore-eos", no_argument, NULL, O_IGNORE_EOS},
+	{"system", required_argument, NULL, O_SYSTEM},
+	{"raw", no_argument, NULL, O_RAW},
+	{"json", no_argument, NULL, O_JSON},
+	{"logprobs", required_argument, NULL, O_LOGPROBS},
+	{"tokens", no_argument, NULL, O_TOKENS},
+	{"lora", required_argument, NULL, O_LORA},
+	{"help", no_argument, NULL, 'h'},
+	{NULL, 0, NULL, 0},
+};
+
+/* The long name of option o, for messages. */
+static const char *opt_name(int o)
+{
+	for (const struct option *p = gen_opts; p->name; p++)
+		if (p->val == o)
+			return p->name;
+	return "?";
+}
+
+static int set_num_int(json_t *params, const char *cmd, const char *key, const char *flag,
+		       const char *val, long long lo, long long hi)
+{
+	long long v;
+	if (nxc_parse_int(cmd, flag, val, lo, hi, &v))
+		return -1;
+	json_object_set_new(params, key, json_integer(v));
+	return 0;
+}
+
+static int set_num_real(json_t *params, const char *cmd, const char *key, const char *flag,
+			const char *val)
+{
+	double v;
+	if (nxc_parse_double(cmd, flag, val, &v))
+		return -1;
+	json_object_set_new(params, key, json_real(v));
+	return 0;
+}
+
+/* Parses the flags shared by generate and chat: 0, 1 after printing --help,
+ * or another value after a usage message. Ranges that depend on the model
+ * (max_tokens, top_p...) are left to nxd, which names the field. */
+static int parse_gen_args(const char *cmd, bool is_chat, int argc, char **argv, struct gen_args *ga)
+{
+	memset(ga, 0, sizeof(*ga));
+	ga->params = json_object();
+	optind = 0;
+	opterr = 0;
+	int o;
+	/* GNU permutation: flags may follow the PROMPT; "--" ends them. */
+	while ((o = getopt_long(argc, argv, ":n:t:h", gen_opts, NULL)) != -1) {
+		char flag[48];
+		snprintf(flag, sizeof(flag), "--%s", opt_name(o));
+		switch (o) {
+		case 'h':
+			nxc_help(is_chat ? nxc_usage_chat : nxc_usage_generate);
+			return 1;
+		case ':':
+			return nxc_usage_err(cmd, "%s needs a value", argv[optind - 1]);
+		case '?':
+			return nxc_usage_err(cmd, "unknown option '%s'", argv[optind - 1]);
+		case 'n':
+			if (set_num_int(ga->params, cmd, "max_tokens", flag, optarg, 1, INT32_MAX))
+				return -1;
+			break;
+		case 't':
+			if (set_num_real(ga->params, cmd, "temperature", flag, optarg))
+				return -1;
+			break;
+		case O_TOPK:
+			if (set_num_int(ga->params, cmd, "top_k", flag, optarg, 0, INT32_MAX))
+				return -1;
+			break;
+		case O_TOPP:
+			if (set_num_real(ga->params, cmd, "top_p", flag, optarg))
+				return -1;
+			break;
+		case O_MINP:
+			if (set_num_real(ga->params, cmd, "min_p", flag, optarg))
+				return -1;
+			break;
+		case O_RPEN:
+			if (set_num_real(ga->params, cmd, "repeat_penalty", flag, optarg))
+				return -1;
+			break;
+		case O_RLAST:
+			if (set_num_int(ga->params, cmd, "repeat_last_n", flag, optarg, 0, INT32_MAX))
+				return -1;
+			break;
+		case O_LOGPROBS:
+			if (set_num_int(ga->params, cmd, "logprobs", flag, optarg, 0, NXP_MAX_LOGPROBS))
+				return -1;
+			break;
+		case O_SEED: {
+			unsigned long long s;
+			if (nxc_parse_u64(cmd, flag, optarg, &s))
+				return -1;
+			json_object_set_new(ga->params, "seed", json_integer((json_int_t)s));
+			break;
+		}
+		case O_STOP: {
+			json_t *stop = json_object_get(ga->params, "stop");
+			json_t *s = json_string(optarg);
+			if (!s || !*optarg) {
+				json_decref(s);
+				return nxc_usage_err(cmd, "--stop wants a non-empty UTF-8 string, got '%s'",
+						     optarg);
+			}
+			if (strlen(optarg) > NXP_MAX_STOP_LEN) {
+				json_decref(s);
+				return nxc_usage_err(cmd, "--stop strings are at most %d bytes, got %zu",
+						     NXP_MAX_STOP_LEN, strlen(optarg));
+			}
+			if (++ga->n_stop > NXP_MAX_STOP) {
+				json_decref(s);
+				return nxc_usage_err(cmd, "at most %d --stop strings", NXP_MAX_STOP);
+			}
+			if (!stop)
+				json_object_set_new(ga->params, "stop", stop = json_array());
+			json_array_append_new(stop, s);
+			break;
+		}
+		case O_LORA: {
+			/* NAME or NAME:SCALE */
+			char *name = strdup(optarg), *colon = strrchr(name, ':');
+			json_t *a = json_object();
+			if (colon) {
+				double sc;
+				*colon = '\0';
+				if (nxc_parse_double(cmd, "--lora SCALE", colon + 1, &sc)) {
+					free(name);
+					json_decref(a);
+					return -1;
+				}
+				json_object_set_new(a, "scale", json_real(sc));
+			}
+			json_t *js = json_string(name);
+			free(name);
+			if (!js || !json_string_length(js)) {
+				json_decref(js);
+				json_decref(a);
+				return nxc_usage_err(cmd, "--lora wants NAME or NAME:SCALE, got '%s'", optarg);
+			}
+			json_object_set_new(a, "name", js);
+			json_t *list = json_object_get(ga->params, "lora");
+			if (!list)
+				json_object_set_new(ga->params, "lora", list = json_array());
+			json_array_append_new(list, a);
+			break;
+		}
+		case O_IGNORE_EOS:
+			json_object_set_new(ga->params, "ignore_eos", json_true());
+			break;
+		case O_SYSTEM:
+			ga->system = optarg;
+			break;
+		case O_RAW:
+		case O_JSON:
+		case O_TOKENS:
+			if (is_chat)
+				return nxc_usage_err(cmd, "%s is not a chat option", argv[optind - 1]);
+			if (o == O_RAW)
+				ga->raw = true;
+			else if (o == O_JSON)
+				ga->json = true;
+			else
+				ga->tokens = true;
+			break;
+		}
+	}
+	ga->first_arg = optind;
+	return 0;
+}
+
+// --- streaming one answer
+
+struct strbuf {
+	char *p;
+	size_t len, cap;
+};
+
+static void sb_add(struct strbuf *b, const char *s, size_t n)
+{
+	if (b->len + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+		while (cap < b->len + n + 1)
+			cap *= 2;
+		char *p = realloc(b->p, cap);
+		if (!p)
+			return; /* the printed text is complete; only chat history loses it */
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+/* Sends req (stolen) as a new request and streams its events until done.
+ * acc (may be NULL) collects the text. Returns an exit code; NXC_EXIT_INTR
+ * after a cancelled answer (*hard set when the second Ctrl-C cut it short). */
+static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct strbuf *acc,
+			 bool *hard)
+{
+	int id = c->next_id++, cancel_id = -1;
+	bool at_line_start = true;
+	*hard = false;
+	json_object_set_new(req, "id", json_integer(id));
+	if (nxc_send(c, req))
+		return NXC_EXIT_ERROR;
+	for (;;) {
+		json_t *ev;
+		const char *raw;
+		int k = nxc_next_event(c, &ev, &raw);
+		if (k == -2) {
+			if (nxc_interrupts >= 2) {
+				if (!json_mode && !at_line_start)
+					putchar('\n');
+				*hard = true;
+				return NXC_EXIT_INTR;
+			}
+			if (nxc_interrupts == 1 && cancel_id < 0) {
+				cancel_id = c->next_id++;
+				if (nxc_send(c, json_pack("{s:i, s:s, s:i}", "id", cancel_id, "op", "cancel",
+							  "target", id)))
+					return NXC_EXIT_ERROR;
+			}
+			continue;
+		}
+		if (k == 0) {
+			if (!json_mode && !at_line_start)
+				putchar('\n');
+			nxc_msg("%s closed the connection before the answer was done", c->path);
+			return NXC_EXIT_ERROR;
+		}
+		if (k < 0)
+			return NXC_EXIT_ERROR;
+		if (json_mode) {
+			puts(raw);
+			fflush(stdout);
+		}
+		const char *name = nxc_ev_name(ev);
+		json_t *evid = json_object_get(ev, "id");
+		if (nxc_ev_is(ev, cancel_id) || (!nxc_ev_is(ev, id) && !json_is_null(evid))) {
+			/* the cancel's own answer (ok, or not_found when the answer had
+			 * already ended), or something that is not ours */
+			json_decref(ev);
+			continue;
+		}
+		if (!strcmp(name, "token")) {
+			json_t *t = json_object_get(ev, "text");
+			if (json_is_string(t)) {
+				size_t n = json_string_length(t);
+				if (!json_mode && n) {
+					fwrite(json_string_value(t), 1, n, stdout);
+					fflush(stdout);
+					at_line_start = json_string_value(t)[n - 1] == '\n';
+				}
+				if (acc)
+					sb_add(acc, json_string_value(t), n);
+			}
+		} else if (!strcmp(name, "done")) {
+			const char *reason = json_string_value(json_object_get(ev, "reason"));
+			json_t *t = json_object_get(ev, "text"); /* only when not streamed */
+			if (json_is_string(t) && !json_mode)
+				fwrite(json_string_value(t), 1, json_string_length(t), stdout);
+			if (json_is_string(t) && acc)
+				sb_add(acc, json_string_value(t), json_string_length(t));
+			if (!json_mode)
+				putchar('\n');
+			fflush(stdout);
+			int rc = NXC_EXIT_OK;
+			if (reason && !strcmp(reason, "cancelled")) {
+				rc = NXC_EXIT_INTR;
+				if (cancel_id < 0) {
+					nxc_msg("nxd cancelled the request");
+					rc = NXC_EXIT_ERROR;
+				}
+			} else if (reason && !strcmp(reason, "shutdown")) {
+				nxc_msg("nxd is shutting down; the answer is incomplete");
+				rc = NXC_EXIT_ERROR;
+			}
+			json_decref(ev);
+			return rc;
+		} else if (!strcmp(name, "error")) {
+			if (!json_mode && !at_line_start)
+				putchar('\n');
+			nxc_print_error(ev);
+			json_decref(ev);
+			return NXC_EXIT_ERROR;
+		}
+		json_decref(ev);
+	}
+}
+
+// --- generate
+
+/* "1 2,3" -> [1,2,3]; NULL after a usage message. */
+static json_t *token_list(const char *s)
+{
+	json_t *a = json_array();
+	char *copy = strdup(s), *save = NULL;
+	for (char *t = strtok_r(copy, " ,\t\n", &save); t; t = strtok_r(NULL, " ,\t\n", &save)) {
+		long long v;
+		if (nxc_parse_int("generate", "--tokens id", t, INT32_MIN, INT32_MAX, &v)) {
+			json_decref(a);
+			a = NULL;
+			break;
+		}
+		json_array_append_new(a, json_integer(v));
+	}
+	free(copy);
+	if (a && json_array_size(a) == 0) {
+		json_decref(a);
+		nxc_usage_err("generate", "--tokens wants at least one token id");
+		return NULL;
+	}
+	return a;
+}
+
+int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	struct gen_args ga;
+	int rc = parse_gen_args("generate", false, argc, argv, &ga);
+	if (rc) {
+		json_decref(ga.params);
+		return rc == 1 ? NXC_EXIT_OK : NXC_EXIT_USAGE;
+	}
+	json_t *req = ga.params;
+	char *prompt = NULL;
+	int n_words = argc - ga.first_arg;
+	if (n_words == 1 && !strcmp(argv[ga.first_arg], "-"))
+		n_words = 0;
+	else if (n_words == 0 && isatty(0)) {
+		json_decref(req);
+		return nxc_usage_err("generate", "no PROMPT given (pass it as an argument, or '-' for stdin)");
+	}
+	if (n_words == 0) {
+		prompt = nxc_read_all(0);
+		if (!prompt) {
+			json_decref(req);
+			return NXC_EXIT_ERROR;
+		}
+		size_t n = strlen(prompt);
+		if (n && prompt[n - 1] == '\n')
+			prompt[n - 1] = '\0';
+	} else {
+		size_t n = 0;
+		for (int i = ga.first_arg; i < argc; i++)
+			n += strlen(argv[i]) + 1;
+		prompt = calloc(1, n + 1);
+		for (int i = ga.first_arg; i < argc; i++) {
+			if (i > ga.first_arg)
+				strcat(prompt, " ");
+			strcat(prompt, argv[i]);
+		}
+	}
+
+	if (ga.tokens) {
+		if (ga.raw || ga.system) {
+			free(prompt);
+			json_decref(req);
+			return nxc_usage_err("generate", "--tokens cannot be combined with %s",
+					     ga.raw ? "--raw" : "--system");
+		}
+		json_t *toks = token_list(prompt);
+		free(prompt);
+		if (!toks) {
+			json_decref(req);
+			return NXC_EXIT_USAGE;
+		}
+		json_object_set_new(req, "tokens", toks);
+	} else {
+		json_t *p = json_string(prompt);
+		free(prompt);
+		if (!p) {
+			json_decref(req);
+			return nxc_usage_err("generate", "the prompt is not valid UTF-8");
+		}
+		json_object_set_new(req, "prompt", p);
+		if (ga.raw)
+			json_object_set_new(req, "raw", json_true());
+		if (ga.system) {
+			json_t *s = json_string(ga.system);
+			if (!s) {
+				json_decref(req);
+				return nxc_usage_err("generate", "--system is not valid UTF-8");
+			}
+			json_object_set_new(req, "system", s);
+		}
+	}
+	json_object_set_new(req, "op", json_string("generate"));
+	json_object_set_new(req, "stream", json_true());
+
+	nxc_signals_init();
+	struct nxc_conn c;
+	rc = nxc_open(ctx, &c, NULL);
+	if (rc) {
+		json_decref(req);
+		return rc;
+	}
+	bool hard;
+	rc = stream_answer(&c, req, ga.json, NULL, &hard);
+	nxc_close(&c);
+	return rc;
+}
+
+// --- chat
+
+int nxc_cmd_chat(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	struct gen_args ga;
+	int rc = parse_gen_args("chat", true, argc, argv, &ga);
+	if (rc) {
+		json_decref(ga.params);
+		return rc == 1 ? NXC_EXIT_OK : NXC_EXIT_USAGE;
+	}
+	if (ga.first_arg < argc) {
+		json_decref(ga.params);
+		return nxc_usage_err("chat", "unexpected argument '%s' (chat reads stdin)",
+				     argv[ga.first_arg]);
+	}
+	json_t *system = NULL;
+	if (ga.system && !(system = json_string(ga.system))) {
+		json_decref(ga.params);
+		return nxc_usage_err("chat", "--system is not valid UTF-8");
+	}
+	json_object_set_new(ga.params, "op", json_string("generate"));
+	json_object_set_new(ga.params, "stream", json_true());
+
+	nxc_signals_init();
+	struct nxc_conn c;
+	rc = nxc_open(ctx, &c, NULL);
+	if (rc) {
+		json_decref(ga.params);
+		json_decref(system);
+		return rc;
+	}
+	bool tty = isatty(0);
+	json_t *messages = json_array();
+	if (system)
+		json_array_append_new(messages, json_pack("{s:s, s:O}", "role", "system", "content", system));
+	struct nxc_reader in;
+	nxc_reader_init(&in, 0, NXP_MAX_LINE);
+	rc = NXC_EXIT_OK;
+	for (;;) {
+		if (tty) {
+			fputs("> ", stdout);
+			fflush(stdout);
+		}
+		char *line;
+		size_t len;
+		int k = nxc_read_line(&in, &line, &len);
+		if (k == -2) { /* Ctrl-C at the prompt */
+			if (tty)
+				putchar('\n');
+			rc = NXC_EXIT_INTR;
+			break;
+		}
+		if (k == 0) {
+			if (tty)
+				putchar('\n');
+			break;
+		}
+		if (k < 0) {
+			nxc_msg("cannot read stdin: %m");
+			rc = NXC_EXIT_ERROR;
+			break;
+		}
+		if (len && line[len - 1] == '\r')
+			line[--len] = '\0';
+		if (len == 0)
+			continue;
+		if (!strcmp(line, "/reset")) {
+			json_array_clear(messages);
+			if (system)
+				json_array_append_new(messages, json_pack("{s:s, s:O}", "role", "system",
+									  "content", system));
+			if (tty)
+				fputs("(conversation cleared)\n", stdout);
+			continue;
+		}
+		json_t *content = json_string(line);
+		if (!content) {
+			nxc_msg("that line is not valid UTF-8; skipped");
+			continue;
+		}
+		json_array_append_new(messages, json_pack("{s:s, s:o}", "role", "user", "content", content));
+		json_t *req = json_deep_copy(ga.params);
+		json_object_set(req, "messages", messages);
+		struct strbuf acc = {0};
+		bool hard;
+		int r = stream_answer(&c, req, false, &acc, &hard);
+		if (r == NXC_EXIT_OK || (r == NXC_EXIT_INTR && !hard)) {
+			/* keep what was said, even a cancelled partial answer */
+			json_array_append_new(messages,
+					      json_pack("{s:s, s:s}", "role", "assistant", "content",
+							acc.p ? acc.p : ""));
+		} else {
+			json_array_remove(messages, json_array_size(messages) - 1);
+		}
+		free(acc.p);
+		if (hard) {
+			rc = NXC_EXIT_INTR;
+			break;
+		}
+		nxc_interrupts = 0;
+		if (c.broken) { /* the daemon went away */
+			rc = NXC_EXIT_ERROR;
+			break;
+		}
+	}
+	nxc_reader_free(&in);
+	json_decref(messages);
+	json_decref(system);
+	json_decref(ga.params);
+	nxc_close(&c);
+	return rc;
+}

@@ -1,0 +1,273 @@
+/* cmd_info.c - the one-shot nxctl commands: tokenize, detokenize, status. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/nxctl.h"
+#include "proto/proto.h"
+
+const char nxc_usage_tokenize[] =
+	"usage: nxctl tokenize [--special] [--bos | --no-bos] TEXT|-\n\n"
+	"Prints the token ids of TEXT (or of stdin with '-'), space-separated.\n\n"
+	"  --special   parse special-token text such as <|im_start|> as special tokens\n"
+	"  --bos       add the beginning-of-sequence token\n"
+	"  --no-bos    do not add it (default: what the model asks for)\n";
+
+const char nxc_usage_detokenize[] =
+	"usage: nxctl detokenize ID...\n\n"
+	"Prints the text of the token ids (separated by spaces or commas).\n";
+
+const char nxc_usage_status[] =
+	"usage: nxctl status [--json]\n\n"
+	"Shows the model, the workers and their state, slots in use, queued requests,\n"
+	"tokens served, recent throughput and uptime.\n\n"
+	"  --json   print the raw status event\n";
+
+char *nxc_read_all(int fd)
+{
+	size_t cap = 4096, len = 0;
+	char *s = malloc(cap);
+	while (s) {
+		if (len + 1 == cap) {
+			char *t = realloc(s, cap * 2);
+			if (!t)
+				break;
+			s = t;
+			cap *= 2;
+		}
+		ssize_t k = read(fd, s + len, cap - 1 - len);
+		if (k == 0) {
+			s[len] = '\0';
+			return s;
+		}
+		if (k < 0) {
+			nxc_msg("cannot read stdin: %m");
+			break;
+		}
+		len += (size_t)k;
+	}
+	free(s);
+	return NULL;
+}
+
+/* Sends req (stolen) on a fresh connection and waits for its answer: returns
+ * the answer event (caller decrefs) or NULL with *exit_code set. */
+static json_t *one_shot(struct nxc_ctx *ctx, json_t *req, int *exit_code)
+{
+	struct nxc_conn c;
+	int rc = nxc_open(ctx, &c, NULL);
+	if (rc) {
+		json_decref(req);
+		*exit_code = rc;
+		return NULL;
+	}
+	int id = c.next_id++;
+	json_object_set_new(req, "id", json_integer(id));
+	*exit_code = NXC_EXIT_ERROR;
+	if (nxc_send(&c, req)) {
+		nxc_close(&c);
+		return NULL;
+	}
+	for (;;) {
+		json_t *ev;
+		const char *raw;
+		int k = nxc_next_event(&c, &ev, &raw);
+		if (k == -2)
+			continue;
+		if (k == 0)
+			nxc_msg("%s closed the connection before answering", c.path);
+		if (k <= 0)
+			break;
+		json_t *evid = json_object_get(ev, "id");
+		if (!nxc_ev_is(ev, id) && !json_is_null(evid)) {
+			json_decref(ev);
+			continue;
+		}
+		if (!strcmp(nxc_ev_name(ev), "error")) {
+			nxc_print_error(ev);
+			json_decref(ev);
+			break;
+		}
+		if (json_is_null(evid)) { /* a null id is only for errors */
+			json_decref(ev);
+			continue;
+		}
+		nxc_close(&c);
+		*exit_code = NXC_EXIT_OK;
+		return ev;
+	}
+	nxc_close(&c);
+	return NULL;
+}
+
+int nxc_cmd_tokenize(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"special", no_argument, NULL, 's'}, {"bos", no_argument, NULL, 'b'},
+		{"no-bos", no_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	bool special = false;
+	int bos = -1;
+	optind = 0;
+	opterr = 0;
+	int o;
+	while ((o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+		switch (o) {
+		case 's': special = true; break;
+		case 'b': bos = 1; break;
+		case 'n': bos = 0; break;
+		case 'h': return nxc_help(nxc_usage_tokenize);
+		default: return nxc_usage_err("tokenize", "unknown option '%s'", argv[optind - 1]);
+		}
+	}
+	if (argc - optind != 1)
+		return nxc_usage_err("tokenize", "wants one TEXT argument (or '-' for stdin), got %d",
+				     argc - optind);
+	char *text = strcmp(argv[optind], "-") ? strdup(argv[optind]) : nxc_read_all(0);
+	if (!text)
+		return NXC_EXIT_ERROR;
+	json_t *s = json_string(text);
+	free(text);
+	if (!s)
+		return nxc_usage_err("tokenize", "TEXT is not valid UTF-8");
+	json_t *req = json_pack("{s:s, s:o, s:b}", "op", "tokenize", "text", s, "special", special);
+	if (bos >= 0)
+		json_object_set_new(req, "add_bos", json_boolean(bos));
+	int rc;
+	json_t *ev = one_shot(ctx, req, &rc);
+	if (!ev)
+		return rc;
+	json_t *toks = json_object_get(ev, "tokens");
+	if (!json_is_array(toks)) {
+		nxc_msg("nxd answered tokenize without a 'tokens' array");
+		json_decref(ev);
+		return NXC_EXIT_ERROR;
+	}
+	for (size_t i = 0; i < json_array_size(toks); i++)
+		printf("%s%lld", i ? " " : "", (long long)json_integer_value(json_array_get(toks, i)));
+	putchar('\n');
+	json_decref(ev);
+	return NXC_EXIT_OK;
+}
+
+int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+		return nxc_help(nxc_usage_detokenize);
+	json_t *toks = json_array();
+	for (int i = 1; i < argc; i++) {
+		if (argv[i][0] == '-' && argv[i][1] && (argv[i][1] < '0' || argv[i][1] > '9')) {
+			json_decref(toks);
+			return nxc_usage_err("detokenize", "unknown option '%s'", argv[i]);
+		}
+		/* "1 2,3" and "1" "2" "3" are the same list */
+		char *copy = strdup(argv[i]), *save = NULL;
+		for (char *t = strtok_r(copy, " ,\t\n", &save); t; t = strtok_r(NULL, " ,\t\n", &save)) {
+			long long v;
+			if (nxc_parse_int("detokenize", "token id", t, INT32_MIN, INT32_MAX, &v)) {
+				free(copy);
+				json_decref(toks);
+				return NXC_EXIT_USAGE;
+			}
+			json_array_append_new(toks, json_integer(v));
+		}
+		free(copy);
+	}
+	if (json_array_size(toks) == 0) {
+		json_decref(toks);
+		return nxc_usage_err("detokenize", "wants at least one token ID");
+	}
+	int rc;
+	json_t *ev = one_shot(ctx, json_pack("{s:s, s:o}", "op", "detokenize", "tokens", toks), &rc);
+	if (!ev)
+		return rc;
+	json_t *text = json_object_get(ev, "text");
+	if (!json_is_string(text)) {
+		nxc_msg("nxd answered detokenize without a 'text' string");
+		json_decref(ev);
+		return NXC_EXIT_ERROR;
+	}
+	fwrite(json_string_value(text), 1, json_string_length(text), stdout);
+	putchar('\n');
+	json_decref(ev);
+	return NXC_EXIT_OK;
+}
+
+static void print_duration(double s)
+{
+	long long t = (long long)s;
+	if (t >= 86400)
+		printf("%lldd %02lldh%02lldm%02llds", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60);
+	else if (t >= 3600)
+		printf("%lldh%02lldm%02llds", t / 3600, t / 60 % 60, t % 60);
+	else if (t >= 60)
+		printf("%lldm%02llds", t / 60, t % 60);
+	else
+		printf("%.1fs", s);
+}
+
+static const char *sget(json_t *o, const char *k)
+{
+	const char *s = json_string_value(json_object_get(o, k));
+	return s ? s : "?";
+}
+
+static long long iget(json_t *o, const char *k)
+{
+	return json_integer_value(json_object_get(o, k));
+}
+
+static double nget(json_t *o, const char *k)
+{
+	return json_number_value(json_object_get(o, k));
+}
+
+int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	bool as_json = false;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			as_json = true;
+		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+			return nxc_help(nxc_usage_status);
+		else
+			return nxc_usage_err("status", "unexpected argument '%s'", argv[i]);
+	}
+	int rc;
+	json_t *ev = one_shot(ctx, json_pack("{s:s}", "op", "status"), &rc);
+	if (!ev)
+		return rc;
+	if (as_json) {
+		char *s = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		puts(s ? s : "{}");
+		free(s);
+		json_decref(ev);
+		return NXC_EXIT_OK;
+	}
+	printf("model:     %s (%s, %s), context %lld, vocabulary %lld\n", sget(ev, "model"),
+	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"));
+	json_t *ws = json_object_get(ev, "workers");
+	printf("workers:   %zu\n", json_array_size(ws));
+	for (size_t i = 0; i < json_array_size(ws); i++) {
+		json_t *w = json_array_get(ws, i);
+		printf("  pid %-8lld cpu %-3lld %-10s restarts %lld\n", iget(w, "pid"), iget(w, "cpu"),
+		       sget(w, "state"), iget(w, "restarts"));
+	}
+	json_t *sl = json_object_get(ev, "slots");
+	printf("slots:     %lld of %lld used, %lld queued\n", iget(sl, "used"), iget(sl, "total"),
+	       iget(sl, "queued"));
+	json_t *sps = json_object_get(ev, "sequences_per_step");
+	printf("tokens:    %lld served, %.1f tokens/s recently, %.2f sequences/step (max %lld)\n",
+	       iget(ev, "tokens_served"), nget(ev, "tokens_per_s"), nget(sps, "mean"),
+	       iget(sps, "max"));
+	printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
+	       iget(ev, "steps_retried"));
+	printf("uptime:    ");
+	print_duration(nget(ev, "uptime_s"));
+	putchar('\n');
+	json_decref(ev);
+	return NXC_EXIT_OK;
+}

@@ -1,0 +1,112 @@
+/* nxctl.h - what the nxctl command files share: exit codes, the command table entry, the connection and event helpers. */
+#ifndef NXCTL_H
+#define NXCTL_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+/* Exit codes (documented in `nxctl --help` and docs/protocol.md). */
+enum {
+	NXC_EXIT_OK = 0,
+	NXC_EXIT_ERROR = 1,   /* an error event, or the daemon misbehaved / went away */
+	NXC_EXIT_USAGE = 2,   /* bad command line */
+	NXC_EXIT_NOCONN = 3,  /* cannot connect: the daemon is not running (or no access) */
+	NXC_EXIT_INTR = 130,  /* interrupted by Ctrl-C */
+};
+
+struct nxc_ctx {
+	const char *socket;   /* from --socket, or NULL: nxp_default_socket_path() */
+	char socket_buf[256];
+};
+
+/* One entry per command: adding one is an entry in nxctl.c's table plus its function. */
+struct nxc_cmd {
+	const char *name;
+	int (*run)(struct nxc_ctx *ctx, int argc, char **argv); /* argv[0] is the command name */
+	const char *summary;  /* one line for `nxctl --help` */
+	const char *usage;    /* full text for `nxctl CMD --help` */
+};
+
+int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_chat(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_tokenize(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv);
+
+extern const char nxc_usage_generate[], nxc_usage_chat[], nxc_usage_tokenize[],
+	nxc_usage_detokenize[], nxc_usage_status[];
+
+// --- messages and argument helpers (nxctl.c)
+
+/* "nxctl: ..." on stderr. */
+void nxc_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "nxctl: CMD: ...", a hint to --help, and NXC_EXIT_USAGE (to return). */
+int nxc_usage_err(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints usage text for --help and returns NXC_EXIT_OK. */
+int nxc_help(const char *usage);
+
+/* Strict numbers from flag values: the whole string must be the number. */
+int nxc_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi,
+		  long long *out);
+int nxc_parse_u64(const char *cmd, const char *flag, const char *s, unsigned long long *out);
+int nxc_parse_double(const char *cmd, const char *flag, const char *s, double *out);
+
+/* All of fd (stdin) as a NUL-terminated string, or NULL (message printed). */
+char *nxc_read_all(int fd);
+
+// --- connection (conn.c)
+
+/* Buffered reader of '\n'-terminated lines from a socket or stdin. */
+struct nxc_reader {
+	int fd;
+	char *buf;
+	size_t cap, start, end;
+	size_t max;         /* longest line accepted */
+	bool eof;
+};
+
+struct nxc_conn {
+	int fd;
+	const char *path;
+	struct nxc_reader rd;
+	int next_id;        /* request ids nxctl hands out: 1, 2, ... */
+	bool broken;        /* a send or read failed, or nxd closed the connection */
+};
+
+/* Ctrl-C handling: SIGINT stays blocked except while waiting for input
+ * (ppoll), so a Ctrl-C is never lost between a check and a blocking read. */
+extern volatile sig_atomic_t nxc_interrupts;
+void nxc_signals_init(void);
+
+void nxc_reader_init(struct nxc_reader *r, int fd, size_t max);
+void nxc_reader_free(struct nxc_reader *r);
+/* 1: *line (NUL-terminated, '\n' removed, valid until the next call), 0: end
+ * of input, -1: error (errno set; E2BIG for a line over max), -2: interrupted
+ * by a signal (check nxc_interrupts). A last line without '\n' is returned. */
+int nxc_read_line(struct nxc_reader *r, char **line, size_t *len);
+
+/* Connects to ctx's socket and negotiates the protocol version (hello).
+ * On failure prints the reason and returns NXC_EXIT_NOCONN or NXC_EXIT_ERROR;
+ * 0 on success. hello_out (may be NULL) gets the hello event (caller decrefs). */
+int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out);
+void nxc_close(struct nxc_conn *c);
+
+/* Sends one request (compact JSON + '\n'); steals req. 0 or -1 (message printed). */
+int nxc_send(struct nxc_conn *c, json_t *req);
+
+/* Next event: 1 with *ev (caller decrefs) and the raw line in *raw (valid until
+ * the next call), 0 when the daemon closed the connection, -1 on error
+ * (message printed), -2 when interrupted by a signal. */
+int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw);
+
+/* The event's "event" field, or "" when absent. */
+const char *nxc_ev_name(json_t *ev);
+/* Whether ev's id equals the integer id (nxctl only uses integer ids). */
+bool nxc_ev_is(json_t *ev, int id);
+/* Prints an error event as "nxctl: <message> (<code>)". */
+void nxc_print_error(json_t *ev);
+
+#endif

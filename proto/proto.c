@@ -1,0 +1,1113 @@
+/* proto.c - nxd protocol: request lines parsed and validated with jansson, event lines written without allocating. */
+#include "proto/proto.h"
+
+#include <errno.h>
+#include <float.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "common/err.h"
+
+// --- names
+
+static const char *const code_names[NXP_E_COUNT] = {
+	[NXP_E_PARSE_ERROR] = "parse_error",
+	[NXP_E_TOO_LARGE] = "too_large",
+	[NXP_E_BAD_REQUEST] = "bad_request",
+	[NXP_E_UNKNOWN_OP] = "unknown_op",
+	[NXP_E_OUT_OF_RANGE] = "out_of_range",
+	[NXP_E_CONTEXT_OVERFLOW] = "context_overflow",
+	[NXP_E_BUSY] = "busy",
+	[NXP_E_NOT_FOUND] = "not_found",
+	[NXP_E_FORBIDDEN] = "forbidden",
+	[NXP_E_SHUTTING_DOWN] = "shutting_down",
+	[NXP_E_UNSUPPORTED_VERSION] = "unsupported_version",
+	[NXP_E_INTERNAL] = "internal",
+};
+
+const char *nxp_code_name(enum nxp_code code)
+{
+	if ((unsigned)code >= NXP_E_COUNT)
+		return "internal";
+	return code_names[code];
+}
+
+static const char *const role_names[] = {
+	[NXP_ROLE_SYSTEM] = "system",
+	[NXP_ROLE_USER] = "user",
+	[NXP_ROLE_ASSISTANT] = "assistant",
+};
+
+const char *nxp_role_name(enum nxp_role role)
+{
+	if ((unsigned)role > NXP_ROLE_ASSISTANT)
+		return "user";
+	return role_names[role];
+}
+
+static const char *const reason_names[] = {
+	[NXP_DONE_EOS] = "eos",
+	[NXP_DONE_LENGTH] = "length",
+	[NXP_DONE_STOP] = "stop",
+	[NXP_DONE_CANCELLED] = "cancelled",
+	[NXP_DONE_SHUTDOWN] = "shutdown",
+};
+
+const char *nxp_reason_name(enum nxp_reason reason)
+{
+	if ((unsigned)reason > NXP_DONE_SHUTDOWN)
+		return "eos";
+	return reason_names[reason];
+}
+
+// --- writer: snprintf semantics over a caller buffer
+
+/* len counts every byte the line needs, even those that did not fit, so the
+ * caller learns the size to retry with. */
+struct wr {
+	char *p;
+	size_t cap;
+	size_t len;
+};
+
+static void w_put(struct wr *w, const char *s, size_t n)
+{
+	if (w->len < w->cap) {
+		size_t room = w->cap - w->len;
+		memcpy(w->p + w->len, s, n < room ? n : room);
+	}
+	w->len += n;
+}
+
+static void w_str(struct wr *w, const char *s)
+{
+	w_put(w, s, strlen(s));
+}
+
+static void w_ch(struct wr *w, char c)
+{
+	if (w->len < w->cap)
+		w->p[w->len] = c;
+	w->len++;
+}
+
+/* Formats straight into the buffer: vsnprintf already has the contract we
+ * need (writes what fits, returns the full length). */
+static void __attribute__((format(printf, 2, 3))) w_fmt(struct wr *w, const char *fmt, ...)
+{
+	size_t room = w->len < w->cap ? w->cap - w->len : 0;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(room ? w->p + w->len : NULL, room, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		w->len += (size_t)n;
+}
+
+/* A finite double as a JSON number; NaN and infinities (not JSON) as null. */
+static void w_num(struct wr *w, double v)
+{
+	if (!isfinite(v))
+		w_str(w, "null");
+	else
+		w_fmt(w, "%.9g", v);
+}
+
+static size_t w_end(struct wr *w)
+{
+	if (w->cap > 0)
+		w->p[w->len < w->cap ? w->len : w->cap - 1] = '\0';
+	return w->len;
+}
+
+/* Length of the valid UTF-8 sequence at s (RFC 3629: no overlongs, no
+ * surrogates, nothing above U+10FFFF), or 0 if the bytes there are invalid. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned char c = s[0];
+	if (c < 0x80)
+		return 1;
+	size_t need;
+	unsigned char lo = 0x80, hi = 0xBF; /* range of the second byte */
+	if (c >= 0xC2 && c <= 0xDF) {
+		need = 2;
+	} else if (c >= 0xE0 && c <= 0xEF) {
+		need = 3;
+		if (c == 0xE0)
+			lo = 0xA0; /* overlong */
+		else if (c == 0xED)
+			hi = 0x9F; /* surrogates */
+	} else if (c >= 0xF0 && c <= 0xF4) {
+		need = 4;
+		if (c == 0xF0)
+			lo = 0x90; /* overlong */
+		else if (c == 0xF4)
+			hi = 0x8F; /* > U+10FFFF */
+	} else {
+		return 0;
+	}
+	if (n < need || s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < need; i++)
+		if ((s[i] & 0xC0) != 0x80)
+			return 0;
+	return need;
+}
+
+static void w_jstr(struct wr *w, const char *str, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	if (!str) {
+		str = "";
+		len = 0;
+	}
+	const unsigned char *s = (const unsigned char *)str;
+	w_ch(w, '"');
+	size_t i = 0, run = 0; /* s[run..i) are bytes to copy as they are */
+	while (i < len) {
+		unsigned char c = s[i];
+		const char *esc = NULL;
+		char ubuf[7];
+		size_t adv = 1;
+		if (c >= 0x20 && c != '"' && c != '\\' && c < 0x7F) {
+			i++;
+			continue;
+		}
+		if (c >= 0x80) {
+			adv = utf8_seq(s + i, len - i);
+			if (adv) {
+				i += adv;
+				continue;
+			}
+			esc = "\\ufffd";
+			adv = 1;
+		} else if (c == '"') {
+			esc = "\\\"";
+		} else if (c == '\\') {
+			esc = "\\\\";
+		} else if (c == '\n') {
+			esc = "\\n";
+		} else if (c == '\r') {
+			esc = "\\r";
+		} else if (c == '\t') {
+			esc = "\\t";
+		} else if (c == '\b') {
+			esc = "\\b";
+		} else if (c == '\f') {
+			esc = "\\f";
+		} else { /* other controls and DEL */
+			memcpy(ubuf, "\\u00", 4);
+			ubuf[4] = hex[c >> 4];
+			ubuf[5] = hex[c & 15];
+			ubuf[6] = '\0';
+			esc = ubuf;
+		}
+		w_put(w, str + run, i - run);
+		w_str(w, esc);
+		i += adv;
+		run = i;
+	}
+	w_put(w, str + run, i - run);
+	w_ch(w, '"');
+}
+
+size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len)
+{
+	struct wr w = {buf, cap, 0};
+	w_jstr(&w, s, len);
+	return w_end(&w);
+}
+
+// --- encoders
+
+/* {"id":<id>,"event":"<name>" - every event starts this way. */
+static void w_head(struct wr *w, const char *id, const char *event)
+{
+	w_str(w, "{\"id\":");
+	w_str(w, id ? id : "null");
+	w_str(w, ",\"event\":\"");
+	w_str(w, event);
+	w_ch(w, '"');
+}
+
+static size_t w_tail(struct wr *w)
+{
+	w_str(w, "}\n");
+	return w_end(w);
+}
+
+size_t nxp_enc_hello(char *buf, size_t cap, const char *id, const struct nxp_hello_info *h)
+{
+	struct wr w = {buf, cap, 0};
+	w_ch(&w, '{');
+	if (id) {
+		w_str(&w, "\"id\":");
+		w_str(&w, id);
+		w_ch(&w, ',');
+	}
+	w_fmt(&w, "\"event\":\"hello\",\"version\":%d,\"server\":\"nxd\",\"model\":", NXP_VERSION);
+	const char *model = h->model ? h->model : "";
+	w_jstr(&w, model, strlen(model));
+	w_str(&w, ",\"arch\":");
+	const char *arch = h->arch ? h->arch : "";
+	w_jstr(&w, arch, strlen(arch));
+	w_fmt(&w, ",\"n_ctx\":%d,\"n_vocab\":%d", h->n_ctx, h->n_vocab);
+	return w_tail(&w);
+}
+
+size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const char *text,
+		     size_t text_len, const struct nxp_logprob *lp, int n_lp)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "token");
+	w_fmt(&w, ",\"token\":%" PRId32 ",\"text\":", token);
+	w_jstr(&w, text ? text : "", text ? text_len : 0);
+	if (lp && n_lp > 0) {
+		w_str(&w, ",\"logprobs\":[");
+		for (int i = 0; i < n_lp; i++) {
+			w_fmt(&w, "%s{\"token\":%" PRId32 ",\"text\":", i ? "," : "", lp[i].token);
+			w_jstr(&w, lp[i].text ? lp[i].text : "", lp[i].text ? lp[i].text_len : 0);
+			w_str(&w, ",\"logprob\":");
+			w_num(&w, lp[i].logprob);
+			w_ch(&w, '}');
+		}
+		w_ch(&w, ']');
+	}
+	return w_tail(&w);
+}
+
+static void w_ids(struct wr *w, const int32_t *tokens, int n)
+{
+	w_ch(w, '[');
+	for (int i = 0; i < n; i++)
+		w_fmt(w, i ? ",%" PRId32 : "%" PRId32, tokens[i]);
+	w_ch(w, ']');
+}
+
+size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "done");
+	w_str(&w, ",\"reason\":\"");
+	w_str(&w, nxp_reason_name(d->reason));
+	w_ch(&w, '"');
+	if (d->text) {
+		w_str(&w, ",\"text\":");
+		w_jstr(&w, d->text, d->text_len);
+	}
+	if (d->tokens) {
+		w_str(&w, ",\"tokens\":");
+		w_ids(&w, d->tokens, d->n_tokens);
+	}
+	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}", d->prompt_tokens,
+	      d->completion_tokens);
+	w_str(&w, ",\"timing\":{\"prefill_ms\":");
+	w_num(&w, d->prefill_ms);
+	w_str(&w, ",\"decode_ms\":");
+	w_num(&w, d->decode_ms);
+	w_str(&w, ",\"tokens_per_s\":");
+	w_num(&w, d->tokens_per_s);
+	w_ch(&w, '}');
+	return w_tail(&w);
+}
+
+size_t nxp_enc_tokens(char *buf, size_t cap, const char *id, const int32_t *tokens, int n)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "tokens");
+	w_str(&w, ",\"tokens\":");
+	w_ids(&w, tokens, n);
+	return w_tail(&w);
+}
+
+size_t nxp_enc_text(char *buf, size_t cap, const char *id, const char *text, size_t text_len)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "text");
+	w_str(&w, ",\"text\":");
+	w_jstr(&w, text ? text : "", text ? text_len : 0);
+	return w_tail(&w);
+}
+
+static void w_key_str(struct wr *w, const char *key, const char *val)
+{
+	w_fmt(w, ",\"%s\":", key);
+	if (val)
+		w_jstr(w, val, strlen(val));
+	else
+		w_str(w, "null");
+}
+
+size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_status *s)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "status");
+	w_key_str(&w, "model", s->model);
+	w_key_str(&w, "arch", s->arch);
+	w_key_str(&w, "type", s->type);
+	w_fmt(&w, ",\"n_ctx\":%d,\"n_vocab\":%d,\"workers\":[", s->n_ctx, s->n_vocab);
+	for (int i = 0; i < s->n_workers; i++) {
+		const struct nxp_worker_status *ws = &s->workers[i];
+		w_fmt(&w, "%s{\"pid\":%d,\"cpu\":%d,\"state\":", i ? "," : "", ws->pid, ws->cpu);
+		const char *st = ws->state ? ws->state : "unknown";
+		w_jstr(&w, st, strlen(st));
+		w_fmt(&w, ",\"restarts\":%d}", ws->restarts);
+	}
+	w_fmt(&w, "],\"slots\":{\"total\":%d,\"used\":%d,\"queued\":%d}", s->slots_total, s->slots_used,
+	      s->queued);
+	w_fmt(&w, ",\"tokens_served\":%" PRIu64, s->tokens_served);
+	w_str(&w, ",\"sequences_per_step\":{\"mean\":");
+	w_num(&w, s->seqs_per_step_mean);
+	w_fmt(&w, ",\"max\":%d}", s->seqs_per_step_max);
+	w_str(&w, ",\"tokens_per_s\":");
+	w_num(&w, s->tokens_per_s);
+	w_str(&w, ",\"uptime_s\":");
+	w_num(&w, s->uptime_s);
+	w_fmt(&w, ",\"steps\":%" PRIu64 ",\"steps_retried\":%" PRIu64, s->steps, s->steps_retried);
+	return w_tail(&w);
+}
+
+size_t nxp_enc_ok(char *buf, size_t cap, const char *id)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "ok");
+	return w_tail(&w);
+}
+
+size_t nxp_enc_error(char *buf, size_t cap, const char *id, enum nxp_code code, const char *msg)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "error");
+	w_str(&w, ",\"code\":\"");
+	w_str(&w, nxp_code_name(code));
+	w_str(&w, "\",\"message\":");
+	msg = msg ? msg : "";
+	w_jstr(&w, msg, strlen(msg));
+	return w_tail(&w);
+}
+
+/* Runs an encoder twice: once to size, once into an exact buffer. */
+#define ENC_ALLOC(call_with_buf_cap)                                                               \
+	do {                                                                                       \
+		char *buf = NULL;                                                                  \
+		size_t cap = 0;                                                                    \
+		size_t n = (call_with_buf_cap);                                                    \
+		cap = n + 1;                                                                       \
+		buf = malloc(cap);                                                                 \
+		if (!buf)                                                                          \
+			return NULL;                                                               \
+		(call_with_buf_cap);                                                               \
+		if (len_out)                                                                       \
+			*len_out = n;                                                              \
+		return buf;                                                                        \
+	} while (0)
+
+char *nxp_enc_done_alloc(const char *id, const struct nxp_done *d, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_done(buf, cap, id, d));
+}
+
+char *nxp_enc_tokens_alloc(const char *id, const int32_t *tokens, int n_tok, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_tokens(buf, cap, id, tokens, n_tok));
+}
+
+char *nxp_enc_text_alloc(const char *id, const char *text, size_t text_len, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_text(buf, cap, id, text, text_len));
+}
+
+char *nxp_enc_status_alloc(const char *id, const struct nxp_status *s, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_status(buf, cap, id, s));
+}
+
+// --- parsing helpers
+
+static int fail(struct nxp_error *e, enum nxp_code code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int fail(struct nxp_error *e, enum nxp_code code, const char *fmt, ...)
+{
+	if (e) {
+		va_list ap;
+		va_start(ap, fmt);
+		e->code = code;
+		vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+static const char *type_name(const json_t *v)
+{
+	switch (json_typeof(v)) {
+	case JSON_OBJECT: return "object";
+	case JSON_ARRAY: return "array";
+	case JSON_STRING: return "string";
+	case JSON_INTEGER: return "integer";
+	case JSON_REAL: return "real";
+	case JSON_TRUE:
+	case JSON_FALSE: return "boolean";
+	case JSON_NULL: return "null";
+	}
+	return "value";
+}
+
+/* A short quoted rendering of a string value for messages ("abc", cut at 40 bytes). */
+static const char *short_str(const char *s, char *buf, size_t cap)
+{
+	char cut[44];
+	size_t n = strlen(s);
+	if (n > 40) {
+		memcpy(cut, s, 40);
+		memcpy(cut + 40, "...", 4);
+		s = cut;
+		n = 43;
+	}
+	nxp_json_str(buf, cap, s, n);
+	return buf;
+}
+
+/* A field that is missing or null counts as absent (optional fields keep
+ * their defaults), so clients may send null for "not set". */
+static json_t *field(json_t *obj, const char *key)
+{
+	json_t *v = json_object_get(obj, key);
+	return v && !json_is_null(v) ? v : NULL;
+}
+
+/* Reads an integer-valued number in [lo, hi]. Reals with an integral value
+ * (2.0) are accepted, 1.5 is not: JSON itself does not tell them apart and
+ * some encoders write every number as a double. */
+static int get_int(const json_t *v, const char *name, long long lo, long long hi, long long *out,
+		   struct nxp_error *e)
+{
+	long long x;
+	if (json_is_integer(v)) {
+		x = json_integer_value(v);
+	} else if (json_is_real(v)) {
+		double d = json_real_value(v);
+		if (d != floor(d))
+			return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an integer, got %.17g", name, d);
+		if (!(d >= (double)LLONG_MIN && d < (double)LLONG_MAX))
+			return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be in %lld..%lld, got %.17g",
+				    name, lo, hi, d);
+		x = (long long)d;
+	} else {
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an integer, got %s", name,
+			    type_name(v));
+	}
+	if (x < lo || x > hi)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be in %lld..%lld, got %lld", name, lo,
+			    hi, x);
+	*out = x;
+	return 0;
+}
+
+static int opt_int(json_t *obj, const char *name, long long lo, long long hi, int *out,
+		   struct nxp_error *e)
+{
+	json_t *v = field(obj, name);
+	long long x;
+	if (!v)
+		return 0;
+	if (get_int(v, name, lo, hi, &x, e))
+		return -1;
+	*out = (int)x;
+	return 0;
+}
+
+/* A number stored as a float: must be representable (|x| <= FLT_MAX). The
+ * range rules themselves are the sampler's (nx_sample_params_check). */
+static int opt_float(json_t *obj, const char *name, float *out, bool *present, struct nxp_error *e)
+{
+	json_t *v = field(obj, name);
+	if (present)
+		*present = v != NULL;
+	if (!v)
+		return 0;
+	if (!json_is_number(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a number, got %s", name,
+			    type_name(v));
+	double d = json_number_value(v);
+	if (!isfinite(d) || fabs(d) > FLT_MAX)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be a finite number, got %g", name, d);
+	*out = (float)d;
+	return 0;
+}
+
+static int opt_bool(json_t *obj, const char *name, bool *out, bool *present, struct nxp_error *e)
+{
+	json_t *v = field(obj, name);
+	if (present)
+		*present = v != NULL;
+	if (!v)
+		return 0;
+	if (!json_is_boolean(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a boolean, got %s", name,
+			    type_name(v));
+	*out = json_is_true(v);
+	return 0;
+}
+
+/* An owned copy of a string field; *out stays NULL when absent. */
+static int opt_str(json_t *obj, const char *name, char **out, struct nxp_error *e)
+{
+	json_t *v = field(obj, name);
+	if (!v)
+		return 0;
+	if (!json_is_string(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string, got %s", name,
+			    type_name(v));
+	*out = strdup(json_string_value(v));
+	if (!*out)
+		return fail(e, NXP_E_INTERNAL, "out of memory copying field '%s'", name);
+	return 0;
+}
+
+static int req_str(json_t *obj, const char *name, char **out, struct nxp_error *e)
+{
+	if (!field(obj, name))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' is required", name);
+	return opt_str(obj, name, out, e);
+}
+
+/* An id (request id or cancel target) as compact JSON text. */
+static int id_text(const json_t *v, const char *name, char out[NXP_ID_MAX], struct nxp_error *e)
+{
+	if (json_is_integer(v)) {
+		snprintf(out, NXP_ID_MAX, "%lld", (long long)json_integer_value(v));
+		return 0;
+	}
+	if (!json_is_string(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string or an integer, got %s",
+			    name, type_name(v));
+	char tmp[NXP_ID_MAX];
+	size_t n = nxp_json_str(tmp, sizeof(tmp), json_string_value(v), json_string_length(v));
+	if (n >= NXP_ID_MAX)
+		return fail(e, NXP_E_OUT_OF_RANGE,
+			    "field '%s' must be at most %d bytes as JSON text, got %zu", name,
+			    NXP_ID_MAX - 1, n);
+	memcpy(out, tmp, n + 1);
+	return 0;
+}
+
+/* An array of token ids in [0, n_vocab). */
+static int token_array(json_t *v, const char *name, const struct nxp_limits *lim, int32_t **out,
+		       int *n_out, struct nxp_error *e)
+{
+	if (!json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an array of integers, got %s",
+			    name, type_name(v));
+	size_t n = json_array_size(v);
+	if (n > INT_MAX)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' has too many entries (%zu)", name, n);
+	long long hi = lim && lim->n_vocab > 0 ? lim->n_vocab - 1 : INT32_MAX;
+	int32_t *t = malloc((n ? n : 1) * sizeof(*t));
+	if (!t)
+		return fail(e, NXP_E_INTERNAL, "out of memory for field '%s' (%zu entries)", name, n);
+	for (size_t i = 0; i < n; i++) {
+		char el[64];
+		long long x;
+		snprintf(el, sizeof(el), "%s[%zu]", name, i);
+		if (get_int(json_array_get(v, i), el, 0, hi, &x, e)) {
+			free(t);
+			return -1;
+		}
+		t[i] = (int32_t)x;
+	}
+	*out = t;
+	*n_out = (int)n;
+	return 0;
+}
+
+// --- ops
+
+static int parse_hello(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+		       struct nxp_error *e)
+{
+	/* "version" itself was checked by nxp_parse; hello is where it is required. */
+	if (!field(o, "version"))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'version' is required for op 'hello'");
+	return 0;
+}
+
+static int parse_status(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			struct nxp_error *e)
+{
+	return 0;
+}
+
+static int parse_cancel(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			struct nxp_error *e)
+{
+	json_t *v = field(o, "target");
+	if (!v)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'target' is required for op 'cancel'");
+	return id_text(v, "target", r->u.cancel.target, e);
+}
+
+static int parse_tokenize(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			  struct nxp_error *e)
+{
+	struct nxp_tokenize *t = &r->u.tok;
+	bool add_bos = false, has_bos = false;
+	t->add_bos = -1;
+	if (req_str(o, "text", &t->text, e) || opt_bool(o, "special", &t->special, NULL, e) ||
+	    opt_bool(o, "add_bos", &add_bos, &has_bos, e))
+		return -1;
+	if (has_bos)
+		t->add_bos = add_bos;
+	return 0;
+}
+
+static int parse_detokenize(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			    struct nxp_error *e)
+{
+	json_t *v = field(o, "tokens");
+	if (!v)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'tokens' is required for op 'detokenize'");
+	return token_array(v, "tokens", lim, &r->u.detok.tokens, &r->u.detok.n_tokens, e);
+}
+
+static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e)
+{
+	if (!json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'messages' must be an array of objects, got %s",
+			    type_name(v));
+	size_t n = json_array_size(v);
+	if (n < 1 || n > NXP_MAX_MESSAGES)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'messages' must have 1..%d entries, got %zu",
+			    NXP_MAX_MESSAGES, n);
+	g->messages = calloc(n, sizeof(*g->messages));
+	if (!g->messages)
+		return fail(e, NXP_E_INTERNAL, "out of memory for field 'messages'");
+	for (size_t i = 0; i < n; i++) {
+		json_t *m = json_array_get(v, i);
+		json_t *role = json_is_object(m) ? field(m, "role") : NULL;
+		json_t *content = json_is_object(m) ? field(m, "content") : NULL;
+		char sb[64];
+		if (!json_is_object(m))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu]' must be an object, got %s",
+				    i, type_name(m));
+		if (!role)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].role' is required", i);
+		if (!json_is_string(role))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'messages[%zu].role' must be a string, got %s", i,
+				    type_name(role));
+		const char *rs = json_string_value(role);
+		int ri = -1;
+		for (int k = 0; k <= NXP_ROLE_ASSISTANT; k++)
+			if (!strcmp(rs, role_names[k]))
+				ri = k;
+		if (ri < 0)
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'messages[%zu].role' must be one of system, user, assistant, got %s",
+				    i, short_str(rs, sb, sizeof(sb)));
+		if (!content)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].content' is required", i);
+		if (!json_is_string(content))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'messages[%zu].content' must be a string, got %s", i,
+				    type_name(content));
+		g->messages[i].role = (enum nxp_role)ri;
+		g->messages[i].content = strdup(json_string_value(content));
+		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
+		if (!g->messages[i].content)
+			return fail(e, NXP_E_INTERNAL, "out of memory copying 'messages[%zu].content'", i);
+	}
+	return 0;
+}
+
+static int parse_stop(json_t *v, struct nxp_generate *g, struct nxp_error *e)
+{
+	/* A single string is shorthand for a one-entry list. */
+	bool single = json_is_string(v);
+	if (!single && !json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'stop' must be an array of strings, got %s",
+			    type_name(v));
+	size_t n = single ? 1 : json_array_size(v);
+	if (n > NXP_MAX_STOP)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'stop' must have at most %d entries, got %zu",
+			    NXP_MAX_STOP, n);
+	for (size_t i = 0; i < n; i++) {
+		json_t *s = single ? v : json_array_get(v, i);
+		if (!json_is_string(s))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'stop[%zu]' must be a string, got %s", i,
+				    type_name(s));
+		size_t len = json_string_length(s);
+		if (len < 1 || len > NXP_MAX_STOP_LEN)
+			return fail(e, NXP_E_OUT_OF_RANGE,
+				    "field 'stop[%zu]' must be 1..%d bytes long, got %zu", i,
+				    NXP_MAX_STOP_LEN, len);
+		g->stop[i] = strdup(json_string_value(s));
+		g->n_stop = (int)i + 1;
+		if (!g->stop[i])
+			return fail(e, NXP_E_INTERNAL, "out of memory copying 'stop[%zu]'", i);
+	}
+	return 0;
+}
+
+static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
+{
+	if (!json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'lora' must be an array of objects, got %s",
+			    type_name(v));
+	size_t n = json_array_size(v);
+	if (n > NXP_MAX_LORA)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'lora' must have at most %d entries, got %zu",
+			    NXP_MAX_LORA, n);
+	if (n == 0)
+		return 0;
+	g->lora = calloc(n, sizeof(*g->lora));
+	if (!g->lora)
+		return fail(e, NXP_E_INTERNAL, "out of memory for field 'lora'");
+	for (size_t i = 0; i < n; i++) {
+		json_t *a = json_array_get(v, i);
+		if (!json_is_object(a))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu]' must be an object, got %s", i,
+				    type_name(a));
+		json_t *nm = field(a, "name");
+		if (!nm)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].name' is required", i);
+		if (!json_is_string(nm))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].name' must be a string, got %s",
+				    i, type_name(nm));
+		size_t len = json_string_length(nm);
+		if (len < 1 || len > NXP_MAX_LORA_NAME)
+			return fail(e, NXP_E_OUT_OF_RANGE,
+				    "field 'lora[%zu].name' must be 1..%d bytes long, got %zu", i,
+				    NXP_MAX_LORA_NAME, len);
+		for (size_t k = 0; k < i; k++)
+			if (!strcmp(g->lora[k].name, json_string_value(nm)))
+				return fail(e, NXP_E_BAD_REQUEST,
+					    "field 'lora[%zu].name' repeats adapter '%s'", i, g->lora[k].name);
+		g->lora[i].scale = 1.0f;
+		json_t *sc = field(a, "scale");
+		if (sc && !json_is_number(sc))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].scale' must be a number, got %s",
+				    i, type_name(sc));
+		if (sc) {
+			double d = json_number_value(sc);
+			if (!(fabs(d) <= FLT_MAX))
+				return fail(e, NXP_E_OUT_OF_RANGE,
+					    "field 'lora[%zu].scale' must be a finite number, got %g", i, d);
+			g->lora[i].scale = (float)d;
+		}
+		g->lora[i].name = strdup(json_string_value(nm));
+		g->n_lora = (int)i + 1;
+		if (!g->lora[i].name)
+			return fail(e, NXP_E_INTERNAL, "out of memory copying 'lora[%zu].name'", i);
+	}
+	return 0;
+}
+
+static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			  struct nxp_error *e)
+{
+	struct nxp_generate *g = &r->u.gen;
+	json_t *prompt = field(o, "prompt"), *messages = field(o, "messages"),
+	       *tokens = field(o, "tokens");
+	int n_in = !!prompt + !!messages + !!tokens;
+
+	g->stream = true;
+	g->sampling = nx_sample_params_default();
+	if (n_in == 0)
+		return fail(e, NXP_E_BAD_REQUEST,
+			    "one of the fields 'prompt', 'messages' or 'tokens' is required");
+	if (n_in > 1)
+		return fail(e, NXP_E_BAD_REQUEST,
+			    "fields 'prompt', 'messages' and 'tokens' are exclusive, got %s%s%s",
+			    prompt ? "'prompt' " : "", messages ? "'messages' " : "",
+			    tokens ? "'tokens'" : "");
+
+	if (opt_bool(o, "raw", &g->raw, NULL, e) || opt_str(o, "system", &g->system, e))
+		return -1;
+	if (prompt) {
+		g->input = NXP_IN_PROMPT;
+		if (opt_str(o, "prompt", &g->prompt, e))
+			return -1;
+		if (g->raw && g->system)
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'system' cannot be used with 'raw': a raw prompt has no template");
+	} else {
+		if (g->raw)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'raw' applies only to 'prompt'");
+		if (g->system)
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'system' applies only to 'prompt'; put a system message in 'messages'");
+	}
+	if (messages) {
+		g->input = NXP_IN_MESSAGES;
+		if (parse_messages(messages, g, e))
+			return -1;
+	}
+	if (tokens) {
+		g->input = NXP_IN_TOKENS;
+		if (token_array(tokens, "tokens", lim, &g->tokens, &g->n_tokens, e))
+			return -1;
+		if (g->n_tokens < 1)
+			return fail(e, NXP_E_OUT_OF_RANGE, "field 'tokens' must have at least 1 entry, got 0");
+		if (lim && lim->n_ctx > 0 && g->n_tokens > lim->n_ctx)
+			return fail(e, NXP_E_CONTEXT_OVERFLOW,
+				    "field 'tokens' has %d tokens, more than the context of %d", g->n_tokens,
+				    lim->n_ctx);
+	}
+
+	/* max_tokens: 1..limit, default NXP_DEFAULT_MAX_TOKENS capped at the limit. */
+	long long mt_hi = INT32_MAX;
+	if (lim && lim->max_tokens > 0)
+		mt_hi = lim->max_tokens;
+	else if (lim && lim->n_ctx > 0)
+		mt_hi = lim->n_ctx;
+	g->max_tokens = NXP_DEFAULT_MAX_TOKENS < mt_hi ? NXP_DEFAULT_MAX_TOKENS : (int)mt_hi;
+	if (opt_int(o, "max_tokens", 1, mt_hi, &g->max_tokens, e))
+		return -1;
+
+	/* Sampling. Types and int ranges here; value rules are the sampler's. */
+	struct nx_sample_params *sp = &g->sampling;
+	if (opt_float(o, "temperature", &sp->temperature, NULL, e) ||
+	    opt_int(o, "top_k", 0, INT32_MAX, &sp->top_k, e) ||
+	    opt_float(o, "top_p", &sp->top_p, NULL, e) || opt_float(o, "min_p", &sp->min_p, NULL, e) ||
+	    opt_float(o, "repeat_penalty", &sp->repeat_penalty, NULL, e) ||
+	    opt_int(o, "repeat_last_n", 0, INT32_MAX, &sp->repeat_last_n, e) ||
+	    opt_int(o, "logprobs", 0, NXP_MAX_LOGPROBS, &sp->n_logprobs, e))
+		return -1;
+	if (!(sp->temperature >= 0.0f))
+		return fail(e, NXP_E_OUT_OF_RANGE,
+			    "field 'temperature' must be >= 0 (0 is greedy), got %g", (double)sp->temperature);
+	if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'top_p' must be in (0, 1], got %g",
+			    (double)sp->top_p);
+	if (!(sp->min_p >= 0.0f && sp->min_p <= 1.0f))
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'min_p' must be in [0, 1], got %g",
+			    (double)sp->min_p);
+	if (!(sp->repeat_penalty > 0.0f))
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'repeat_penalty' must be > 0 (1 is off), got %g",
+			    (double)sp->repeat_penalty);
+	json_t *seed = field(o, "seed");
+	if (seed) {
+		long long s;
+		/* jansson holds integers as int64, so the seed range is 0..2^63-1. */
+		if (get_int(seed, "seed", 0, LLONG_MAX, &s, e))
+			return -1;
+		sp->seed = (uint64_t)s;
+		g->has_seed = true;
+	}
+	struct nx_err se;
+	if (nx_sample_params_check(sp, &se))
+		return fail(e, NXP_E_OUT_OF_RANGE, "%s", se.msg);
+
+	json_t *stop = field(o, "stop"), *lora = field(o, "lora");
+	if (stop && parse_stop(stop, g, e))
+		return -1;
+	if (opt_bool(o, "ignore_eos", &g->ignore_eos, NULL, e) ||
+	    opt_bool(o, "stream", &g->stream, NULL, e))
+		return -1;
+	if (lora && parse_lora(lora, g, e))
+		return -1;
+	return 0;
+}
+
+typedef int (*op_parse_fn)(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+			   struct nxp_error *e);
+
+static const struct {
+	const char *name;
+	enum nxp_op op;
+	bool id_required;
+	op_parse_fn parse;
+} op_table[] = {
+	{"hello", NXP_OP_HELLO, false, parse_hello},
+	{"generate", NXP_OP_GENERATE, true, parse_generate},
+	{"tokenize", NXP_OP_TOKENIZE, true, parse_tokenize},
+	{"detokenize", NXP_OP_DETOKENIZE, true, parse_detokenize},
+	{"status", NXP_OP_STATUS, true, parse_status},
+	{"cancel", NXP_OP_CANCEL, true, parse_cancel},
+};
+
+static int parse_obj(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
+		     struct nxp_error *e)
+{
+	json_t *id = field(o, "id");
+	if (id) {
+		if (id_text(id, "id", r->id, e))
+			return -1;
+		r->has_id = true;
+	}
+
+	json_t *ver = field(o, "version");
+	if (ver) {
+		long long v;
+		if (get_int(ver, "version", INT_MIN, INT_MAX, &v, e))
+			return -1;
+		r->version = (int)v;
+		if (v != NXP_VERSION)
+			return fail(e, NXP_E_UNSUPPORTED_VERSION,
+				    "protocol version %lld is not supported; this server speaks version %d",
+				    v, NXP_VERSION);
+	}
+
+	json_t *op = field(o, "op");
+	if (!op)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'op' is required");
+	if (!json_is_string(op))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'op' must be a string, got %s", type_name(op));
+	const char *name = json_string_value(op);
+	for (size_t i = 0; i < sizeof(op_table) / sizeof(op_table[0]); i++) {
+		if (strcmp(name, op_table[i].name))
+			continue;
+		if (op_table[i].id_required && !r->has_id)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'id' is required for op '%s'", name);
+		r->op = op_table[i].op;
+		return op_table[i].parse(o, lim, r, e);
+	}
+	char sb[64];
+	return fail(e, NXP_E_UNKNOWN_OP, "field 'op' names no known operation, got %s",
+		    short_str(name, sb, sizeof(sb)));
+}
+
+/* When jansson stops inside a bare value ("temperature":NaN, "seed":1e999),
+ * the key right before it names the field: finds it, or returns 0. Only
+ * plain keys ([A-Za-z0-9_]) and values without quotes or commas count, so a
+ * ':' inside some string is never mistaken for one. */
+static int key_before(const char *s, size_t len, size_t pos, char *key, size_t cap)
+{
+	if (pos > len)
+		pos = len;
+	size_t i = pos;
+	while (i > 0 && s[i - 1] != ':') {
+		char c = s[i - 1];
+		if (c == '"' || c == ',' || c == '{' || c == '[' || c == '}' || c == ']')
+			return 0;
+		i--;
+	}
+	if (i == 0)
+		return 0;
+	i--; /* at ':' */
+	while (i > 0 && (s[i - 1] == ' ' || s[i - 1] == '\t' || s[i - 1] == '\r' || s[i - 1] == '\n'))
+		i--;
+	if (i == 0 || s[i - 1] != '"')
+		return 0;
+	size_t end = --i, start = end;
+	while (start > 0 && s[start - 1] != '"') {
+		char c = s[start - 1];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'))
+			return 0;
+		start--;
+	}
+	if (start == 0 || end == start || end - start >= cap)
+		return 0;
+	memcpy(key, s + start, end - start);
+	key[end - start] = '\0';
+	return 1;
+}
+
+int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct nxp_request *req,
+	      struct nxp_error *e)
+{
+	memset(req, 0, sizeof(*req));
+	strcpy(req->id, "null");
+	size_t max_line = lim && lim->max_line ? lim->max_line : NXP_MAX_LINE;
+	size_t body = len;
+	if (body && line[body - 1] == '\n')
+		body--;
+	if (body && line[body - 1] == '\r')
+		body--;
+	if (body > max_line)
+		return fail(e, NXP_E_TOO_LARGE, "request line of %zu bytes is over the limit of %zu bytes",
+			    body, max_line);
+
+	json_error_t jerr;
+	/* Duplicate keys are refused: two readers could otherwise disagree on
+	 * which "max_tokens" counts. jansson also refuses NaN, Infinity, numbers
+	 * that overflow a double (1e999) or int64, invalid UTF-8, \u0000 and
+	 * nesting deeper than 2048. */
+	json_t *o = json_loadb(line, body, JSON_REJECT_DUPLICATES, &jerr);
+	if (!o) {
+		char key[64];
+		if (jerr.position >= 0 && key_before(line, body, (size_t)jerr.position, key, sizeof(key)))
+			return fail(e, NXP_E_PARSE_ERROR, "invalid JSON at column %d, field '%s': %s",
+				    jerr.column, key, jerr.text);
+		return fail(e, NXP_E_PARSE_ERROR, "invalid JSON at column %d: %s", jerr.column,
+			    jerr.text);
+	}
+	int rc;
+	if (!json_is_object(o))
+		rc = fail(e, NXP_E_PARSE_ERROR, "a request must be a JSON object, got %s", type_name(o));
+	else
+		rc = parse_obj(o, lim, req, e);
+	json_decref(o);
+	return rc;
+}
+
+void nxp_request_free(struct nxp_request *req)
+{
+	if (!req)
+		return;
+	switch (req->op) {
+	case NXP_OP_GENERATE: {
+		struct nxp_generate *g = &req->u.gen;
+		free(g->prompt);
+		free(g->system);
+		for (int i = 0; i < g->n_messages; i++)
+			free(g->messages[i].content);
+		free(g->messages);
+		free(g->tokens);
+		for (int i = 0; i < g->n_stop; i++)
+			free(g->stop[i]);
+		for (int i = 0; i < g->n_lora; i++)
+			free(g->lora[i].name);
+		free(g->lora);
+		break;
+	}
+	case NXP_OP_TOKENIZE:
+		free(req->u.tok.text);
+		break;
+	case NXP_OP_DETOKENIZE:
+		free(req->u.detok.tokens);
+		break;
+	case NXP_OP_NONE:
+	case NXP_OP_HELLO:
+	case NXP_OP_STATUS:
+	case NXP_OP_CANCEL:
+		break;
+	}
+	char id[NXP_ID_MAX];
+	memcpy(id, req->id, sizeof(id));
+	memset(req, 0, sizeof(*req));
+	memcpy(req->id, id, sizeof(id)); /* the id may still be needed for the reply */
+	req->id[NXP_ID_MAX - 1] = '\0';
+}
+
+// --- socket path
+
+int nxp_default_socket_path(char *buf, size_t cap)
+{
+	const size_t sun_max = 108; /* sizeof(((struct sockaddr_un *)0)->sun_path) on Linux */
+	const char *env = getenv("NXD_SOCKET");
+	int n;
+	if (env && *env)
+		n = snprintf(buf, cap, "%s", env);
+	else if (geteuid() == 0)
+		n = snprintf(buf, cap, "/run/nxd/nxd.sock");
+	else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
+		n = snprintf(buf, cap, "%s/nxd.sock", env);
+	else
+		n = snprintf(buf, cap, "/run/user/%u/nxd.sock", (unsigned)geteuid());
+	if (n < 0 || (size_t)n >= cap || (size_t)n >= sun_max) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	return 0;
+}

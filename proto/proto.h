@@ -1,0 +1,257 @@
+/* proto.h - the nxd wire protocol: newline-delimited JSON requests parsed into
+ * structs, and events encoded into lines (docs/protocol.md is the spec).
+ *
+ * Parsing (nxp_parse) allocates: the request owns copies of its strings and
+ * arrays until nxp_request_free. Encoding never allocates: every nxp_enc_*
+ * works like snprintf - it writes at most cap bytes (always NUL-terminated
+ * when cap > 0) and returns the length the whole line needs, trailing '\n'
+ * included, NUL excluded; a return value >= cap means the line was cut and
+ * must be encoded again into a larger buffer. The *_alloc variants return a
+ * malloc'd line for the rare big events (non-streamed done, tokens). */
+#ifndef NXP_PROTO_H
+#define NXP_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sample/sampler.h"
+
+#define NXP_VERSION        1
+#define NXP_MAX_LINE       ((size_t)1 << 20) /* default request line limit (bytes, '\n' excluded) */
+#define NXP_ID_MAX         256               /* JSON text of an id, NUL included */
+#define NXP_MAX_STOP       8                 /* stop strings per request */
+#define NXP_MAX_STOP_LEN   256               /* bytes per stop string */
+#define NXP_MAX_LOGPROBS   NX_SAMPLE_MAX_LOGPROBS
+#define NXP_MAX_MESSAGES   4096
+#define NXP_MAX_LORA       8
+#define NXP_MAX_LORA_NAME  128               /* bytes */
+#define NXP_DEFAULT_MAX_TOKENS 256
+
+/* Operations. NXP_OP_NONE is what a zeroed request holds (safe to free).
+ * Adding an op: an enum entry here, a member in nxp_request's union, an entry
+ * (name, parser) in the op table of proto.c and its case in nxp_request_free. */
+enum nxp_op {
+	NXP_OP_NONE = 0,
+	NXP_OP_HELLO,
+	NXP_OP_GENERATE,
+	NXP_OP_TOKENIZE,
+	NXP_OP_DETOKENIZE,
+	NXP_OP_STATUS,
+	NXP_OP_CANCEL,
+};
+
+/* Stable error codes; nxp_code_name gives the wire string ("bad_request"...). */
+enum nxp_code {
+	NXP_E_PARSE_ERROR = 0,     /* not JSON, or not an object */
+	NXP_E_TOO_LARGE,           /* line longer than the limit */
+	NXP_E_BAD_REQUEST,         /* missing or wrong-typed field, conflicting fields */
+	NXP_E_UNKNOWN_OP,
+	NXP_E_OUT_OF_RANGE,        /* a number or a length outside its range */
+	NXP_E_CONTEXT_OVERFLOW,    /* the prompt does not fit the context */
+	NXP_E_BUSY,                /* queue full */
+	NXP_E_NOT_FOUND,           /* cancel target, adapter... */
+	NXP_E_FORBIDDEN,
+	NXP_E_SHUTTING_DOWN,
+	NXP_E_UNSUPPORTED_VERSION,
+	NXP_E_INTERNAL,
+	NXP_E_COUNT
+};
+
+const char *nxp_code_name(enum nxp_code code);
+
+struct nxp_error {
+	enum nxp_code code;
+	char msg[512]; /* names the field and the value: "field 'max_tokens' must be in 1..4096, got 0" */
+};
+
+/* What the parser checks numbers against. Zero fields mean "no limit known"
+ * except max_line (0 -> NXP_MAX_LINE) and max_tokens (0 -> n_ctx, or
+ * INT32_MAX when n_ctx is 0 too). */
+struct nxp_limits {
+	int n_vocab;      /* token ids must be < n_vocab */
+	int n_ctx;        /* a "tokens" prompt longer than this is context_overflow */
+	int max_tokens;   /* upper bound of "max_tokens" */
+	size_t max_line;  /* longer lines are too_large */
+};
+
+// --- requests
+
+enum nxp_input { NXP_IN_PROMPT, NXP_IN_MESSAGES, NXP_IN_TOKENS };
+enum nxp_role { NXP_ROLE_SYSTEM, NXP_ROLE_USER, NXP_ROLE_ASSISTANT };
+
+const char *nxp_role_name(enum nxp_role role);
+
+struct nxp_message {
+	enum nxp_role role;
+	char *content; /* owned, valid UTF-8 without NUL (jansson guarantees both) */
+};
+
+struct nxp_lora_ref {
+	char *name;    /* owned */
+	float scale;   /* default 1.0, finite */
+};
+
+struct nxp_generate {
+	enum nxp_input input;
+	char *prompt;                 /* NXP_IN_PROMPT: owned */
+	bool raw;                     /* prompt used as is, without the chat template */
+	char *system;                 /* optional system text (prompt mode, not raw); owned or NULL */
+	struct nxp_message *messages; /* NXP_IN_MESSAGES: (n_messages) owned */
+	int n_messages;
+	int32_t *tokens;              /* NXP_IN_TOKENS: (n_tokens) owned, each in [0, n_vocab) */
+	int n_tokens;
+	int max_tokens;               /* 1..limit */
+	/* Starts from nx_sample_params_default() and passed nx_sample_params_check;
+	 * n_logprobs is the request's "logprobs" (0..20). */
+	struct nx_sample_params sampling;
+	bool has_seed;                /* no "seed": the daemon picks one */
+	char *stop[NXP_MAX_STOP];     /* owned, each 1..NXP_MAX_STOP_LEN bytes */
+	int n_stop;
+	bool ignore_eos;
+	bool stream;                  /* default true */
+	struct nxp_lora_ref *lora;    /* (n_lora) owned */
+	int n_lora;
+};
+
+struct nxp_tokenize {
+	char *text;    /* owned */
+	bool special;  /* parse special-token text (e.g. "<|im_start|>") as special tokens */
+	int add_bos;   /* -1 = the model's default, 0 = no, 1 = yes */
+};
+
+struct nxp_detokenize {
+	int32_t *tokens; /* (n_tokens) owned, each in [0, n_vocab) */
+	int n_tokens;
+};
+
+struct nxp_cancel {
+	char target[NXP_ID_MAX]; /* JSON text of the target's id, comparable with nxp_request.id */
+};
+
+struct nxp_request {
+	enum nxp_op op;
+	/* The id as compact JSON text ("7", "\"a\\\"b\""), to be echoed verbatim
+	 * and compared with strcmp. "null" when absent or unusable. Always set by
+	 * nxp_parse, even when it fails, so the error event can carry it. */
+	char id[NXP_ID_MAX];
+	bool has_id;
+	int version;   /* the request's "version", 0 when absent */
+	union {
+		struct nxp_generate gen;
+		struct nxp_tokenize tok;
+		struct nxp_detokenize detok;
+		struct nxp_cancel cancel;
+	} u;
+};
+
+/* Parses one request line (len bytes; a trailing '\n' or "\r\n" is allowed).
+ * On success fills *req and returns 0. On failure returns -1 with e->code and
+ * e->msg set and req->id set (or "null") for the error event; *req still needs
+ * nxp_request_free, which is always safe after nxp_parse. lim may be NULL
+ * (no vocabulary/context checks). Unknown fields are ignored. */
+int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct nxp_request *req,
+	      struct nxp_error *e);
+/* Frees what the request owns and zeroes it, except id, which stays valid so
+ * an error or final event can still be addressed. Safe to call twice. */
+void nxp_request_free(struct nxp_request *req);
+
+// --- events (daemon -> client)
+
+enum nxp_reason {
+	NXP_DONE_EOS,        /* end-of-sequence token */
+	NXP_DONE_LENGTH,     /* max_tokens reached, or the context is full */
+	NXP_DONE_STOP,       /* a stop string matched (the text ends before it) */
+	NXP_DONE_CANCELLED,  /* a cancel request, or the client went away */
+	NXP_DONE_SHUTDOWN,   /* the daemon is stopping */
+};
+
+const char *nxp_reason_name(enum nxp_reason reason);
+
+struct nxp_hello_info {
+	const char *model;   /* model name (general.name, else the file name) */
+	const char *arch;    /* "llama", "qwen2" */
+	int n_ctx;
+	int n_vocab;
+};
+
+struct nxp_logprob {
+	int32_t token;
+	const char *text;    /* piece bytes; may be a partial UTF-8 sequence (escaped as \ufffd) */
+	size_t text_len;
+	float logprob;       /* non-finite values are written as null */
+};
+
+struct nxp_done {
+	enum nxp_reason reason;
+	const char *text;       /* full text, only for non-streamed requests; NULL to omit */
+	size_t text_len;
+	const int32_t *tokens;  /* (n_tokens) generated ids, only for non-streamed requests; NULL to omit */
+	int n_tokens;
+	int prompt_tokens;
+	int completion_tokens;
+	double prefill_ms;
+	double decode_ms;
+	double tokens_per_s;    /* completion tokens / decode seconds */
+};
+
+struct nxp_worker_status {
+	int pid;
+	int cpu;               /* pinned CPU, -1 if not pinned */
+	const char *state;     /* "starting", "idle", "busy", "dead", "backoff"... */
+	int restarts;
+};
+
+/* Filled by the daemon for the status event. */
+struct nxp_status {
+	const char *model;
+	const char *arch;
+	const char *type;      /* dominant weight type, e.g. "Q4_1" */
+	int n_ctx;
+	int n_vocab;
+	const struct nxp_worker_status *workers; /* (n_workers) */
+	int n_workers;
+	int slots_total;
+	int slots_used;
+	int queued;            /* requests waiting for a slot */
+	uint64_t tokens_served;    /* prompt + completion tokens since start */
+	double seqs_per_step_mean; /* sequences per step, recent window */
+	int seqs_per_step_max;
+	double tokens_per_s;       /* completion tokens per second, recent window */
+	double uptime_s;
+	uint64_t steps;            /* forward steps run */
+	uint64_t steps_retried;    /* steps run again after a worker died */
+};
+
+/* id: JSON text from nxp_request.id; NULL writes "id":null (hello: omitted). */
+size_t nxp_enc_hello(char *buf, size_t cap, const char *id, const struct nxp_hello_info *h);
+/* The per-token event; lp may be NULL when n_lp is 0. Never allocates. */
+size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const char *text,
+		     size_t text_len, const struct nxp_logprob *lp, int n_lp);
+size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d);
+size_t nxp_enc_tokens(char *buf, size_t cap, const char *id, const int32_t *tokens, int n);
+size_t nxp_enc_text(char *buf, size_t cap, const char *id, const char *text, size_t text_len);
+size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_status *s);
+size_t nxp_enc_ok(char *buf, size_t cap, const char *id);
+size_t nxp_enc_error(char *buf, size_t cap, const char *id, enum nxp_code code, const char *msg);
+
+/* malloc'd lines (NULL on out of memory); *len_out (may be NULL) gets the length. */
+char *nxp_enc_done_alloc(const char *id, const struct nxp_done *d, size_t *len_out);
+char *nxp_enc_tokens_alloc(const char *id, const int32_t *tokens, int n, size_t *len_out);
+char *nxp_enc_text_alloc(const char *id, const char *text, size_t text_len, size_t *len_out);
+char *nxp_enc_status_alloc(const char *id, const struct nxp_status *s, size_t *len_out);
+
+/* Writes s[0..len) as a JSON string literal (quotes included) into buf, same
+ * snprintf contract, no '\n'. Valid UTF-8 passes through, invalid bytes
+ * become \ufffd, control characters are escaped. */
+size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
+
+// --- socket path
+
+/* The socket both nxd and nxctl use when none is given on the command line:
+ * $NXD_SOCKET, else /run/nxd/nxd.sock for root (euid 0), else
+ * $XDG_RUNTIME_DIR/nxd.sock, else /run/user/<uid>/nxd.sock.
+ * Returns 0, or -1 when the path does not fit cap or sun_path (108 bytes). */
+int nxp_default_socket_path(char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,446 @@
+"""test_nxctl.py - nxctl against a fake nxd that speaks the protocol on a temporary Unix socket.
+
+The fake server records every request line and answers through per-test
+handlers, so these tests check what nxctl sends, prints and exits with; the
+end-to-end tests against the real daemon live elsewhere.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+BUILD = os.environ.get("NX_BUILD", "build")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NXCTL = os.path.join(ROOT, BUILD, "nxctl")
+
+pytestmark = pytest.mark.skipif(not os.path.exists(NXCTL), reason=f"{NXCTL} not built")
+
+
+def hello_ok(req, send):
+    send({"event": "hello", "version": 1, "server": "nxd", "model": "fake", "arch": "llama",
+          "n_ctx": 2048, "n_vocab": 49152})
+
+
+def stream_pieces(pieces, reason="eos"):
+    def gen(req, send):
+        for i, p in enumerate(pieces):
+            send({"id": req["id"], "event": "token", "token": 100 + i, "text": p})
+        send({"id": req["id"], "event": "done", "reason": reason,
+              "usage": {"prompt_tokens": 3, "completion_tokens": len(pieces)},
+              "timing": {"prefill_ms": 1.0, "decode_ms": 2.0, "tokens_per_s": 10.0}})
+    return gen
+
+
+class FakeNxd:
+    """Accepts connections one after another; each request line is recorded
+    and handed to handlers[op](req, send)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.requests = []
+        self.raw = []
+        self.handlers = {"hello": hello_ok}
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with conn:
+                self._serve(conn)
+
+    def _serve(self, conn):
+        f = conn.makefile("rb")
+        lock = threading.Lock()
+
+        def send(obj, raw=None):
+            line = raw if raw is not None else json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+            with lock:
+                try:
+                    conn.sendall(line)
+                except OSError:
+                    pass
+
+        for line in f:
+            self.raw.append(line)
+            req = json.loads(line)
+            self.requests.append(req)
+            h = self.handlers.get(req.get("op"))
+            if h is None:
+                send({"id": req.get("id"), "event": "error", "code": "unknown_op",
+                      "message": f"field 'op' names no known operation, got {req.get('op')!r}"})
+            elif h(req, send) == "close":
+                return
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+        self.thread.join(2)
+
+    def ops(self):
+        return [r.get("op") for r in self.requests]
+
+
+@pytest.fixture
+def procs():
+    """Popen objects a test starts; killed if the test fails half-way."""
+    started = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def spawn(procs, sock, args):
+    p = subprocess.Popen([NXCTL, "--socket", sock] + args, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    procs.append(p)
+    return p
+
+
+@pytest.fixture
+def nxd(tmp_path):
+    s = FakeNxd(str(tmp_path / "nxd.sock"))
+    yield s
+    s.close()
+
+
+def run(args, sock=None, stdin=None, timeout=10, env_extra=None):
+    env = dict(os.environ)
+    env.pop("NXD_SOCKET", None)
+    if env_extra:
+        env.update(env_extra)
+    cmd = [NXCTL] + (["--socket", sock] if sock else []) + args
+    return subprocess.run(cmd, input=stdin if stdin is not None else b"", capture_output=True,
+                          timeout=timeout, env=env)
+
+
+def test_not_running(tmp_path):
+    path = str(tmp_path / "absent.sock")
+    r = run(["generate", "hi"], sock=path)
+    assert r.returncode == 3
+    assert r.stderr.decode() == f"nxctl: cannot connect to {path}: No such file or directory (is nxd running?)\n"
+    assert r.stdout == b""
+    # the same through $NXD_SOCKET, and for a socket file nobody listens on
+    r = run(["status"], env_extra={"NXD_SOCKET": path})
+    assert r.returncode == 3 and path in r.stderr.decode()
+    dead = str(tmp_path / "dead.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(dead)
+    s.close()
+    r = run(["status"], sock=dead)
+    assert r.returncode == 3
+    assert "Connection refused (is nxd running?)" in r.stderr.decode()
+
+
+def test_generate_streams(nxd):
+    nxd.handlers["generate"] = stream_pieces(["Hel", "lo", ", w\u00f6rld \U0001F600"])
+    r = run(["generate", "--max-tokens", "5", "--temp", "0", "--top-k", "3", "--top-p", "0.5",
+             "--min-p", "0.1", "--repeat-penalty", "1.1", "--repeat-last-n", "16",
+             "--seed", "9007199254740993", "--stop", "\n\n", "--stop", "END", "--ignore-eos",
+             "--system", "be brief", "--logprobs", "2", "--lora", "style:0.5",
+             "Say", "hello"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == "Hello, w\u00f6rld \U0001F600\n"
+    assert r.stderr == b""
+    assert nxd.ops() == ["hello", "generate"]
+    assert nxd.requests[0] == {"op": "hello", "version": 1}
+    g = nxd.requests[1]
+    assert isinstance(g["id"], int)
+    assert g["prompt"] == "Say hello"
+    assert g["system"] == "be brief"
+    assert g["max_tokens"] == 5 and g["temperature"] == 0 and g["top_k"] == 3
+    assert g["top_p"] == 0.5 and g["min_p"] == 0.1 and g["repeat_penalty"] == 1.1
+    assert g["repeat_last_n"] == 16 and g["seed"] == 9007199254740993
+    assert g["stop"] == ["\n\n", "END"] and g["ignore_eos"] is True
+    assert g["logprobs"] == 2 and g["stream"] is True
+    assert g["lora"] == [{"name": "style", "scale": 0.5}]
+    assert "raw" not in g and "tokens" not in g and "messages" not in g
+    # each request is one line of compact JSON
+    assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in nxd.raw)
+
+
+def test_generate_stdin_raw_tokens(nxd):
+    nxd.handlers["generate"] = stream_pieces(["ok"])
+    r = run(["generate", "--raw", "-"], sock=nxd.path, stdin="line one\nline two\n".encode())
+    assert r.returncode == 0, r.stderr
+    assert nxd.requests[-1]["prompt"] == "line one\nline two"  # one trailing newline removed
+    assert nxd.requests[-1]["raw"] is True
+    # no PROMPT and stdin not a terminal: stdin is the prompt
+    r = run(["generate"], sock=nxd.path, stdin=b"from stdin")
+    assert r.returncode == 0 and nxd.requests[-1]["prompt"] == "from stdin"
+    r = run(["generate", "--tokens", "1,2 3"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    assert nxd.requests[-1]["tokens"] == [1, 2, 3] and "prompt" not in nxd.requests[-1]
+    # flags after the prompt still count
+    r = run(["generate", "hi", "-n", "7"], sock=nxd.path)
+    assert r.returncode == 0 and nxd.requests[-1]["max_tokens"] == 7
+    assert nxd.requests[-1]["prompt"] == "hi"
+
+
+def test_error_event(nxd):
+    def bad(req, send):
+        send({"id": req["id"], "event": "error", "code": "out_of_range",
+              "message": "field 'max_tokens' must be in 1..2048, got 999999"})
+    nxd.handlers["generate"] = bad
+    r = run(["generate", "-n", "999999", "hi"], sock=nxd.path)
+    assert r.returncode == 1
+    assert r.stderr.decode() == \
+        "nxctl: field 'max_tokens' must be in 1..2048, got 999999 (out_of_range)\n"
+    assert r.stdout == b""
+
+
+def test_error_mid_stream_and_close(nxd):
+    def half(req, send):
+        send({"id": req["id"], "event": "token", "token": 1, "text": "par"})
+        return "close"
+    nxd.handlers["generate"] = half
+    r = run(["generate", "hi"], sock=nxd.path)
+    assert r.returncode == 1
+    assert r.stdout.decode() == "par\n"
+    assert "closed the connection before the answer was done" in r.stderr.decode()
+
+    def garbage(req, send):
+        send(None, raw=b"this is not json\n")
+    nxd.handlers["generate"] = garbage
+    r = run(["generate", "hi"], sock=nxd.path)
+    assert r.returncode == 1 and "not a JSON object" in r.stderr.decode()
+
+
+def test_json_mode(nxd):
+    nxd.handlers["generate"] = stream_pieces(["a", "\"b\"\n"], reason="length")
+    r = run(["generate", "--json", "hi"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.decode().splitlines()
+    events = [json.loads(l) for l in lines]
+    assert [e["event"] for e in events] == ["token", "token", "done"]
+    assert events[1]["text"] == "\"b\"\n"
+    assert events[2]["reason"] == "length"
+    # verbatim: the same bytes the server sent (json.dumps spacing kept)
+    assert lines[0] == json.dumps(events[0], ensure_ascii=False)
+
+
+def test_version_mismatch(nxd):
+    def old(req, send):
+        send({"id": None, "event": "error", "code": "unsupported_version",
+              "message": "protocol version 1 is not supported; this server speaks version 2"})
+    nxd.handlers["hello"] = old
+    r = run(["generate", "hi"], sock=nxd.path)
+    assert r.returncode == 1
+    assert "unsupported_version" in r.stderr.decode()
+    assert nxd.ops() == ["hello"]
+
+
+def test_ctrl_c_cancels(nxd, procs):
+    gen_id = {}
+    started = threading.Event()
+
+    def slow(req, send):
+        gen_id["id"] = req["id"]
+        send({"id": req["id"], "event": "token", "token": 1, "text": "first"})
+        started.set()
+
+    def cancel(req, send):
+        send({"id": req["id"], "event": "ok"})
+        send({"id": req["target"], "event": "done", "reason": "cancelled",
+              "usage": {"prompt_tokens": 1, "completion_tokens": 1}, "timing": {}})
+
+    nxd.handlers["generate"] = slow
+    nxd.handlers["cancel"] = cancel
+    p = spawn(procs, nxd.path, ["generate", "hi"])
+    assert started.wait(5)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=5)
+    assert p.returncode == 130, err
+    assert out.decode() == "first\n"
+    assert nxd.ops() == ["hello", "generate", "cancel"]
+    assert nxd.requests[2]["target"] == gen_id["id"]
+
+
+def test_second_ctrl_c_exits(nxd, procs):
+    started = threading.Event()
+
+    def slow(req, send):
+        send({"id": req["id"], "event": "token", "token": 1, "text": "x"})
+        started.set()
+
+    nxd.handlers["generate"] = slow
+    nxd.handlers["cancel"] = lambda req, send: None  # never answers
+    p = spawn(procs, nxd.path, ["generate", "hi"])
+    assert started.wait(5)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert p.poll() is None  # still waiting for done after the first one
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=5)
+    assert p.returncode == 130
+
+
+def test_tokenize_detokenize_status(nxd):
+    nxd.handlers["tokenize"] = lambda req, send: send(
+        {"id": req["id"], "event": "tokens", "tokens": [1, 22, 333]})
+    nxd.handlers["detokenize"] = lambda req, send: send(
+        {"id": req["id"], "event": "text", "text": "caf\u00e9 \U0001F600"})
+    r = run(["tokenize", "--special", "<|im_start|>hi"], sock=nxd.path)
+    assert r.returncode == 0 and r.stdout == b"1 22 333\n"
+    t = nxd.requests[-1]
+    assert t["op"] == "tokenize" and t["text"] == "<|im_start|>hi" and t["special"] is True
+    assert "add_bos" not in t
+    r = run(["tokenize", "--bos", "-"], sock=nxd.path, stdin=b"abc")
+    assert r.returncode == 0 and nxd.requests[-1]["text"] == "abc"
+    assert nxd.requests[-1]["add_bos"] is True
+    r = run(["detokenize", "5", "6,7"], sock=nxd.path)
+    assert r.returncode == 0
+    assert r.stdout.decode() == "caf\u00e9 \U0001F600\n"
+    assert nxd.requests[-1]["tokens"] == [5, 6, 7]
+
+    status = {"event": "status", "model": "SmolLM2", "arch": "llama", "type": "Q4_1",
+              "n_ctx": 8192, "n_vocab": 49152,
+              "workers": [{"pid": 11, "cpu": 0, "state": "idle", "restarts": 0},
+                          {"pid": 12, "cpu": 1, "state": "busy", "restarts": 2}],
+              "slots": {"total": 8, "used": 3, "queued": 1}, "tokens_served": 12345,
+              "sequences_per_step": {"mean": 2.5, "max": 4}, "tokens_per_s": 42.25,
+              "uptime_s": 3725.0, "steps": 99, "steps_retried": 1}
+    nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
+    r = run(["status"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    for want in ["SmolLM2", "llama", "Q4_1", "8192", "pid 12", "busy", "restarts 2",
+                 "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s"]:
+        assert want in out, (want, out)
+    r = run(["status", "--json"], sock=nxd.path)
+    assert r.returncode == 0
+    got = json.loads(r.stdout)
+    assert got["workers"] == status["workers"] and got["slots"] == status["slots"]
+
+
+def test_chat(nxd):
+    answers = iter(["Hi there.", "Second.", "Fresh."])
+    nxd.handlers["generate"] = lambda req, send: stream_pieces([next(answers)])(req, send)
+    r = run(["chat", "--system", "S", "--temp", "0"], sock=nxd.path,
+            stdin=b"hello\nand again\n\n/reset\nnew start")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode() == "Hi there.\nSecond.\nFresh.\n"  # no "> " prompt: not a tty
+    gens = [q for q in nxd.requests if q["op"] == "generate"]
+    assert len(gens) == 3
+    assert gens[0]["messages"] == [{"role": "system", "content": "S"},
+                                   {"role": "user", "content": "hello"}]
+    assert gens[1]["messages"] == [{"role": "system", "content": "S"},
+                                   {"role": "user", "content": "hello"},
+                                   {"role": "assistant", "content": "Hi there."},
+                                   {"role": "user", "content": "and again"}]
+    assert gens[2]["messages"] == [{"role": "system", "content": "S"},
+                                   {"role": "user", "content": "new start"}]
+    assert all(g["temperature"] == 0 for g in gens)
+    assert len({g["id"] for g in gens}) == 3
+    assert nxd.ops().count("hello") == 1  # one connection for the session
+
+
+def test_chat_error_keeps_going(nxd):
+    calls = []
+
+    def gen(req, send):
+        calls.append(req)
+        if len(calls) == 1:
+            send({"id": req["id"], "event": "error", "code": "context_overflow",
+                  "message": "prompt of 9000 tokens does not fit the context of 8192"})
+        else:
+            stream_pieces(["fine"])(req, send)
+    nxd.handlers["generate"] = gen
+    r = run(["chat"], sock=nxd.path, stdin=b"too long\nshort\n")
+    assert r.returncode == 0
+    assert "context_overflow" in r.stderr.decode()
+    assert r.stdout.decode() == "fine\n"
+    # the failed turn is not kept in the conversation
+    assert calls[1]["messages"] == [{"role": "user", "content": "short"}]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "--max-tokens", "abc", "hi"], "--max-tokens wants an integer, got 'abc'"),
+    (["generate", "--max-tokens", "0", "hi"], "--max-tokens must be in 1..2147483647, got 0"),
+    (["generate", "--temp", "nan", "hi"], "--temp wants a finite number, got 'nan'"),
+    (["generate", "--seed", "-1", "hi"], "--seed wants an integer"),
+    (["generate", "--logprobs", "21", "hi"], "--logprobs must be in 0..20, got 21"),
+    (["generate", "--stop", "", "hi"], "--stop wants a non-empty"),
+    (["generate", "--bogus", "hi"], "unknown option '--bogus'"),
+    (["generate", "--tokens", "1,x"], "--tokens id wants an integer, got 'x'"),
+    (["generate", "--top-k"], "--top-k needs a value"),
+    (["chat", "--raw"], "--raw is not a chat option"),
+    (["chat", "words"], "unexpected argument 'words'"),
+    (["tokenize"], "wants one TEXT"),
+    (["detokenize"], "at least one token"),
+    (["detokenize", "1", "x"], "token id wants an integer, got 'x'"),
+    (["status", "--bogus"], "unexpected argument '--bogus'"),
+    (["nope"], "unknown command 'nope'"),
+    (["--socket"], "--socket needs a PATH"),
+])
+def test_usage_errors(nxd, args, needle):
+    r = run(args, sock=None, env_extra={"NXD_SOCKET": nxd.path})
+    assert r.returncode == 2, (args, r.stderr)
+    assert needle in r.stderr.decode(), r.stderr
+    assert nxd.requests == []  # nothing was sent
+
+
+@pytest.mark.parametrize("cmd", ["generate", "chat", "tokenize", "detokenize", "status"])
+def test_help(cmd):
+    r = run([cmd, "--help"])
+    assert r.returncode == 0
+    assert r.stdout.decode().startswith(f"usage: nxctl {cmd}")
+    r = run(["--help"])
+    assert r.returncode == 0 and cmd in r.stdout.decode()
+
+
+def read_until(fd, want, timeout=5):
+    import select
+    buf = b""
+    end = time.time() + timeout
+    while want not in buf and time.time() < end:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if r:
+            try:
+                buf += os.read(fd, 4096)
+            except OSError:
+                break
+    return buf
+
+
+def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
+    """On a terminal chat shows '> ', streams the answer, and Ctrl-C at the prompt exits 130."""
+    nxd.handlers["generate"] = stream_pieces(["Hey", "!"])
+    master, slave = os.openpty()
+    try:
+        p = subprocess.Popen([NXCTL, "--socket", nxd.path, "chat"], stdin=slave, stdout=slave,
+                             stderr=subprocess.PIPE)
+        procs.append(p)
+        assert b"> " in read_until(master, b"> ")
+        os.write(master, b"hello\n")
+        out = read_until(master, b"Hey!")
+        assert b"Hey!" in out
+        out += read_until(master, b"> ")
+        assert out.rstrip().endswith(b">")
+        p.send_signal(signal.SIGINT)
+        p.wait(5)
+        assert p.returncode == 130
+    finally:
+        os.close(master)
+        os.close(slave)
+    gens = [q for q in nxd.requests if q["op"] == "generate"]
+    assert gens[0]["messages"] == [{"role": "user", "content": "hello"}]
