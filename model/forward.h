@@ -38,7 +38,9 @@ struct nx_state {
 	struct nx_state_cfg cfg;
 	int dim, kv_dim, q_dim, n_ff, n_vocab, n_layer;
 	float *x;       /* (max_batch, dim) residual stream */
-	float *q;       /* (max_batch, q_dim) queries after RoPE */
+	float *q;       /* (max_batch, q_dim) queries; RoPE is applied in place */
+	float *k;       /* (max_batch, kv_dim) keys before RoPE (they reach k_cache rotated, as f16) */
+	float *v;       /* (max_batch, kv_dim) values (copied to v_cache as f16 by the band that made them) */
 	float *att_out; /* (max_batch, q_dim) attention output */
 	float *hb;      /* (max_batch, n_ff) SwiGLU output */
 	nx_f16 *k_cache;/* (n_slots, n_layer, n_ctx, kv_dim) */
@@ -50,15 +52,22 @@ struct nx_state {
  * and its attention scores. */
 struct nx_scratch {
 	float *xn;      /* (max_batch, max(dim, n_ff, q_dim)) normed input of the current matmul */
-	void *xq;       /* activations quantized to the weight's vec_dot_type */
+	void *xq;       /* (max_batch, xq_stride bytes) activations quantized to the weight's vec_dot_type */
+	size_t xq_stride; /* bytes per row of xq: room for max(dim, n_ff, q_dim) floats, 64-aligned */
 	float *att;     /* (n_ctx) attention scores of one (token, head) */
+	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
+	/* What xq holds now, so Q/K/V (and gate/up) quantize their shared input once. */
+	const float *xq_src;
+	enum nx_type xq_type;
 };
 
+/* Bytes of the state block; 0 when cfg is invalid or the size overflows. */
 size_t nx_state_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg);
 /* Lays the state out in mem (size >= nx_state_size, 64-byte aligned). */
 int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hparams *hp,
 		  const struct nx_state_cfg *cfg, struct nx_err *err);
 
+/* Bytes of one band's scratch block (0 when cfg is invalid); laid out like the state. */
 size_t nx_scratch_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg);
 int nx_scratch_init(struct nx_scratch *sc, void *mem, size_t size, const struct nx_hparams *hp,
 		    const struct nx_state_cfg *cfg, struct nx_err *err);
@@ -70,7 +79,11 @@ struct nx_sync {
 
 /* Runs one step over toks[0..n). Preconditions (checked by the caller, the
  * scheduler): n <= max_batch, each slot/pos in range, tokens < n_vocab, and a
- * sequence's earlier positions already in its KV cache or in this batch. */
+ * sequence's earlier positions already in its KV cache or in this batch.
+ * The last op is a barrier: when any band returns, every logits row is done.
+ * A token's arithmetic does not depend on the batch around it nor on n_bands
+ * (bands only pick which rows / heads they compute; every dot runs whole), so
+ * logits are bit-identical however the scheduler batches and splits. */
 void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
 		int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync);
 

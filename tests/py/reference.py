@@ -1,0 +1,142 @@
+"""reference.py - an independent float64 llama / qwen2 forward pass in numpy, the ground truth for the engine.
+
+Reads the GGUF with gguf.GGUFReader and dequantizes every tensor with
+gguf.quants.dequantize (never with the engine's code), then computes in float64:
+no activation quantization, K/V kept in float64. Each sequence is computed
+alone, all positions at once under a causal mask.
+
+Reference(path, emulate=True) additionally rounds values where the engine's
+design stores them in a narrower format - the input of every matmul with a
+quantized weight to that weight's activation type (Q8_0 for the 32-blocks,
+Q8_K for the k-quants: GGUF's block formats) and K/V to f16 - so the remaining
+difference to the engine is float32 arithmetic only, and a tight tolerance can
+catch small mistakes that the activation-quantization noise would hide.
+"""
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+_Q8_0_ACT = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
+_Q8_K_ACT = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
+
+
+def round_q8_0(x):
+    """x (..., n) through Q8_0 blocks of 32 (gguf-py's quantizer) and back."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    return gguf.quants.dequantize(gguf.quants.quantize(x32, QT.Q8_0), QT.Q8_0).astype(np.float64)
+
+
+def round_q8_k(x):
+    """x (..., n) through Q8_K blocks of 256 and back: d = max/-127 (max: the
+    element of largest magnitude, with its sign), q = min(127, round(x/d)), float32 d."""
+    b = np.asarray(x, dtype=np.float32).reshape(-1, 256)
+    idx = np.abs(b).argmax(axis=1)
+    mx = b[np.arange(len(b)), idx]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127.0) / mx, np.float32(0)).astype(np.float32)
+    q = np.minimum(127, np.rint(b * iscale[:, None]))
+    d = np.where(iscale != 0, np.float32(1) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
+    return (q * d[:, None]).astype(np.float32).astype(np.float64).reshape(np.shape(x))
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        if default is None:
+            raise KeyError(key)
+        return default
+    return f.contents()
+
+
+class Reference:
+    def __init__(self, path, emulate=False):
+        self.emulate = emulate
+        r = gguf.GGUFReader(str(path))
+        self.arch = _field(r, "general.architecture")
+        a = self.arch
+        self.n_layer = int(_field(r, f"{a}.block_count"))
+        self.dim = int(_field(r, f"{a}.embedding_length"))
+        self.n_head = int(_field(r, f"{a}.attention.head_count"))
+        self.n_head_kv = int(_field(r, f"{a}.attention.head_count_kv", self.n_head))
+        self.head_dim = self.dim // self.n_head
+        self.rope_dim = int(_field(r, f"{a}.rope.dimension_count", self.head_dim))
+        self.rope_base = float(_field(r, f"{a}.rope.freq_base", 10000.0))
+        self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
+        self.neox = a == "qwen2"
+        # Tensors stay float32 (what dequantization yields) and are widened per use.
+        self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
+            [int(n) for n in reversed(t.shape)]) for t in r.tensors}
+        self.types = {t.name: t.tensor_type for t in r.tensors}
+        self.n_vocab = self.t["token_embd.weight"].shape[0]
+        self.out_name = "output.weight" if "output.weight" in self.t else "token_embd.weight"
+
+    def _w(self, name):
+        return self.t[name].astype(np.float64)
+
+    def _mm(self, x, name):
+        """x @ W.T for weight `name` (n_out, n_in)."""
+        if self.emulate:
+            ty = self.types[name]
+            if ty in _Q8_0_ACT:
+                x = round_q8_0(x)
+            elif ty in _Q8_K_ACT:
+                x = round_q8_k(x)
+        return x @ self._w(name).T
+
+    def _kv(self, x):
+        return x.astype(np.float16).astype(np.float64) if self.emulate else x
+
+    def _rmsnorm(self, x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
+
+    def _rope(self, x, pos):
+        """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * base^(-2i/rope_dim)."""
+        half = self.rope_dim // 2
+        theta = pos[:, None] * self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim)  # (T, half)
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        x = x.copy()
+        if self.neox:
+            a, b = x[..., :half].copy(), x[..., half:self.rope_dim].copy()
+            x[..., :half], x[..., half:self.rope_dim] = a * c - b * s, a * s + b * c
+        else:
+            a, b = x[..., 0:self.rope_dim:2].copy(), x[..., 1:self.rope_dim:2].copy()
+            x[..., 0:self.rope_dim:2], x[..., 1:self.rope_dim:2] = a * c - b * s, a * s + b * c
+        return x
+
+    def hidden(self, tokens):
+        """Final-normed hidden states (T, dim) of one sequence starting at position 0."""
+        tokens = np.asarray(tokens)
+        T, hd, H, Hkv = len(tokens), self.head_dim, self.n_head, self.n_head_kv
+        pos = np.arange(T, dtype=np.float64)
+        x = self.t["token_embd.weight"][tokens].astype(np.float64)
+        causal = np.triu(np.full((T, T), -np.inf), k=1)
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            xn = self._rmsnorm(x, self._w(p + "attn_norm.weight"))
+            q = self._mm(xn, p + "attn_q.weight")
+            k = self._mm(xn, p + "attn_k.weight")
+            v = self._mm(xn, p + "attn_v.weight")
+            if self.arch == "qwen2":
+                q = q + self._w(p + "attn_q.bias")
+                k = k + self._w(p + "attn_k.bias")
+                v = v + self._w(p + "attn_v.bias")
+            q = self._rope(q.reshape(T, H, hd), pos)
+            k = self._kv(self._rope(k.reshape(T, Hkv, hd), pos))
+            v = self._kv(v.reshape(T, Hkv, hd))
+            # Query head h reads kv head h // (H / Hkv).
+            k = np.repeat(k, H // Hkv, axis=1)
+            v = np.repeat(v, H // Hkv, axis=1)
+            s = np.einsum("thd,uhd->htu", q, k) / np.sqrt(hd) + causal  # (H, T, T)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
+            x = x + self._mm(att, p + "attn_output.weight")
+            xn = self._rmsnorm(x, self._w(p + "ffn_norm.weight"))
+            g = self._mm(xn, p + "ffn_gate.weight")
+            u = self._mm(xn, p + "ffn_up.weight")
+            x = x + self._mm(g / (1 + np.exp(-g)) * u, p + "ffn_down.weight")
+        return self._rmsnorm(x, self._w("output_norm.weight"))
+
+    def logits(self, tokens):
+        """Logits (T, n_vocab) float64 of one sequence, every position."""
+        return self._mm(self.hidden(tokens), self.out_name)

@@ -1,0 +1,104 @@
+"""test_real_model.py - the engine on the default model ($NXD_MODEL, SmolLM2-135M Q4_1) against the float64 reference.
+
+Teacher-forced logits over 337 tokens of English text, and a greedy
+completion checked against a golden list. Token ids are fixed here (produced
+once with the HF `tokenizers` BPE built from the GGUF's own vocab and merges),
+so this test does not depend on our tokenizer.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import tool
+from reference import Reference
+
+# Two paragraphs (lighthouses, bread), 337 tokens, no BOS (SmolLM2 adds none).
+TEXT_IDS = [
+    60, 11935, 10483, 592, 2837, 288, 7432, 7761, 2025, 429, 5177, 28374, 284, 288, 3948, 601, 8342,
+    618, 19890, 30, 378, 8912, 1343, 33059, 28, 260, 36797, 395, 282, 23472, 28, 9318, 327, 540,
+    670, 253, 7557, 929, 1092, 15483, 3621, 357, 1187, 30, 1068, 5034, 28, 42805, 11785, 3180, 28,
+    5511, 355, 2664, 281, 1440, 9935, 28, 284, 260, 1420, 856, 805, 325, 2269, 253, 1443, 4158, 578,
+    288, 3426, 30, 533, 260, 1584, 12249, 2070, 28, 260, 3432, 10776, 4053, 254, 42376, 5824, 2724,
+    253, 7247, 1135, 282, 41124, 13413, 282, 4433, 694, 3151, 30, 2736, 7247, 8892, 260, 1420, 282,
+    253, 2244, 17559, 618, 253, 6260, 28, 3269, 11225, 338, 856, 325, 2269, 540, 670, 7522, 4158,
+    2025, 30, 3768, 33059, 436, 1836, 624, 1038, 2191, 282, 31435, 28, 588, 338, 22088, 856, 2505,
+    582, 1420, 429, 1372, 418, 3163, 30, 5545, 366, 4161, 418, 260, 5729, 351, 480, 3168, 28, 37640,
+    260, 267, 5381, 28, 39493, 260, 13690, 284, 24283, 260, 9191, 1637, 338, 4642, 260, 1420, 30,
+    4104, 768, 303, 11935, 10483, 359, 12759, 28, 284, 8304, 12589, 553, 7233, 800, 282, 601, 28,
+    564, 260, 1573, 17310, 1361, 1481, 1683, 260, 10393, 347, 22421, 282, 638, 701, 2268, 983, 480,
+    970, 1699, 260, 3605, 913, 30, 198, 198, 504, 17519, 970, 288, 919, 6956, 1923, 805, 7367, 28,
+    913, 28, 5420, 284, 12827, 30, 18212, 260, 7367, 284, 5420, 281, 253, 1507, 12505, 28, 965, 803,
+    260, 12827, 15621, 281, 3091, 913, 30, 659, 662, 344, 260, 14517, 327, 563, 3772, 3487, 28,
+    1793, 357, 7422, 5423, 284, 18407, 1056, 645, 346, 1757, 357, 351, 253, 8400, 30, 18565, 260,
+    12505, 351, 253, 14456, 11244, 284, 3934, 357, 10105, 3091, 327, 354, 5353, 28, 355, 1793, 260,
+    14517, 553, 20195, 281, 2203, 30, 26121, 357, 618, 253, 42126, 28, 1303, 357, 4095, 1163, 327,
+    2745, 354, 5353, 28, 284, 26975, 357, 281, 253, 3380, 14571, 1793, 260, 12116, 314, 10908, 6354,
+    284, 260, 42126, 4598, 17160, 645, 40350, 16780, 30, 198,
+]
+
+# "The first ten prime numbers are" -> greedy, 32 tokens:
+# " 2, 3, 5, 7, 11, 13, 17, 19, 21," (sic: the model's own answer). Chosen
+# because the reference's top-2 margin is >= 0.8 logits at every one of these
+# steps, far above the activation-quantization noise, so kernel changes that
+# reorder float sums do not flip it.
+PROMPT_IDS = [504, 808, 3772, 9552, 2966, 359]
+GOLDEN = [216, 34, 28, 216, 35, 28, 216, 37, 28, 216, 39, 28, 216, 33, 33, 28, 216, 33, 35, 28, 216, 33, 39, 28,
+          216, 33, 41, 28, 216, 34, 33, 28]
+
+# Our pass rounds every matmul input to Q8_0 (8 bits per 32 values). On this
+# model - hidden states with outlier features in the hundreds, 30 layers - that
+# moves logits by ~0.16 on average (std of logits ~5.8) and flips the top-1 at
+# near-ties. The numpy reference with the same Q8_0 rounding (reference.py,
+# emulate=True; no engine code) differs from the float64 one by the same
+# amount: measured mean |d| 0.16, top-1 97.0%, every disagreement at a top-2
+# margin below 0.15. Any change in float summation order (SIMD kernels) moves
+# Q8 roundings and so redraws this noise. So the bounds are: the top-1 must
+# agree wherever the reference's margin exceeds the noise, and overall about
+# as often as the emulated reference manages. Measured with the scalar / AVX-512
+# kernels:
+MARGIN = 0.5        # logits; disagreements all at margins < 0.32
+TOP1_CLEAR = 0.99   # agreement where the margin is >= MARGIN; measured 1.0 / 1.0
+TOP1_ALL = 0.95     # agreement over all positions; measured 0.970 / 0.979
+MEAN_ABS = 0.3      # mean |dlogit|; measured 0.165 / 0.173
+MAX_ABS = 8.0       # max |dlogit| over 16M logits, a tail of the noise; measured 3.2 / 4.1 (logit std 5.8)
+
+
+@pytest.fixture(scope="module")
+def ref(model_path):
+    return Reference(model_path)
+
+
+def test_teacher_forced_matches_reference(model_path, ref, report):
+    n = len(TEXT_IDS)
+    # Prefill in chunks of 64, as the scheduler would.
+    steps = "".join(f"step 0:{i}:{min(64, n - i)}\n" for i in range(0, n, 64))
+    plan = f"seq 0 {' '.join(map(str, TEXT_IDS))}\n{steps}"
+    p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2"], input=plan.encode(),
+                       capture_output=True, timeout=600)
+    assert p.returncode == 0, p.stderr.decode()
+    ours = np.frombuffer(p.stdout, np.float32).reshape(n, -1)
+    want = ref.logits(TEXT_IDS)
+    d = np.abs(ours - want)
+    srt = np.sort(want, axis=1)
+    margin = srt[:, -1] - srt[:, -2]
+    agree = ours.argmax(1) == want.argmax(1)
+    clear = margin >= MARGIN
+    report(f"real model, {n} tokens: max|d| {d.max():.3f} mean|d| {d.mean():.4f} (logit std {want.std():.2f}) "
+           f"top1 {agree.mean():.3f}, where margin >= {MARGIN}: {agree[clear].mean():.3f} of {clear.sum()}; "
+           f"disagreements at margins {np.round(margin[~agree], 3).tolist()}")
+    assert agree[clear].mean() >= TOP1_CLEAR
+    assert agree.mean() >= TOP1_ALL
+    assert d.mean() <= MEAN_ABS
+    assert d.max() <= MAX_ABS
+
+
+def test_greedy_golden(model_path, ref):
+    p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2", "--generate", str(len(GOLDEN)),
+                        "--prompt-ids", ",".join(map(str, PROMPT_IDS))], capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stderr.decode()
+    got = [int(x) for x in p.stdout.split()]
+    # The reference, teacher-forced on prompt + golden, picks the same tokens.
+    want = ref.logits(PROMPT_IDS + GOLDEN)[len(PROMPT_IDS) - 1:-1]
+    assert want.argmax(1).tolist() == GOLDEN
+    assert got == GOLDEN
