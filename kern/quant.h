@@ -121,6 +121,12 @@ typedef void (*nx_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef void (*nx_quant_fn)(const float *src, void *dst, int64_t n);
 /* Dot of n elements of a weight row with an activation row already in vec_dot_type. */
 typedef float (*nx_dot_fn)(const void *w, const void *a, int64_t n);
+/* Dots of ONE weight row with n_act activation rows (in vec_dot_type), row r at
+ * a + r * a_stride: out[r] = dot(w, a + r * a_stride, n) for r < n_act (any n_act >= 0).
+ * The weight row is read and unpacked once for all of them (batched decode, prefill).
+ * Each out[r] is bit-identical to the same table's dot on that row, so a token's
+ * result does not depend on what it was batched with. */
+typedef void (*nx_dot_rows_fn)(const void *w, const void *a, size_t a_stride, int n_act, float *out, int64_t n);
 
 struct nx_type_traits {
 	const char *name;       /* GGUF's name, e.g. "q4_1" */
@@ -130,6 +136,7 @@ struct nx_type_traits {
 	nx_quant_fn quant;      /* NULL: we cannot produce this type */
 	enum nx_type vec_dot_type; /* what activations are quantized to before dot */
 	nx_dot_fn dot;          /* weight (this type) . activation (vec_dot_type) */
+	nx_dot_rows_fn dot_rows; /* one weight row . several activation rows; NULL iff dot is */
 };
 
 /* Scalar reference traits: always available, the ground truth for SIMD kernels. */

@@ -7,9 +7,10 @@
  *       true when this CPU and OS can run it (e.g. __builtin_cpu_supports("avx2")
  *       && __builtin_cpu_supports("fma"));
  *   void nx_kern_<set>_install(struct nx_type_traits *tab, size_t n);
- *       replaces the dequant / quant / dot pointers it implements in tab,
- *       indexed by type id (n entries). It must not change a block layout or
+ *       replaces the dequant / quant / dot / dot_rows pointers it implements in
+ *       tab, indexed by type id (n entries). It must not change a block layout or
  *       a vec_dot_type: a SIMD kernel computes the same thing as the reference.
+ *       dot and dot_rows are swapped together (dot_rows is bit-identical to dot).
  * Adding a set is one line in NX_KERN_SETS below, weakest first: a later set
  * overrides what an earlier one installed, so an avx512 set only needs the
  * kernels it does better than avx2.
@@ -23,7 +24,7 @@
 #include <string.h>
 
 /* The list of SIMD sets, e.g.  X(avx2) X(avx512)  */
-#define NX_KERN_SETS(X)
+#define NX_KERN_SETS(X) X(avx2) X(avx512)
 
 #define NX_KERN_DECLARE(set)                \
 	bool nx_kern_##set##_usable(void);  \
@@ -67,7 +68,13 @@ static void table_init(void)
 		const struct kern_set *ks = &kern_sets[i];
 		if (!ks->usable())
 			break; /* sets are ordered by what they need: the rest need more */
+		struct nx_type_traits before[N_IDS];
+		memcpy(before, table, sizeof(table));
 		ks->install(table, N_IDS);
+		/* dot_rows must stay bit-identical to dot: a set swaps both or neither. */
+		for (uint32_t t = 0; t < N_IDS; t++)
+			if ((table[t].dot != before[t].dot) != (table[t].dot_rows != before[t].dot_rows))
+				abort();
 		if (want && !strcmp(want, ks->name))
 			break;
 	}
@@ -79,7 +86,8 @@ static void table_init(void)
 		const struct nx_type_traits *ref = nx_type_ref((enum nx_type)t);
 		if (table[t].blck != ref->blck || table[t].type_size != ref->type_size ||
 		    table[t].vec_dot_type != ref->vec_dot_type || !table[t].dequant != !ref->dequant ||
-		    !table[t].quant != !ref->quant || !table[t].dot != !ref->dot)
+		    !table[t].quant != !ref->quant || !table[t].dot != !ref->dot ||
+		    !table[t].dot_rows != !ref->dot_rows)
 			abort();
 	}
 }

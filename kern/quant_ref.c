@@ -878,24 +878,46 @@ static float dot_q6_k(const void *w, const void *a, int64_t n)
 	return sum;
 }
 
+/* ---------------------------------------------------------------- dot_rows */
+
+/* The reference for nx_dot_rows_fn: a loop over the type's dot (bit-identical to it by construction). */
+#define REF_DOT_ROWS(name)                                                                                 \
+	static void dot_rows_##name(const void *w, const void *a, size_t a_stride, int n_act, float *out, \
+				    int64_t n)                                                             \
+	{                                                                                                  \
+		for (int r = 0; r < n_act; r++)                                                            \
+			out[r] = dot_##name(w, (const uint8_t *)a + (size_t)r * a_stride, n);              \
+	}
+REF_DOT_ROWS(f32)
+REF_DOT_ROWS(f16)
+REF_DOT_ROWS(bf16)
+REF_DOT_ROWS(q4_0)
+REF_DOT_ROWS(q4_1)
+REF_DOT_ROWS(q5_0)
+REF_DOT_ROWS(q5_1)
+REF_DOT_ROWS(q8_0)
+REF_DOT_ROWS(q4_k)
+REF_DOT_ROWS(q5_k)
+REF_DOT_ROWS(q6_k)
+
 /* ---------------------------------------------------------------- the table */
 
 /* Every id GGUF defines, so names and row sizes work for types we cannot
  * compute with (their kernels are NULL). Ids with no entry are unknown. */
 static const struct nx_type_traits ref_traits[] = {
-	[NX_F32] = { "f32", 1, 4, dequant_f32, quant_f32, NX_F32, dot_f32 },
-	[NX_F16] = { "f16", 1, 2, dequant_f16, quant_f16, NX_F32, dot_f16 },
-	[NX_Q4_0] = { "q4_0", QK4_0, sizeof(struct nx_block_q4_0), dequant_q4_0, quant_q4_0, NX_Q8_0, dot_q4_0 },
-	[NX_Q4_1] = { "q4_1", QK4_1, sizeof(struct nx_block_q4_1), dequant_q4_1, quant_q4_1, NX_Q8_0, dot_q4_1 },
-	[NX_Q5_0] = { "q5_0", QK5_0, sizeof(struct nx_block_q5_0), dequant_q5_0, quant_q5_0, NX_Q8_0, dot_q5_0 },
-	[NX_Q5_1] = { "q5_1", QK5_1, sizeof(struct nx_block_q5_1), dequant_q5_1, quant_q5_1, NX_Q8_0, dot_q5_1 },
-	[NX_Q8_0] = { "q8_0", QK8_0, sizeof(struct nx_block_q8_0), dequant_q8_0, quant_q8_0, NX_Q8_0, dot_q8_0 },
+	[NX_F32] = { "f32", 1, 4, dequant_f32, quant_f32, NX_F32, dot_f32, dot_rows_f32 },
+	[NX_F16] = { "f16", 1, 2, dequant_f16, quant_f16, NX_F32, dot_f16, dot_rows_f16 },
+	[NX_Q4_0] = { "q4_0", QK4_0, sizeof(struct nx_block_q4_0), dequant_q4_0, quant_q4_0, NX_Q8_0, dot_q4_0, dot_rows_q4_0 },
+	[NX_Q4_1] = { "q4_1", QK4_1, sizeof(struct nx_block_q4_1), dequant_q4_1, quant_q4_1, NX_Q8_0, dot_q4_1, dot_rows_q4_1 },
+	[NX_Q5_0] = { "q5_0", QK5_0, sizeof(struct nx_block_q5_0), dequant_q5_0, quant_q5_0, NX_Q8_0, dot_q5_0, dot_rows_q5_0 },
+	[NX_Q5_1] = { "q5_1", QK5_1, sizeof(struct nx_block_q5_1), dequant_q5_1, quant_q5_1, NX_Q8_0, dot_q5_1, dot_rows_q5_1 },
+	[NX_Q8_0] = { "q8_0", QK8_0, sizeof(struct nx_block_q8_0), dequant_q8_0, quant_q8_0, NX_Q8_0, dot_q8_0, dot_rows_q8_0 },
 	[NX_Q8_1] = { "q8_1", 32, 36, NULL, NULL, NX_Q8_1, NULL },
 	[NX_Q2_K] = { "q2_k", QK_K, 84, NULL, NULL, NX_Q8_K, NULL },
 	[NX_Q3_K] = { "q3_k", QK_K, 110, NULL, NULL, NX_Q8_K, NULL },
-	[NX_Q4_K] = { "q4_k", QK_K, sizeof(struct nx_block_q4_k), dequant_q4_k, quant_q4_k, NX_Q8_K, dot_q4_k },
-	[NX_Q5_K] = { "q5_k", QK_K, sizeof(struct nx_block_q5_k), dequant_q5_k, quant_q5_k, NX_Q8_K, dot_q5_k },
-	[NX_Q6_K] = { "q6_k", QK_K, sizeof(struct nx_block_q6_k), dequant_q6_k, quant_q6_k, NX_Q8_K, dot_q6_k },
+	[NX_Q4_K] = { "q4_k", QK_K, sizeof(struct nx_block_q4_k), dequant_q4_k, quant_q4_k, NX_Q8_K, dot_q4_k, dot_rows_q4_k },
+	[NX_Q5_K] = { "q5_k", QK_K, sizeof(struct nx_block_q5_k), dequant_q5_k, quant_q5_k, NX_Q8_K, dot_q5_k, dot_rows_q5_k },
+	[NX_Q6_K] = { "q6_k", QK_K, sizeof(struct nx_block_q6_k), dequant_q6_k, quant_q6_k, NX_Q8_K, dot_q6_k, dot_rows_q6_k },
 	/* Activation type only: no dot of its own, so not a supported weight type. */
 	[NX_Q8_K] = { "q8_k", QK_K, sizeof(struct nx_block_q8_k), dequant_q8_k, quant_q8_k, NX_Q8_K, NULL },
 	[16] = { "iq2_xxs", QK_K, 66, NULL, NULL, NX_Q8_K, NULL },
@@ -912,7 +934,7 @@ static const struct nx_type_traits ref_traits[] = {
 	[27] = { "i64", 1, 8, NULL, NULL, NX_F32, NULL },
 	[28] = { "f64", 1, 8, NULL, NULL, NX_F32, NULL },
 	[29] = { "iq1_m", QK_K, 56, NULL, NULL, NX_Q8_K, NULL },
-	[NX_BF16] = { "bf16", 1, 2, dequant_bf16, quant_bf16, NX_F32, dot_bf16 },
+	[NX_BF16] = { "bf16", 1, 2, dequant_bf16, quant_bf16, NX_F32, dot_bf16, dot_rows_bf16 },
 	[34] = { "tq1_0", QK_K, 54, NULL, NULL, NX_Q8_K, NULL },
 	[35] = { "tq2_0", QK_K, 66, NULL, NULL, NX_Q8_K, NULL },
 	[39] = { "mxfp4", 32, 17, NULL, NULL, NX_Q8_0, NULL },

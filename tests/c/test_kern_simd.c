@@ -1,0 +1,511 @@
+/* test_kern_simd.c - every SIMD kernel set this CPU can run, against the scalar reference:
+ * dots within a float-summation bound, dot_rows bit-identical to dot, activation
+ * quantizers bit-identical to the reference blocks.
+ *
+ * The bound: |simd - ref| <= 1e-5 * T, T = sum over the dot's addends of their
+ * magnitudes (sum_i |w_i a_i| over dequantized values, with a block's scale part
+ * and min part counted apart: sum_i (|d q_i| + |m|) |a_i|). Both kernels compute the
+ * same exact integer block sums and the same float scales; they differ only in
+ * how the float terms are rounded and added (the reference: one running float sum
+ * per block in order, or double for f32/f16/bf16; SIMD: lanes, pairs of blocks,
+ * a tree at the end). Each rounding costs at most 2^-24 of the magnitude it
+ * touches, and no addend passes through more than ~(blocks + log2 lanes + 3) of
+ * them, so for the lengths tested here (<= 48 blocks of 32, 6 super-blocks, 1536
+ * floats, i.e. <= ~100 roundings per side) the worst case is about 1.2e-5 * T
+ * and the typical one far smaller: 1e-5 catches any wrong integer (one unit of
+ * one level moves the result by ~1/n of T, >= 6e-4 here) while leaving the
+ * summation order free. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kern/quant.h"
+
+/* The kernel sets (kern/x86_*.c), as kern/quant_dispatch.c declares them. */
+bool nx_kern_avx2_usable(void);
+void nx_kern_avx2_install(struct nx_type_traits *tab, size_t n);
+bool nx_kern_avx512_usable(void);
+void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n);
+
+struct kset {
+	const char *name;
+	bool (*usable)(void);
+	void (*install)(struct nx_type_traits *tab, size_t n);
+};
+
+static const struct kset ksets[] = {
+	{ "avx2", nx_kern_avx2_usable, nx_kern_avx2_install },
+	{ "avx512", nx_kern_avx512_usable, nx_kern_avx512_install },
+};
+
+#define N_IDS 64
+
+/* The reference table with only this set laid over it (what the set itself provides). */
+static void set_table(const struct kset *ks, struct nx_type_traits *tab)
+{
+	memset(tab, 0, N_IDS * sizeof(*tab));
+	for (uint32_t t = 0; t < N_IDS; t++) {
+		const struct nx_type_traits *ref = nx_type_ref((enum nx_type)t);
+		if (ref)
+			tab[t] = *ref;
+	}
+	ks->install(tab, N_IDS);
+}
+
+/* Weight types in the lead's priority order. */
+static const enum nx_type wtypes[] = { NX_Q4_1, NX_Q8_0, NX_Q4_0, NX_Q4_K, NX_Q6_K, NX_Q5_K,
+				       NX_Q5_0, NX_Q5_1, NX_F16, NX_BF16, NX_F32 };
+#define N_WTYPES (sizeof(wtypes) / sizeof(wtypes[0]))
+
+/* ---------------------------------------------------------------- random data */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_uniform(void)
+{
+	return (double)(rng_next() >> 11) / 9007199254740992.0;
+}
+
+static float rng_gauss(void)
+{
+	double u = rng_uniform(), v = rng_uniform();
+	return (float)(sqrt(-2.0 * log(1.0 - u)) * cos(2.0 * M_PI * v));
+}
+
+/* Weight- or activation-like data: gaussian, an offset per row, a few outliers. */
+static void fill_data(float *x, int64_t n)
+{
+	const float off = 0.3f * rng_gauss();
+	for (int64_t i = 0; i < n; i++) {
+		x[i] = rng_gauss() + off;
+		if (rng_next() % 50 == 0)
+			x[i] *= 8;
+	}
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	assert_non_null(p);
+	return p;
+}
+
+/* n elements of type t from floats with the reference quantizer. */
+static void *make_row(enum nx_type t, const float *x, int64_t n)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t);
+	void *q = xmalloc((size_t)nx_row_size(t, n));
+	tr->quant(x, q, n);
+	return q;
+}
+
+/* A random finite f16 scale of magnitude 2^-10 .. 1. */
+static nx_f16 rand_scale(void)
+{
+	float v = (float)ldexp(0.5 + 0.5 * rng_uniform(), -(int)(rng_next() % 10));
+	return nx_f32_to_f16(rng_next() & 1 ? -v : v);
+}
+
+/* Overwrites every byte of a quantized row with random bits, then gives the f16
+ * scale fields sane values: every level, scale and bit pattern gets exercised. */
+static void randomize_blocks(enum nx_type t, uint8_t *row, int64_t n)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t);
+	const size_t bs = tr->type_size;
+	const int64_t nb = n / tr->blck;
+	for (size_t i = 0; i < (size_t)nb * bs; i++)
+		row[i] = (uint8_t)rng_next();
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *blk = row + (size_t)b * bs;
+		nx_f16 s[2] = { rand_scale(), rand_scale() };
+		switch (t) {
+		case NX_Q4_1:
+		case NX_Q5_1:
+		case NX_Q4_K:
+		case NX_Q5_K:
+			memcpy(blk, s, 4); /* d, then m / dmin */
+			break;
+		case NX_Q6_K:
+			memcpy(blk + offsetof(struct nx_block_q6_k, d), s, 2);
+			break;
+		default:
+			memcpy(blk, s, 2);
+			break;
+		}
+	}
+}
+
+/* Zeroes the min fields (keep = 0) or the scale fields (keep = 1) of every block. */
+static void split_blocks(enum nx_type t, uint8_t *row, int64_t n, int keep)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t);
+	const int64_t nb = n / tr->blck;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *blk = row + (size_t)b * tr->type_size;
+		memset(blk + (keep ? 0 : 2), 0, 2);
+	}
+}
+
+static bool has_min(enum nx_type t)
+{
+	return t == NX_Q4_1 || t == NX_Q5_1 || t == NX_Q4_K || t == NX_Q5_K;
+}
+
+/* T of the bound: sum of the magnitudes of the dot's addends (see the top of the file). */
+static double terms(enum nx_type t, const void *w, const void *a, int64_t n)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t), *at = nx_type_ref(tr->vec_dot_type);
+	const size_t wbytes = (size_t)nx_row_size(t, n);
+	float *av = xmalloc((size_t)n * sizeof(float)), *ws = xmalloc((size_t)n * sizeof(float));
+	float *wm = xmalloc((size_t)n * sizeof(float));
+	uint8_t *tmp = xmalloc(wbytes);
+	at->dequant(a, av, n);
+	memcpy(tmp, w, wbytes);
+	if (has_min(t))
+		split_blocks(t, tmp, n, 0);
+	tr->dequant(tmp, ws, n);
+	memset(wm, 0, (size_t)n * sizeof(float));
+	if (has_min(t)) {
+		memcpy(tmp, w, wbytes);
+		split_blocks(t, tmp, n, 1);
+		tr->dequant(tmp, wm, n);
+	}
+	double s = 0;
+	for (int64_t i = 0; i < n; i++)
+		s += (fabs((double)ws[i]) + fabs((double)wm[i])) * fabs((double)av[i]);
+	free(av);
+	free(ws);
+	free(wm);
+	free(tmp);
+	return s;
+}
+
+/* Lengths: 1 block, odd and even block counts, the model's 576 and 1536. */
+static int lengths(enum nx_type t, int64_t *out)
+{
+	static const int64_t q32[] = { 32, 64, 96, 160, 224, 576, 1536 };
+	static const int64_t qk[] = { 256, 512, 768, 1536 };
+	static const int64_t fl[] = { 1, 7, 8, 15, 16, 17, 31, 33, 100, 576, 1536 };
+	const int64_t *src = q32;
+	int n = 7;
+	if (nx_type_ref(t)->blck == QK_K) {
+		src = qk;
+		n = 4;
+	} else if (nx_type_ref(t)->blck == 1) {
+		src = fl;
+		n = 11;
+	}
+	memcpy(out, src, (size_t)n * sizeof(*out));
+	return n;
+}
+
+static const struct kset *get_set(void **state)
+{
+	const struct kset *ks = *state;
+	if (!ks->usable()) {
+		print_message("kernel set %s: not usable on this CPU, skipped\n", ks->name);
+		skip();
+	}
+	return ks;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_installed(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	for (size_t i = 0; i < N_WTYPES; i++) {
+		const struct nx_type_traits *ref = nx_type_ref(wtypes[i]);
+		if (tab[wtypes[i]].dot == ref->dot || tab[wtypes[i]].dot_rows == ref->dot_rows)
+			fail_msg("%s: no %s dot", ks->name, ref->name);
+	}
+	assert_true(tab[NX_Q8_0].quant != nx_type_ref(NX_Q8_0)->quant);
+	assert_true(tab[NX_Q8_K].quant != nx_type_ref(NX_Q8_K)->quant);
+	/* layouts untouched */
+	for (uint32_t t = 0; t < N_IDS; t++) {
+		const struct nx_type_traits *ref = nx_type_ref((enum nx_type)t);
+		if (!ref)
+			continue;
+		assert_int_equal(tab[t].blck, ref->blck);
+		assert_int_equal(tab[t].type_size, ref->type_size);
+		assert_int_equal(tab[t].vec_dot_type, ref->vec_dot_type);
+	}
+}
+
+/* Largest |simd - ref| / T seen by check_dot (reported, so the margin under 1e-5 is visible). */
+static double worst_ratio;
+
+static void check_dot(const struct kset *ks, const struct nx_type_traits *tab, enum nx_type t, const void *w,
+		      const void *a, int64_t n, const char *what)
+{
+	const float ref = nx_type_ref(t)->dot(w, a, n);
+	const float got = tab[t].dot(w, a, n);
+	const double T = terms(t, w, a, n), bound = 1e-5 * T;
+	if (T > 0 && fabs((double)got - ref) / T > worst_ratio)
+		worst_ratio = fabs((double)got - ref) / T;
+	if (!(fabs((double)got - ref) <= bound))
+		fail_msg("%s %s dot, %s, n=%lld: %.9g vs reference %.9g (bound %.3g)", ks->name, nx_type_name(t), what,
+			 (long long)n, got, ref, bound);
+}
+
+static void test_dots(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	rng_state = 0x5eed0001;
+	worst_ratio = 0;
+	for (size_t ti = 0; ti < N_WTYPES; ti++) {
+		const enum nx_type t = wtypes[ti];
+		const enum nx_type vt = nx_type_ref(t)->vec_dot_type;
+		int64_t lens[16];
+		const int nl = lengths(t, lens);
+		for (int li = 0; li < nl; li++) {
+			const int64_t n = lens[li];
+			float *x = xmalloc((size_t)n * sizeof(float)), *y = xmalloc((size_t)n * sizeof(float));
+			for (int rep = 0; rep < 4; rep++) {
+				fill_data(x, n);
+				fill_data(y, n);
+				void *w = make_row(t, x, n), *a = make_row(vt, y, n);
+				check_dot(ks, tab, t, w, a, n, "quantized data");
+				if (nx_type_ref(t)->blck > 1) {
+					randomize_blocks(t, w, n);
+					check_dot(ks, tab, t, w, a, n, "random blocks");
+				}
+				free(w);
+				free(a);
+			}
+			free(x);
+			free(y);
+		}
+	}
+	print_message("%s dots: worst |simd - ref| / T = %.2e (bound 1e-5)\n", ks->name, worst_ratio);
+}
+
+/* Integer extremes: every weight level at its maximum against activations at +-127. */
+static void test_dot_extremes(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	const int64_t n = 512;
+	float y[512];
+	for (size_t ti = 0; ti < N_WTYPES; ti++) {
+		const enum nx_type t = wtypes[ti];
+		const struct nx_type_traits *tr = nx_type_ref(t);
+		if (tr->blck == 1)
+			continue;
+		for (int pat = 0; pat < 4; pat++) {
+			uint8_t *w = xmalloc((size_t)nx_row_size(t, n));
+			randomize_blocks(t, w, n);
+			/* all bits set: top levels, top scales; or all clear (q6_k: -32, q8_0: 0) */
+			uint8_t *keep = xmalloc((size_t)nx_row_size(t, n));
+			memcpy(keep, w, (size_t)nx_row_size(t, n));
+			memset(w, pat & 1 ? 0xff : 0x00, (size_t)nx_row_size(t, n));
+			/* put the scales back */
+			for (int64_t b = 0; b < n / tr->blck; b++) {
+				uint8_t *blk = w + (size_t)b * tr->type_size, *src = keep + (size_t)b * tr->type_size;
+				if (t == NX_Q6_K)
+					memcpy(blk + offsetof(struct nx_block_q6_k, d),
+					       src + offsetof(struct nx_block_q6_k, d), 2);
+				else
+					memcpy(blk, src, has_min(t) ? 4 : 2);
+			}
+			if (t == NX_Q8_0 && pat >= 2) /* -128, which the quantizer never makes, but a file may hold */
+				for (int64_t b = 0; b < n / 32; b++)
+					memset(((struct nx_block_q8_0 *)w)[b].qs, 0x80, 32);
+			for (int64_t i = 0; i < n; i++)
+				y[i] = (pat & 2) ? ((i & 1) ? 1.0f : -1.0f) : 1.0f;
+			void *a = make_row(tr->vec_dot_type, y, n);
+			check_dot(ks, tab, t, w, a, n, "extreme levels");
+			free(a);
+			free(w);
+			free(keep);
+		}
+	}
+}
+
+/* dot_rows == dot bit for bit, for every count of activation rows and a padded stride;
+ * and the reference's dot_rows is its dot. */
+static void test_dot_rows(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	rng_state = 0x5eed0002;
+	for (size_t ti = 0; ti < N_WTYPES; ti++) {
+		const enum nx_type t = wtypes[ti];
+		const struct nx_type_traits *ref = nx_type_ref(t);
+		const enum nx_type vt = ref->vec_dot_type;
+		const int64_t n = ref->blck == QK_K ? 768 : ref->blck == 1 ? 233 : 224;
+		const size_t abytes = (size_t)nx_row_size(vt, n), stride = abytes + 40;
+		enum { MAX_ACT = 11 };
+		float *x = xmalloc((size_t)n * sizeof(float)), *y = xmalloc((size_t)n * sizeof(float));
+		uint8_t *acts = xmalloc(stride * MAX_ACT);
+		memset(acts, 0xff, stride * MAX_ACT); /* padding: NaNs if ever read as floats */
+		fill_data(x, n);
+		void *w = make_row(t, x, n);
+		for (int r = 0; r < MAX_ACT; r++) {
+			fill_data(y, n);
+			nx_type_ref(vt)->quant(y, acts + (size_t)r * stride, n);
+		}
+		for (int na = 0; na <= MAX_ACT; na++) {
+			float out[MAX_ACT + 1], rout[MAX_ACT + 1];
+			out[na] = rout[na] = 12345.0f; /* must stay */
+			tab[t].dot_rows(w, acts, stride, na, out, n);
+			ref->dot_rows(w, acts, stride, na, rout, n);
+			assert_true(out[na] == 12345.0f && rout[na] == 12345.0f);
+			for (int r = 0; r < na; r++) {
+				const float one = tab[t].dot(w, acts + (size_t)r * stride, n);
+				if (memcmp(&one, &out[r], sizeof(float)))
+					fail_msg("%s %s dot_rows(%d)[%d] = %.9g, dot = %.9g", ks->name, ref->name, na, r,
+						 out[r], one);
+				const float rone = ref->dot(w, acts + (size_t)r * stride, n);
+				if (memcmp(&rone, &rout[r], sizeof(float)))
+					fail_msg("reference %s dot_rows differs from dot", ref->name);
+			}
+		}
+		free(w);
+		free(x);
+		free(y);
+		free(acts);
+	}
+}
+
+/* Inputs for the activation quantizers, block by block: random scales over the
+ * whole float range, exact rounding ties, zeros, both signs of the largest
+ * magnitude, values so small that 1/d overflows. */
+static void fill_act_case(float *x, int64_t n, int blk, int kind)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = rng_gauss();
+	switch (kind) {
+	case 0: { /* scaled gaussian */
+		static const float sc[] = { 1, 1e-3f, 1e3f, 1e-20f, 1e20f, 3e38f / 8, 1e-30f, 5e-36f };
+		const float s = sc[rng_next() % 8];
+		for (int64_t i = 0; i < n; i++)
+			x[i] *= s;
+		break;
+	}
+	case 1: /* ties: largest magnitude 127 so that the scale is exactly 1, values k + 0.5 */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (float)((int)(rng_next() % 253) - 126) + 0.5f;
+		for (int64_t b = 0; b < n / blk; b++)
+			x[b * blk + (int64_t)(rng_next() % (uint64_t)blk)] = rng_next() & 1 ? 127.0f : -127.0f;
+		break;
+	case 2: /* ties at scale 2 (largest 63.5): x * 2 = k + 0.5 for x = k/2 + 0.25 */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = ((float)((int)(rng_next() % 251) - 125) + 0.5f) / 2;
+		for (int64_t b = 0; b < n / blk; b++)
+			x[b * blk] = -63.5f;
+		break;
+	case 3: /* zero blocks, signed zeros, a lone value */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (rng_next() & 1) ? 0.0f : -0.0f;
+		if (n > blk)
+			x[blk + 5] = -3.0f;
+		break;
+	case 4: /* +max and -max in one block: the first one wins */
+		for (int64_t b = 0; b < n / blk; b++) {
+			const int64_t i0 = b * blk + (int64_t)(rng_next() % (uint64_t)blk);
+			const int64_t i1 = b * blk + (int64_t)(rng_next() % (uint64_t)blk);
+			x[i0] = 9.0f;
+			x[i1] = -9.0f;
+		}
+		break;
+	default: /* tiny (1/d overflows: the reference's out-of-range conversion gives 0) */
+		for (int64_t i = 0; i < n; i++)
+			x[i] *= 1e-39f;
+		break;
+	}
+}
+
+static void test_quant_act(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	rng_state = 0x5eed0003;
+	static const enum nx_type ats[] = { NX_Q8_0, NX_Q8_K };
+	for (size_t k = 0; k < 2; k++) {
+		const enum nx_type t = ats[k];
+		const int blk = (int)nx_type_ref(t)->blck;
+		for (int kind = 0; kind < 6; kind++) {
+			for (int rep = 0; rep < 20; rep++) {
+				const int64_t n = blk * (1 + (int64_t)(rng_next() % 8));
+				float *x = xmalloc((size_t)n * sizeof(float));
+				fill_act_case(x, n, blk, kind);
+				const size_t bytes = (size_t)nx_row_size(t, n);
+				uint8_t *q = xmalloc(bytes), *r = xmalloc(bytes);
+				memset(q, 0xaa, bytes);
+				memset(r, 0x55, bytes);
+				tab[t].quant(x, q, n);
+				nx_type_ref(t)->quant(x, r, n);
+				for (size_t i = 0; i < bytes; i++)
+					if (q[i] != r[i])
+						fail_msg("%s %s quant, case %d, n=%lld: byte %zu (block %zu) is %02x, "
+							 "reference %02x",
+							 ks->name, nx_type_name(t), kind, (long long)n, i,
+							 i / nx_type_ref(t)->type_size, q[i], r[i]);
+				free(x);
+				free(q);
+				free(r);
+			}
+		}
+	}
+}
+
+/* The engine's table takes the strongest usable set's kernels, and has dot_rows everywhere. */
+static void test_engine_table(void **state)
+{
+	const struct kset *best = NULL;
+	for (size_t i = 0; i < sizeof(ksets) / sizeof(ksets[0]); i++)
+		if (ksets[i].usable())
+			best = &ksets[i];
+	const char *env = getenv("NX_KERN");
+	for (size_t i = 0; i < N_WTYPES; i++) {
+		const struct nx_type_traits *g = nx_type_get(wtypes[i]);
+		assert_non_null(g);
+		assert_non_null(g->dot_rows);
+		if (best && !env) {
+			struct nx_type_traits tab[N_IDS];
+			set_table(best, tab);
+			if (g->dot != tab[wtypes[i]].dot || g->dot_rows != tab[wtypes[i]].dot_rows)
+				fail_msg("engine %s dot is not the %s set's", nx_type_name(wtypes[i]), best->name);
+		}
+	}
+	print_message("engine kernels: %s\n", env ? env : best ? best->name : "ref");
+}
+
+int main(void)
+{
+#define SET_TESTS(i, name)                                                                 \
+	{ name " installed", test_installed, NULL, NULL, (void *)&ksets[i] },              \
+	{ name " dots", test_dots, NULL, NULL, (void *)&ksets[i] },                        \
+	{ name " dot extremes", test_dot_extremes, NULL, NULL, (void *)&ksets[i] },        \
+	{ name " dot_rows", test_dot_rows, NULL, NULL, (void *)&ksets[i] },                \
+	{ name " activation quantizers", test_quant_act, NULL, NULL, (void *)&ksets[i] }
+	const struct CMUnitTest tests[] = {
+		SET_TESTS(0, "avx2"),
+		SET_TESTS(1, "avx512"),
+		cmocka_unit_test(test_engine_table),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
