@@ -1,0 +1,314 @@
+/* main.c - nxd: options, start-up order (socket, model, arena, workers) and the way out. */
+#define _GNU_SOURCE
+#include "daemon/nxd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ARENA_RESERVE ((size_t)256 << 30) /* address space only; pages exist once used */
+
+double nxd_now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static const char usage[] =
+	"usage: nxd --model PATH [options]\n"
+	"\n"
+	"Serves one GGUF model to local clients over a Unix socket (NDJSON, see docs/protocol.md).\n"
+	"\n"
+	"  --model PATH         the GGUF model file (required)\n"
+	"  --socket PATH        socket to listen on (default: $NXD_SOCKET, else /run/nxd/nxd.sock\n"
+	"                       for root, else $XDG_RUNTIME_DIR/nxd.sock)\n"
+	"  --workers N          worker processes, one per CPU (default: CPUs available)\n"
+	"  --ctx N              context length per sequence (default and maximum: the model's)\n"
+	"  --slots N            sequences generated at once (default 4, at most 256)\n"
+	"  --batch N            token budget of one forward step, >= --slots (default 32)\n"
+	"  --mmap               map the weights from the file instead of loading them into the arena\n"
+	"  --log-level L        error, warn, info (default) or debug\n"
+	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
+	"  --max-clients N      connections at once before a refusal (default 128)\n"
+	"  --max-line BYTES     longest request line (default 1048576)\n"
+	"  --out-limit BYTES    unread output per client before it is dropped (default 1048576)\n"
+	"  --idle-timeout S     close a connection idle this long (default 600)\n"
+	"  --line-timeout S     a request line must be complete this long after it began (default 60)\n"
+	"  --help, --version\n";
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("nxd: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\n(see nxd --help)\n", stderr);
+	return 2;
+}
+
+static int parse_long(const char *opt, const char *s, long lo, long hi, long *out)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return bad("--%s must be an integer in %ld..%ld, got \"%s\"", opt, lo, hi, s);
+	*out = v;
+	return 0;
+}
+
+static int parse_secs(const char *opt, const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v <= 0 || v > 1e7)
+		return bad("--%s must be a positive number of seconds, got \"%s\"", opt, s);
+	*out = v;
+	return 0;
+}
+
+static int parse_args(struct nxd *d, int argc, char **argv)
+{
+	struct nxd_opts *o = &d->o;
+	*o = (struct nxd_opts){
+		.n_slots = 4,
+		.n_batch = 0,
+		.max_queue = 64,
+		.max_clients = 128,
+		.max_line = NXP_MAX_LINE,
+		.out_limit = (size_t)1 << 20,
+		.idle_timeout = 600,
+		.line_timeout = 60,
+		.max_start_failures = 5,
+		.log_level = NXD_LOG_INFO,
+	};
+	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
+	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION };
+	static const struct option opts[] = {
+		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
+		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
+		{ "slots", required_argument, 0, O_SLOTS },      { "batch", required_argument, 0, O_BATCH },
+		{ "mmap", no_argument, 0, O_MMAP },              { "log-level", required_argument, 0, O_LOG },
+		{ "max-queue", required_argument, 0, O_QUEUE },  { "max-clients", required_argument, 0, O_CLIENTS },
+		{ "max-line", required_argument, 0, O_LINE },    { "out-limit", required_argument, 0, O_OUT },
+		{ "idle-timeout", required_argument, 0, O_IDLE }, { "line-timeout", required_argument, 0, O_LTIME },
+		{ "help", no_argument, 0, O_HELP },              { "version", no_argument, 0, O_VERSION },
+		{ 0, 0, 0, 0 },
+	};
+	bool socket_given = false;
+	long v;
+	int c;
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case O_MODEL: o->model_path = optarg; break;
+		case O_SOCKET:
+			if (strlen(optarg) >= sizeof(o->socket_path) || !optarg[0])
+				return bad("--socket path must be 1..%zu bytes", sizeof(o->socket_path) - 1);
+			snprintf(o->socket_path, sizeof(o->socket_path), "%s", optarg);
+			socket_given = true;
+			break;
+		case O_WORKERS:
+			if (parse_long("workers", optarg, 1, NX_CTL_MAX_WORKERS, &v)) return 2;
+			o->n_workers = (int)v;
+			break;
+		case O_CTX:
+			if (parse_long("ctx", optarg, 2, 1 << 24, &v)) return 2;
+			o->n_ctx = (int)v;
+			break;
+		case O_SLOTS:
+			if (parse_long("slots", optarg, 1, NXD_MAX_SLOTS, &v)) return 2;
+			o->n_slots = (int)v;
+			break;
+		case O_BATCH:
+			if (parse_long("batch", optarg, 1, 65536, &v)) return 2;
+			o->n_batch = (int)v;
+			break;
+		case O_MMAP: o->use_mmap = true; break;
+		case O_LOG:
+			if ((o->log_level = nxd_log_parse_level(optarg)) < 0)
+				return bad("--log-level must be error, warn, info or debug, got \"%s\"", optarg);
+			break;
+		case O_QUEUE:
+			if (parse_long("max-queue", optarg, 0, 1 << 20, &v)) return 2;
+			o->max_queue = (int)v;
+			break;
+		case O_CLIENTS:
+			if (parse_long("max-clients", optarg, 1, 1 << 16, &v)) return 2;
+			o->max_clients = (int)v;
+			break;
+		case O_LINE:
+			if (parse_long("max-line", optarg, 256, 1L << 30, &v)) return 2;
+			o->max_line = (size_t)v;
+			break;
+		case O_OUT:
+			if (parse_long("out-limit", optarg, 4096, 1L << 34, &v)) return 2;
+			o->out_limit = (size_t)v;
+			break;
+		case O_IDLE:
+			if (parse_secs("idle-timeout", optarg, &o->idle_timeout)) return 2;
+			break;
+		case O_LTIME:
+			if (parse_secs("line-timeout", optarg, &o->line_timeout)) return 2;
+			break;
+		case O_HELP:
+			fputs(usage, stdout);
+			exit(0);
+		case O_VERSION:
+			printf("nxd %s (protocol %d)\n", NXD_VERSION, NXP_VERSION);
+			exit(0);
+		case ':':
+			return bad("option %s needs a value", argv[optind - 1]);
+		default:
+			return bad("unknown option %s", argv[optind - 1]);
+		}
+	}
+	if (optind < argc)
+		return bad("unexpected argument \"%s\"", argv[optind]);
+	if (!o->model_path)
+		return bad("--model PATH is required");
+	/* 32 tokens per step: with kernels whose cost grows with every token
+	 * (no weight reuse across a batch yet), a bigger budget does not make a
+	 * prompt's prefill faster, it only makes every step of the decoders that
+	 * share it longer (bench/clients.py --stall 400: longest decode gap
+	 * ~1 s at 16, ~3.7 s at 64, ~7 s at 256 on a loaded 2-CPU machine); a
+	 * smaller one adds per-step overhead (barriers, sampling, a wake-up). */
+	if (o->n_batch == 0)
+		o->n_batch = o->n_slots > 32 ? o->n_slots : 32;
+	if (o->n_batch < o->n_slots)
+		return bad("--batch (%d) must be at least --slots (%d): every sequence needs its decode token in each step",
+			   o->n_batch, o->n_slots);
+	if (!socket_given && nxp_default_socket_path(o->socket_path, sizeof(o->socket_path)) < 0)
+		return bad("the default socket path does not fit a Unix socket address; give --socket");
+	if (o->n_workers == 0) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		o->n_workers = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+		if (o->n_workers <= 0)
+			o->n_workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
+		if (o->n_workers <= 0)
+			o->n_workers = 1;
+		if (o->n_workers > NX_CTL_MAX_WORKERS)
+			o->n_workers = NX_CTL_MAX_WORKERS;
+	}
+	return 0;
+}
+
+/* Every client is an fd: raise the soft limit to the hard one so
+ * --max-clients is what refuses connections, not EMFILE. */
+static void raise_nofile(struct nxd *d)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == rl.rlim_max)
+		return;
+	rlim_t want = (rlim_t)d->o.max_clients + 64;
+	if (rl.rlim_cur >= want)
+		return;
+	rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		nxd_warn("setrlimit(RLIMIT_NOFILE, %llu) failed: %s", (unsigned long long)rl.rlim_cur, strerror(errno));
+	if (rl.rlim_cur < want)
+		nxd_warn("only %llu file descriptors allowed; fewer than --max-clients %d connections may fit",
+			 (unsigned long long)rl.rlim_cur, d->o.max_clients);
+}
+
+static int start(struct nxd *d, struct nx_err *err)
+{
+	raise_nofile(d);
+	/* The socket first: a live daemon on it is reported before a second
+	 * copy of the model is loaded, and SIGTERM is caught from here on. */
+	if (nxd_loop_init(d, err) < 0)
+		return -1;
+	if (nx_arena_create(&d->shm.arena, "nxd-arena", ARENA_RESERVE, err) < 0)
+		return -1;
+	if (nxd_model_load(d, err) < 0)
+		return -1;
+	int n_ctx_train = d->model.m.hp.n_ctx_train;
+	if (d->o.n_ctx == 0)
+		d->o.n_ctx = n_ctx_train > 0 ? n_ctx_train : 2048;
+	else if (n_ctx_train > 0 && d->o.n_ctx > n_ctx_train)
+		return nx_errf(err, "--ctx %d is larger than the model's training context %d", d->o.n_ctx, n_ctx_train);
+	if (nxd_shm_setup(d, err) < 0)
+		return -1;
+	/* The workers' log is a pipe, not the log file: RLIMIT_FSIZE 0 cannot
+	 * hit it, and a flooding worker fills a pipe, not the disk. */
+	int pfd[2];
+	if (pipe2(pfd, O_CLOEXEC | O_NONBLOCK) < 0)
+		return nx_errf(err, "pipe2 for the workers' log failed: %s", strerror(errno));
+	d->wlog_rd = pfd[0];
+	d->wlog_wr = pfd[1];
+	bool trap = getenv("NXD_SECCOMP_TRAP") != NULL;
+	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
+		return -1;
+	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0)
+		return -1;
+	for (int i = 0; i < d->n_workers; i++)
+		if (nxd_proc_spawn(d, i) < 0)
+			return nx_errf(err, "could not start worker %d", i);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct nxd daemon; /* large (nx_model copies): not on the stack */
+	struct nxd *d = &daemon;
+	int rc = parse_args(d, argc, argv);
+	if (rc)
+		return rc;
+	nxd_log_set_level(d->o.log_level);
+	d->pid = getpid();
+	d->t_start = nxd_now();
+	d->n_workers = d->o.n_workers;
+	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
+	d->phase = NXD_STARTING;
+	const char *ts = getenv("NXD_TEST_WORKER_SYSCALL");
+	if (ts && *ts) {
+		d->test_syscall = ts;
+		const char *colon = strchr(ts, ':');
+		d->test_syscall_step = colon ? strtol(colon + 1, NULL, 10) : 0;
+		nxd_warn("test hook: worker 0 will call forbidden syscall %s", ts);
+	}
+	/* Spin about 20 us before a futex sleep: a futex sleep/wake round trip
+	 * costs 50-90 us here, and the bands of one op usually finish within a
+	 * few us of each other. Measured (bench/clients.py, 2 workers, 2 CPUs):
+	 * 5 us: 19-25 tok/s, 20 us: 25-33, 50 us: 30-32, 200 us: 16 (a spinning
+	 * worker then starves the supervisor and the rest of the machine). */
+	const char *su = getenv("NXD_SPIN_US");
+	long spin_us = su ? strtol(su, NULL, 10) : 20;
+	d->spin = (uint32_t)(spin_us < 0 ? 0 : spin_us > 10000 ? 10000 : spin_us) * nx_spin_calibrate();
+
+	struct nx_err err = {{0}};
+	if (start(d, &err) < 0) {
+		nxd_err("%s", err.msg);
+		rc = 1;
+	} else {
+		nxd_info("nxd %s: pid %d, model %s, %d workers, socket %s", NXD_VERSION, (int)d->pid, d->o.model_path,
+			 d->n_workers, d->listen_activated ? "(from systemd)" : d->o.socket_path);
+		rc = nxd_loop_run(d);
+	}
+	nxd_procs_stop(d);
+	nxd_loop_free(d);
+	nxd_sched_free(d);
+	nxw_filter_free(&d->filter);
+	nxd_model_free(d);
+	nxd_shm_free(d);
+	free(d->procs);
+	free(d->live);
+	if (rc == 0)
+		nxd_info("stopped");
+	return rc;
+}

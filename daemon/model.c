@@ -1,0 +1,233 @@
+/* model.c - puts the model file in shared memory (io_uring reads into the arena, or a read-only MAP_SHARED mapping) and validates it. */
+#define _GNU_SOURCE
+#include "daemon/nxd.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#define LOAD_CHUNK ((size_t)8 << 20) /* bytes per IORING_OP_READ */
+#define LOAD_DEPTH 4                 /* reads in flight */
+
+/* Opens path as the model: a non-empty regular file outside /proc and /sys
+ * (a FIFO would block the open without O_NONBLOCK, a device or a /proc entry
+ * has no stable size). */
+static int open_model(const char *path, size_t *size, struct nx_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0)
+		return nx_errf(err, "model: cannot open %s: %s", path, strerror(errno));
+	struct stat st;
+	struct statfs sf;
+	if (fstat(fd, &st) < 0) {
+		nx_errf(err, "model: fstat(%s) failed: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		nx_errf(err, "model: %s is not a regular file", path);
+		goto fail;
+	}
+	if (fstatfs(fd, &sf) == 0 && (sf.f_type == PROC_SUPER_MAGIC || sf.f_type == SYSFS_MAGIC)) {
+		nx_errf(err, "model: %s is in /proc or /sys, not a model file", path);
+		goto fail;
+	}
+	if (st.st_size <= 0) {
+		nx_errf(err, "model: %s is empty", path);
+		goto fail;
+	}
+	*size = (size_t)st.st_size;
+	return fd;
+fail:
+	close(fd);
+	return -1;
+}
+
+/* Reads the whole file into dst with IORING_OP_READ, LOAD_DEPTH chunks in flight. */
+static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, struct nx_err *err)
+{
+	struct io_uring ring;
+	int rc = io_uring_queue_init(LOAD_DEPTH * 2, &ring, 0);
+	if (rc < 0)
+		return nx_errf(err, "model: io_uring_queue_init failed: %s", strerror(-rc));
+	struct { size_t off, len; } job[LOAD_DEPTH];
+	bool busy[LOAD_DEPTH] = { false };
+	size_t next = 0, done = 0;
+	int inflight = 0, ret = 0;
+	while (done < size) {
+		for (int j = 0; j < LOAD_DEPTH && next < size; j++) {
+			if (busy[j])
+				continue;
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+			if (!sqe)
+				break;
+			job[j].off = next;
+			job[j].len = size - next < LOAD_CHUNK ? size - next : LOAD_CHUNK;
+			next += job[j].len;
+			io_uring_prep_read(sqe, fd, dst + job[j].off, (unsigned)job[j].len, job[j].off);
+			io_uring_sqe_set_data64(sqe, (uint64_t)j);
+			busy[j] = true;
+			inflight++;
+		}
+		rc = io_uring_submit_and_wait(&ring, 1);
+		if (rc < 0 && rc != -EINTR) {
+			ret = nx_errf(err, "model: io_uring_submit_and_wait failed: %s", strerror(-rc));
+			break;
+		}
+		struct io_uring_cqe *cqe;
+		unsigned head, seen = 0;
+		io_uring_for_each_cqe(&ring, head, cqe)
+		{
+			int j = (int)io_uring_cqe_get_data64(cqe);
+			seen++;
+			inflight--;
+			if (cqe->res < 0) {
+				ret = nx_errf(err, "model: reading %s at offset %zu failed: %s", path, job[j].off,
+					      strerror(-cqe->res));
+				continue;
+			}
+			if (cqe->res == 0) {
+				ret = nx_errf(err, "model: %s shrank while being read (EOF at %zu of %zu bytes)",
+					      path, job[j].off, size);
+				continue;
+			}
+			size_t got = (size_t)cqe->res;
+			done += got;
+			job[j].off += got;
+			job[j].len -= got;
+			if (job[j].len == 0) {
+				busy[j] = false;
+				continue;
+			}
+			/* Short read: ask for the rest of the chunk. */
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&ring);
+			if (!sqe) {
+				ret = nx_errf(err, "model: io_uring submission queue full");
+				continue;
+			}
+			io_uring_prep_read(sqe, fd, dst + job[j].off, (unsigned)job[j].len, job[j].off);
+			io_uring_sqe_set_data64(sqe, (uint64_t)j);
+			inflight++;
+		}
+		io_uring_cq_advance(&ring, seen);
+		if (ret < 0)
+			break;
+	}
+	/* On error, drain what is still in flight before the ring (and dst) go. */
+	while (inflight > 0) {
+		struct io_uring_cqe *cqe;
+		if (io_uring_wait_cqe(&ring, &cqe) < 0)
+			break;
+		io_uring_cqe_seen(&ring, cqe);
+		inflight--;
+	}
+	io_uring_queue_exit(&ring);
+	return ret;
+}
+
+static void pick_type(struct nxd_model *mo)
+{
+	uint64_t bytes[NX_TYPE_COUNT] = { 0 };
+	for (uint64_t i = 0; i < mo->g.n_tensors; i++) {
+		const struct gguf_tensor *t = &mo->g.tensors[i];
+		if (t->n_dims >= 2 && (unsigned)t->type < NX_TYPE_COUNT)
+			bytes[t->type] += t->size;
+	}
+	int best = 0;
+	for (int t = 1; t < NX_TYPE_COUNT; t++)
+		if (bytes[t] > bytes[best])
+			best = t;
+	snprintf(mo->type, sizeof(mo->type), "%s", nx_type_name((uint32_t)best));
+	for (char *p = mo->type; *p; p++)
+		*p = (char)toupper((unsigned char)*p);
+}
+
+int nxd_model_load(struct nxd *d, struct nx_err *err)
+{
+	struct nxd_model *mo = &d->model;
+	const char *path = d->o.model_path;
+	size_t size;
+	int fd = open_model(path, &size, err);
+	if (fd < 0)
+		return -1;
+	double t0 = nxd_now();
+	if (d->o.use_mmap) {
+		/* Read-only and shared: every worker maps the same page cache pages. */
+		void *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED) {
+			nx_errf(err, "model: mmap(%s, %zu bytes) failed: %s", path, size, strerror(errno));
+			close(fd);
+			return -1;
+		}
+		mo->map = p;
+		mo->bytes = p;
+	} else {
+		uint8_t *dst = nx_arena_alloc(&d->shm.arena, size, err);
+		if (!dst) {
+			close(fd);
+			return nx_err_prefix(err, "model: no room for %s", path);
+		}
+		if (uring_read_all(fd, dst, size, path, err) < 0) {
+			close(fd);
+			return -1;
+		}
+		d->shm.weights = dst;
+		d->shm.weights_size = size;
+		mo->bytes = dst;
+	}
+	close(fd);
+	mo->size = size;
+	nxd_info("model: %s: %zu bytes %s in %.0f ms", path, size,
+		 d->o.use_mmap ? "mapped (MAP_SHARED, read-only)" : "read into the shared arena (io_uring)",
+		 (nxd_now() - t0) * 1e3);
+
+	/* Parse and bind the bytes the workers will use, not a second view of
+	 * the file: what is validated is exactly what is computed on. */
+	if (gguf_parse(&mo->g, mo->bytes, mo->size, err) < 0)
+		return nx_err_prefix(err, "model %s", path);
+	if (nx_model_bind(&mo->m, &mo->g, err) < 0)
+		return nx_err_prefix(err, "model %s", path);
+	if (nx_tok_load(&mo->tok, &mo->g, err) < 0)
+		return nx_err_prefix(err, "model %s: tokenizer", path);
+	mo->n_vocab = mo->m.hp.n_vocab;
+	if (nx_tok_n_vocab(mo->tok) > mo->n_vocab)
+		return nx_errf(err, "model %s: tokenizer has %d tokens, the output layer only %d", path,
+			       (int)nx_tok_n_vocab(mo->tok), mo->n_vocab);
+	if (gguf_get_str(&mo->g, "general.name", &mo->name, false, err) < 0)
+		mo->name = NULL;
+	if (!mo->name) {
+		const char *b = strrchr(path, '/');
+		mo->name = strdup(b ? b + 1 : path);
+		if (!mo->name)
+			return nx_errf(err, "model: out of memory");
+	}
+	if (gguf_get_str(&mo->g, "tokenizer.chat_template", &mo->jinja, false, err) < 0)
+		mo->jinja = NULL;
+	mo->tmpl = nx_chat_detect(mo->jinja);
+	mo->arch = mo->m.hp.arch == NX_ARCH_QWEN2 ? "qwen2" : "llama";
+	pick_type(mo);
+	nxd_info("model: %s (%s, %s), %d layers, dim %d, vocab %d, context %d, chat template %s", mo->name,
+		 mo->arch, mo->type, mo->m.hp.n_layer, mo->m.hp.dim, mo->n_vocab, mo->m.hp.n_ctx_train,
+		 nx_chat_tmpl_name(mo->tmpl));
+	return 0;
+}
+
+void nxd_model_free(struct nxd *d)
+{
+	struct nxd_model *mo = &d->model;
+	if (mo->tok)
+		nx_tok_free(mo->tok);
+	gguf_free(&mo->g);
+	free(mo->name);
+	free(mo->jinja);
+	if (mo->map)
+		munmap(mo->map, mo->size);
+	memset(mo, 0, sizeof(*mo));
+}

@@ -1,0 +1,622 @@
+/* sched.c - continuous batching: requests -> slots, one step = a decode token per generating sequence + prompt chunks up to the token budget; sampling and streaming.
+ *
+ * A slot's state is two counters over its token history: n_hist (tokens
+ * known: the prompt, then each sampled token) and n_past (tokens whose K/V
+ * are in the cache). A step feeds hist[n_past .. n_past + chunk) and asks for
+ * logits only when the chunk reaches n_hist, i.e. when the next token is due.
+ * Decode (1 pending token) goes first, then prompts in arrival order fill the
+ * rest of the budget, so a long prompt is cut into chunks and never holds the
+ * decoders back for more than one step.
+ *
+ * Only step completion advances n_past; an aborted step changes nothing, so
+ * re-planning after a worker death runs exactly the same positions again. */
+#define _GNU_SOURCE
+#include "daemon/nxd.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct nxd_conn *live_conn(struct nxd_req *r)
+{
+	return r->conn && !r->conn->closing ? r->conn : NULL;
+}
+
+void nxd_req_free(struct nxd_req *r)
+{
+	if (!r)
+		return;
+	free(r->prompt);
+	for (int i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	free(r->gen_toks);
+	free(r->text);
+	free(r);
+}
+
+int nxd_sched_init(struct nxd *d, struct nx_err *err)
+{
+	int n_vocab = d->model.n_vocab;
+	d->slots = calloc((size_t)d->o.n_slots, sizeof(*d->slots));
+	if (!d->slots)
+		return nx_errf(err, "sched: out of memory");
+	struct nx_sample_params sp = nx_sample_params_default();
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		s->row = -1;
+		s->hist = malloc((size_t)d->o.n_ctx * sizeof(int32_t));
+		if (!s->hist)
+			return nx_errf(err, "sched: out of memory for slot %d's history", i);
+		if (nx_sampler_init(&s->smp, n_vocab, &sp, err) < 0)
+			return nx_err_prefix(err, "sched: slot %d", i);
+	}
+	d->piece_cap = nx_detok_bound(d->model.tok) + 8;
+	d->released_cap = d->piece_cap + 2 * NX_STOP_MAX_LEN + 8;
+	/* One token event: its text escaped (<= 6 bytes per byte) plus up to
+	 * NX_SAMPLE_MAX_LOGPROBS alternatives with their pieces. */
+	size_t maxp = nx_tok_max_piece(d->model.tok) + 8;
+	d->line_cap = 4096 + 6 * d->released_cap + NX_SAMPLE_MAX_LOGPROBS * (128 + 6 * maxp);
+	d->piece = malloc(d->piece_cap);
+	d->released = malloc(d->released_cap);
+	d->line = malloc(d->line_cap);
+	d->top = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->top));
+	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->lp));
+	if (!d->piece || !d->released || !d->line || !d->top || !d->lp)
+		return nx_errf(err, "sched: out of memory");
+	return 0;
+}
+
+void nxd_sched_free(struct nxd *d)
+{
+	if (d->slots) {
+		for (int i = 0; i < d->o.n_slots; i++) {
+			nxd_req_free(d->slots[i].req);
+			free(d->slots[i].hist);
+			nx_sampler_free(&d->slots[i].smp);
+		}
+		free(d->slots);
+		d->slots = NULL;
+	}
+	while (d->q_head) {
+		struct nxd_req *r = d->q_head;
+		d->q_head = r->next;
+		nxd_req_free(r);
+	}
+	free(d->piece);
+	free(d->released);
+	free(d->line);
+	free(d->top);
+	free(d->lp);
+}
+
+int nxd_sched_slots_used(const struct nxd *d)
+{
+	int n = 0;
+	for (int i = 0; i < d->o.n_slots; i++)
+		n += d->slots[i].req != NULL;
+	return n;
+}
+
+/* ---------------------------------------------------------------- ending requests */
+
+/* The done event, then the request is gone. */
+static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
+{
+	struct nxd_conn *c = live_conn(r);
+	r->t_end = nxd_now();
+	if (c) {
+		/* prefill: first prompt step -> first token; decode: the rest.
+		 * NAN (null on the wire) for what never happened. */
+		double prefill = r->t_first > 0 && r->t_admit > 0 ? r->t_first - r->t_admit : NAN;
+		double decode = r->t_first > 0 ? r->t_end - r->t_first : NAN;
+		struct nxp_done dn = {
+			.reason = reason,
+			.text = r->stream ? NULL : (r->text ? r->text : ""),
+			.text_len = r->stream ? 0 : r->text_len,
+			.tokens = r->stream ? NULL : r->gen_toks,
+			.n_tokens = r->stream ? 0 : r->n_gen,
+			.prompt_tokens = r->n_prompt,
+			.completion_tokens = r->n_gen,
+			.prefill_ms = prefill * 1e3,
+			.decode_ms = decode * 1e3,
+			/* docs/protocol.md: completion tokens / decode seconds */
+			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
+		};
+		if (r->stream) {
+			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
+			if (n < d->line_cap)
+				nxd_conn_queue(d, c, d->line, n);
+		} else {
+			size_t n;
+			char *line = nxp_enc_done_alloc(r->id, &dn, &n);
+			if (line)
+				nxd_conn_queue(d, c, line, n);
+			else
+				nxd_send_error(d, c, r->id, NXP_E_INTERNAL, "out of memory encoding the result");
+			free(line);
+		}
+	}
+	if (r->conn)
+		r->conn->n_reqs--;
+	/* A half-closed client whose last answer this was. */
+	if (c && c->t_rx < 0 && c->n_reqs == 0 && nxd_conn_queued(c) == 0)
+		nxd_conn_close(d, c, "all answers sent");
+	nxd_req_free(r);
+}
+
+/* Ends a request with an error event instead of done. */
+static void fail_req(struct nxd *d, struct nxd_req *r, enum nxp_code code, const char *msg)
+{
+	struct nxd_conn *c = live_conn(r);
+	if (c)
+		nxd_send_error(d, c, r->id, code, "%s", msg);
+	if (r->conn)
+		r->conn->n_reqs--;
+	nxd_req_free(r);
+}
+
+static void slot_release(struct nxd_slot *s)
+{
+	s->req = NULL;
+	s->row = -1;
+	s->chunk = 0;
+	s->n_hist = s->n_past = 0;
+}
+
+/* Ends cancelled requests that are not part of a running step. */
+static void reap(struct nxd *d)
+{
+	bool running = d->step_state != NXD_STEP_IDLE;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		if (s->req && s->req->cancelled && !(running && s->chunk > 0)) {
+			struct nxd_req *r = s->req;
+			slot_release(s);
+			finish(d, r, r->cancel_reason);
+		}
+	}
+	struct nxd_req **pp = &d->q_head;
+	d->q_tail = NULL;
+	while (*pp) {
+		struct nxd_req *r = *pp;
+		if (r->cancelled) {
+			*pp = r->next;
+			d->n_queued--;
+			finish(d, r, r->cancel_reason);
+		} else {
+			d->q_tail = r;
+			pp = &r->next;
+		}
+	}
+}
+
+void nxd_sched_cancel(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
+{
+	if (r->cancelled)
+		return;
+	r->cancelled = true;
+	r->cancel_reason = reason;
+}
+
+void nxd_sched_conn_gone(struct nxd *d, struct nxd_conn *c, enum nxp_reason reason)
+{
+	/* Marked and detached only: the caller may be in the middle of a loop
+	 * over these very requests. */
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_req *r = d->slots[i].req;
+		if (r && r->conn == c) {
+			nxd_sched_cancel(d, r, reason);
+			r->conn = NULL;
+			c->n_reqs--;
+		}
+	}
+	for (struct nxd_req *r = d->q_head; r; r = r->next)
+		if (r->conn == c) {
+			nxd_sched_cancel(d, r, reason);
+			r->conn = NULL;
+			c->n_reqs--;
+		}
+}
+
+struct nxd_req *nxd_sched_find(struct nxd *d, struct nxd_conn *c, const char *id)
+{
+	struct nxd_req *best = NULL;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_req *r = d->slots[i].req;
+		if (r && r->conn == c && !r->cancelled && !strcmp(r->id, id) && (!best || r->seq > best->seq))
+			best = r;
+	}
+	for (struct nxd_req *r = d->q_head; r; r = r->next)
+		if (r->conn == c && !r->cancelled && !strcmp(r->id, id) && (!best || r->seq > best->seq))
+			best = r;
+	return best;
+}
+
+void nxd_sched_end_all(struct nxd *d, enum nxp_reason reason)
+{
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		if (s->req) {
+			struct nxd_req *r = s->req;
+			slot_release(s);
+			finish(d, r, reason);
+		}
+	}
+	while (d->q_head) {
+		struct nxd_req *r = d->q_head;
+		d->q_head = r->next;
+		finish(d, r, reason);
+	}
+	d->q_tail = NULL;
+	d->n_queued = 0;
+}
+
+void nxd_sched_fail_all(struct nxd *d, enum nxp_code code, const char *msg)
+{
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		if (s->req) {
+			struct nxd_req *r = s->req;
+			slot_release(s);
+			fail_req(d, r, code, msg);
+		}
+	}
+	while (d->q_head) {
+		struct nxd_req *r = d->q_head;
+		d->q_head = r->next;
+		fail_req(d, r, code, msg);
+	}
+	d->q_tail = NULL;
+	d->n_queued = 0;
+}
+
+void nxd_sched_step_failed(struct nxd *d, const char *why)
+{
+	/* The sequences of the step that cannot be computed get an error; the
+	 * rest keep their place. */
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		if (s->req && s->chunk > 0) {
+			struct nxd_req *r = s->req;
+			slot_release(s);
+			fail_req(d, r, NXP_E_INTERNAL, why);
+		}
+		s->chunk = 0;
+		s->row = -1;
+	}
+}
+
+/* ---------------------------------------------------------------- admission */
+
+static int admit(struct nxd *d, struct nxd_req *r, int si)
+{
+	struct nxd_slot *s = &d->slots[si];
+	struct nx_err err = {{0}};
+	if (nx_sampler_reset(&s->smp, &r->sp, &err) < 0 ||
+	    nx_stop_init(&s->stop, (const char *const *)r->stop, r->n_stop, &err) < 0) {
+		fail_req(d, r, NXP_E_OUT_OF_RANGE, err.msg);
+		return -1;
+	}
+	nx_detok_init(&s->detok, d->model.tok, 0);
+	memcpy(s->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
+	s->n_hist = r->n_prompt;
+	s->n_past = 0;
+	s->row = -1;
+	s->chunk = 0;
+	s->admitted = d->admit_seq++;
+	s->req = r;
+	r->slot = si;
+	return 0;
+}
+
+static int free_slot(struct nxd *d)
+{
+	for (int i = 0; i < d->o.n_slots; i++)
+		if (!d->slots[i].req)
+			return i;
+	return -1;
+}
+
+static void admit_queued(struct nxd *d)
+{
+	int si;
+	while (d->q_head && (si = free_slot(d)) >= 0) {
+		struct nxd_req *r = d->q_head;
+		d->q_head = r->next;
+		if (!d->q_head)
+			d->q_tail = NULL;
+		d->n_queued--;
+		r->next = NULL;
+		admit(d, r, si);
+	}
+}
+
+void nxd_sched_submit(struct nxd *d, struct nxd_req *r)
+{
+	struct nxd_conn *c = r->conn;
+	c->n_reqs++;
+	if (d->phase != NXD_SERVING) {
+		fail_req(d, r, NXP_E_SHUTTING_DOWN, "the daemon is shutting down");
+		return;
+	}
+	if (nxd_procs_failed(d)) {
+		fail_req(d, r, NXP_E_INTERNAL, d->fatal);
+		return;
+	}
+	int si = d->q_head ? -1 : free_slot(d);
+	if (si >= 0) {
+		admit(d, r, si);
+	} else if (d->n_queued < d->o.max_queue) {
+		r->next = NULL;
+		if (d->q_tail)
+			d->q_tail->next = r;
+		else
+			d->q_head = r;
+		d->q_tail = r;
+		d->n_queued++;
+	} else {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "all %d slots are busy and %d requests are queued; try again later",
+			 d->o.n_slots, d->n_queued);
+		fail_req(d, r, NXP_E_BUSY, msg);
+		return;
+	}
+	nxd_sched_pump(d);
+}
+
+/* ---------------------------------------------------------------- planning */
+
+static int cmp_admitted(const void *a, const void *b)
+{
+	const struct nxd_slot *x = *(struct nxd_slot *const *)a, *y = *(struct nxd_slot *const *)b;
+	return x->admitted < y->admitted ? -1 : x->admitted > y->admitted;
+}
+
+static int plan(struct nxd *d)
+{
+	struct nx_tok_in *t = d->shm.toks;
+	int n = 0, rows = 0, budget = d->o.n_batch;
+	struct nxd_slot *pre[NXD_MAX_SLOTS];
+	int n_pre = 0;
+	/* Decoders first: one token each, each wants its logits. */
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		s->chunk = 0;
+		s->row = -1;
+		if (!s->req || s->req->cancelled)
+			continue;
+		int pending = s->n_hist - s->n_past;
+		if (pending == 1) {
+			if (s->req->t_admit == 0)
+				s->req->t_admit = nxd_now(); /* a one-token prompt */
+			t[n] = (struct nx_tok_in){ s->hist[s->n_past], s->n_past, i, rows };
+			s->row = rows++;
+			s->chunk = 1;
+			n++;
+		} else if (pending > 1 && n_pre < (int)(sizeof(pre) / sizeof(pre[0]))) {
+			pre[n_pre++] = s;
+		}
+	}
+	/* Then prompts, oldest first, cut to what is left of the budget. */
+	qsort(pre, (size_t)n_pre, sizeof(pre[0]), cmp_admitted);
+	for (int k = 0; k < n_pre && n < budget; k++) {
+		struct nxd_slot *s = pre[k];
+		int si = (int)(s - d->slots);
+		int pending = s->n_hist - s->n_past;
+		int take = pending < budget - n ? pending : budget - n;
+		for (int j = 0; j < take; j++) {
+			int pos = s->n_past + j;
+			t[n++] = (struct nx_tok_in){ s->hist[pos], pos, si, -1 };
+		}
+		s->chunk = take;
+		if (s->req->t_admit == 0)
+			s->req->t_admit = nxd_now(); /* its first prompt step */
+		if (take == pending) {
+			t[n - 1].logits_row = rows;
+			s->row = rows++;
+		}
+	}
+	return n;
+}
+
+void nxd_sched_pump(struct nxd *d)
+{
+	if (d->phase != NXD_SERVING || d->step_state != NXD_STEP_IDLE)
+		return;
+	reap(d);
+	admit_queued(d);
+	if (!nxd_procs_all_live(d) || nxd_procs_failed(d))
+		return;
+	int n = plan(d);
+	if (n == 0)
+		return;
+	d->step_n = n;
+	d->step_t0 = nxd_now();
+	d->step_state = NXD_STEP_RUNNING;
+	d->step_gen = nx_ctl_launch(d->shm.ctl, n);
+}
+
+/* ---------------------------------------------------------------- results */
+
+static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t0, double t1)
+{
+	struct nxd_stats *st = &d->stats;
+	st->steps++;
+	st->tokens_served += (uint64_t)n_prompt + (uint64_t)ntok;
+	st->completion_tokens += (uint64_t)ntok;
+	unsigned i = st->head;
+	st->seqs[i] = seqs;
+	st->ntok[i] = ntok;
+	st->t[i] = t1 - t0;
+	st->head = (i + 1) % NXD_STATS_WINDOW;
+	if (st->count < NXD_STATS_WINDOW)
+		st->count++;
+}
+
+/* Streams one sampled token and decides whether the sequence ends. An
+ * end-of-generation token is not part of the answer: no text, not counted,
+ * not in `tokens`; it only ends the sequence (reason eos). */
+static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
+{
+	struct nxd_req *r = s->req;
+	struct nxd_conn *c = live_conn(r);
+	const struct nx_tok *tk = d->model.tok;
+	if (r->t_first == 0)
+		r->t_first = nxd_now();
+	bool eog = !r->ignore_eos && nx_tok_is_eog(tk, tok);
+	if (!eog) {
+		if (!r->stream)
+			r->gen_toks[r->n_gen] = tok;
+		r->n_gen++;
+	}
+
+	size_t plen = 0, rlen = 0, more = 0;
+	struct nx_err err;
+	if (!eog && nx_detok_push(&s->detok, tok, d->piece, d->piece_cap, &plen, &err) < 0)
+		plen = 0; /* tok came from the sampler over n_vocab: cannot be out of range */
+	int st = nx_stop_feed(&s->stop, d->piece, plen, d->released, d->released_cap, &rlen);
+	enum nxp_reason reason = NXP_DONE_LENGTH;
+	bool end = true;
+	if (st == NX_STOP_HIT)
+		reason = NXP_DONE_STOP;
+	else if (eog)
+		reason = NXP_DONE_EOS;
+	else if (r->n_gen >= r->max_tokens || s->n_hist >= d->o.n_ctx)
+		reason = NXP_DONE_LENGTH; /* max_tokens, or no position left to feed tok */
+	else
+		end = false;
+	if (end && st != NX_STOP_HIT) {
+		/* Release what was held back: an unfinished UTF-8 sequence (as
+		 * U+FFFD) and a tail that could have begun a stop string. */
+		size_t fl = nx_detok_flush(&s->detok, d->piece, d->piece_cap);
+		size_t r2 = 0;
+		if (fl && nx_stop_feed(&s->stop, d->piece, fl, d->released + rlen, d->released_cap - rlen, &r2) ==
+				  NX_STOP_HIT)
+			reason = NXP_DONE_STOP;
+		rlen += r2;
+		if (reason != NXP_DONE_STOP && nx_stop_flush(&s->stop, d->released + rlen, d->released_cap - rlen, &more) ==
+						      NX_STOP_MORE)
+			rlen += more;
+	}
+	if (r->stream) {
+		/* An end-of-generation token gets an event only to carry text that
+		 * was held back (rare: a stop-string prefix, a cut UTF-8 sequence). */
+		if (c && (!eog || rlen > 0)) {
+			int n_lp = 0;
+			for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
+				size_t len = 0;
+				const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
+				d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
+			}
+			size_t n = nxp_enc_token(d->line, d->line_cap, r->id, tok, d->released, rlen, d->lp, n_lp);
+			if (n < d->line_cap)
+				nxd_conn_queue(d, c, d->line, n);
+		}
+	} else if (rlen) {
+		if (r->text_len + rlen + 1 > r->text_cap) {
+			size_t cap = r->text_cap ? r->text_cap : 256;
+			while (cap < r->text_len + rlen + 1)
+				cap *= 2;
+			char *p = realloc(r->text, cap);
+			if (p) {
+				r->text = p;
+				r->text_cap = cap;
+			}
+		}
+		if (r->text_len + rlen + 1 <= r->text_cap) {
+			memcpy(r->text + r->text_len, d->released, rlen);
+			r->text_len += rlen;
+			r->text[r->text_len] = '\0';
+		}
+	}
+	if (!end) {
+		s->hist[s->n_hist++] = tok;
+		return;
+	}
+	slot_release(s);
+	finish(d, r, reason);
+}
+
+void nxd_sched_step_done(struct nxd *d)
+{
+	double t1 = nxd_now();
+	const float *logits = d->shm.state.logits; /* the supervisor's own pointer */
+	int n_vocab = d->model.n_vocab, seqs = 0, ntok = 0, n_prompt = 0;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		struct nxd_slot *s = &d->slots[i];
+		if (!s->req || s->chunk == 0)
+			continue;
+		seqs++;
+		if (s->n_past < s->req->n_prompt) {
+			int left = s->req->n_prompt - s->n_past;
+			n_prompt += s->chunk < left ? s->chunk : left;
+		}
+		s->n_past += s->chunk;
+		s->chunk = 0;
+		int row = s->row;
+		s->row = -1;
+		if (s->req->cancelled || row < 0)
+			continue;
+		/* The sampler copies the row before looking at it and treats NaN
+		 * and inf as the workers' fault, not ours. */
+		int n_top = 0;
+		struct nxd_req *r = s->req;
+		int32_t tok = nx_sample(&s->smp, logits + (size_t)row * (size_t)n_vocab, s->hist, s->n_hist,
+					r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
+		if (tok < 0 || tok >= n_vocab) {
+			slot_release(s);
+			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+			continue;
+		}
+		ntok++;
+		on_token(d, s, tok, n_top);
+	}
+	stats_step(d, seqs, ntok, n_prompt, d->step_t0, t1);
+	nxd_sched_pump(d);
+}
+
+void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws)
+{
+	const struct nxd_stats *s = &d->stats;
+	double sum = 0, dt = 0;
+	int mx = 0, ntok = 0;
+	for (unsigned k = 0; k < s->count; k++) {
+		sum += s->seqs[k];
+		if (s->seqs[k] > mx)
+			mx = s->seqs[k];
+		ntok += s->ntok[k];
+		dt += s->t[k];
+	}
+	for (int i = 0; i < d->n_workers; i++) {
+		const struct nxd_proc *p = &d->procs[i];
+		static const char *const names[] = {
+			[NXD_P_EMPTY] = "stopped", [NXD_P_STARTING] = "starting", [NXD_P_READY] = "idle",
+			[NXD_P_BACKOFF] = "backoff", [NXD_P_FAILED] = "failed",
+		};
+		const char *state = names[p->st];
+		if (p->st == NXD_P_READY && d->step_state != NXD_STEP_IDLE)
+			state = "busy";
+		ws[i] = (struct nxp_worker_status){ .pid = (int)p->pid, .cpu = p->cpu, .state = state,
+						    .restarts = p->restarts };
+	}
+	*st = (struct nxp_status){
+		.model = d->model.name,
+		.arch = d->model.arch,
+		.type = d->model.type,
+		.n_ctx = d->o.n_ctx,
+		.n_vocab = d->model.n_vocab,
+		.workers = ws,
+		.n_workers = d->n_workers,
+		.slots_total = d->o.n_slots,
+		.slots_used = nxd_sched_slots_used(d),
+		.queued = d->n_queued,
+		.tokens_served = s->tokens_served,
+		.seqs_per_step_mean = s->count ? sum / s->count : 0,
+		.seqs_per_step_max = mx,
+		.tokens_per_s = dt > 0 ? ntok / dt : 0,
+		.uptime_s = nxd_now() - d->t_start,
+		.steps = s->steps,
+		.steps_retried = s->steps_retried,
+	};
+}

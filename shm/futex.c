@@ -1,0 +1,116 @@
+/* futex.c - shared futex wait/wake, spin-then-sleep waits and the barrier. */
+#define _GNU_SOURCE
+#include "shm/futex.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#else
+	atomic_signal_fence(memory_order_seq_cst);
+#endif
+}
+
+int nx_futex_wait(_Atomic uint32_t *w, uint32_t val, const struct timespec *timeout)
+{
+	/* FUTEX_WAIT, not FUTEX_WAIT_PRIVATE: the word is shared between processes. */
+	long r = syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, timeout, NULL, 0);
+	if (r < 0 && (errno == EAGAIN || errno == EINTR))
+		return 0;
+	return r < 0 ? -1 : 0;
+}
+
+int nx_futex_wake(_Atomic uint32_t *w, int n)
+{
+	return (int)syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+uint32_t nx_futex_wait_change(_Atomic uint32_t *w, uint32_t val, const _Atomic uint32_t *abort,
+			      uint32_t spin)
+{
+	uint32_t v;
+	for (uint32_t i = 0; i < spin; i++) {
+		if ((v = atomic_load_explicit(w, memory_order_acquire)) != val)
+			return v;
+		if (abort && atomic_load_explicit(abort, memory_order_relaxed))
+			return val;
+		cpu_relax();
+	}
+	for (;;) {
+		if ((v = atomic_load(w)) != val)
+			return v;
+		if (abort && atomic_load(abort))
+			return val;
+		nx_futex_wait(w, val, NULL);
+	}
+}
+
+uint32_t nx_spin_calibrate(void)
+{
+	struct timespec t0, t1;
+	uint32_t iters = 20000;
+	uint64_t best = UINT64_MAX;
+	/* Best of a few runs: the shortest is the one least disturbed by the scheduler. */
+	for (int run = 0; run < 5; run++) {
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (uint32_t i = 0; i < iters; i++)
+			cpu_relax();
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)(t1.tv_nsec - t0.tv_nsec);
+		if (ns < best)
+			best = ns;
+	}
+	if (best == 0)
+		best = 1;
+	uint64_t per_us = (uint64_t)iters * 1000u / best;
+	return per_us < 1 ? 1 : per_us > 100000 ? 100000 : (uint32_t)per_us;
+}
+
+void nx_barrier_init(struct nx_barrier *b, uint32_t n)
+{
+	atomic_store(&b->count, 0);
+	atomic_store(&b->sleepers, 0);
+	b->n = n;
+	/* gen keeps counting across re-inits: a waiter left over from an aborted
+	 * round compares against an old value and does not go back to sleep. */
+}
+
+int nx_barrier_wait(struct nx_barrier *b, const _Atomic uint32_t *abort, uint32_t spin)
+{
+	if (atomic_load(abort))
+		return -1;
+	uint32_t g = atomic_load(&b->gen);
+	if (atomic_fetch_add(&b->count, 1) + 1 == b->n) {
+		atomic_store(&b->count, 0);
+		atomic_store(&b->gen, g + 1); /* seq_cst: ordered before the sleepers load below */
+		if (atomic_load(&b->sleepers))
+			nx_futex_wake(&b->gen, INT_MAX);
+		return 0;
+	}
+	for (uint32_t i = 0; i < spin; i++) {
+		if (atomic_load_explicit(&b->gen, memory_order_acquire) != g)
+			goto moved;
+		cpu_relax();
+	}
+	/* Announce the sleep before re-checking gen inside FUTEX_WAIT: either the
+	 * last arrival sees sleepers > 0 and wakes, or FUTEX_WAIT sees the new gen. */
+	atomic_fetch_add(&b->sleepers, 1);
+	while (atomic_load(&b->gen) == g && !atomic_load(abort))
+		nx_futex_wait(&b->gen, g, NULL);
+	atomic_fetch_sub(&b->sleepers, 1);
+moved:
+	/* gen also moves on abort (nx_barrier_abort), so check which it was. */
+	return atomic_load(abort) ? -1 : 0;
+}
+
+void nx_barrier_abort(struct nx_barrier *b)
+{
+	atomic_fetch_add(&b->gen, 1);
+	nx_futex_wake(&b->gen, INT_MAX);
+}
