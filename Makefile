@@ -11,7 +11,7 @@ LDLIBS  += -lm -lpcre2-8 -ljansson -luring -lseccomp -lsystemd
 B       := build
 
 # The engine: everything but programs and tests.
-LIB_DIRS := common model kern tok sample shm proto
+LIB_DIRS := common model kern tok sample shm proto lora
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 
@@ -19,7 +19,7 @@ TOOLS    := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
 
-.PHONY: all deps venv model run test test-c test-py clean
+.PHONY: all deps venv model run test test-c test-py clean install uninstall
 all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
 
 $(B)/obj/%.o: %.c
@@ -75,4 +75,65 @@ test: deps venv
 clean:
 	rm -rf $(B)
 
+# Install: binaries, systemd units (paths filled in), config (never overwritten), man pages.
+#   make install [DESTDIR=/stage] [PREFIX=/usr/local] [UNITDIR=/etc/systemd/system]
+PREFIX      ?= /usr/local
+BINDIR      ?= $(PREFIX)/bin
+SYSCONFDIR  ?= /etc
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+MANDIR      ?= $(PREFIX)/share/man
+UNIT_SED    := -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+
+install: $(B)/nxd $(B)/nxctl
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(SYSCONFDIR)/nxd $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(MANDIR)/man1
+	install -m 0755 $(B)/nxd $(B)/nxctl $(DESTDIR)$(BINDIR)/
+	sed $(UNIT_SED) systemd/nxd.service > $(DESTDIR)$(UNITDIR)/nxd.service
+	sed $(UNIT_SED) systemd/nxd.socket > $(DESTDIR)$(UNITDIR)/nxd.socket
+	chmod 0644 $(DESTDIR)$(UNITDIR)/nxd.service $(DESTDIR)$(UNITDIR)/nxd.socket
+	install -m 0644 systemd/nxd.sysusers $(DESTDIR)$(SYSUSERSDIR)/nxd.conf
+	@# The config is the admin's once installed: never overwrite it.
+	[ -e $(DESTDIR)$(SYSCONFDIR)/nxd/nxd.conf ] || install -m 0644 etc/nxd.conf $(DESTDIR)$(SYSCONFDIR)/nxd/nxd.conf
+	install -m 0644 docs/nxd.8 $(DESTDIR)$(MANDIR)/man8/nxd.8
+	install -m 0644 docs/nxctl.1 $(DESTDIR)$(MANDIR)/man1/nxctl.1
+	@# On the live system (no DESTDIR): create the nxd user, tell systemd about the units.
+	@if [ -z "$(DESTDIR)" ]; then \
+		if command -v systemd-sysusers >/dev/null; then systemd-sysusers $(SYSUSERSDIR)/nxd.conf; fi; \
+		if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
+		echo "install: now 'systemctl enable --now nxd.socket' (model: NXD_MODEL in $(SYSCONFDIR)/nxd/nxd.conf)"; \
+	fi
+
+# Removes what install put in place but the config (and the nxd user and /var/lib/nxd).
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/nxd $(DESTDIR)$(BINDIR)/nxctl \
+		$(DESTDIR)$(UNITDIR)/nxd.service $(DESTDIR)$(UNITDIR)/nxd.socket \
+		$(DESTDIR)$(SYSUSERSDIR)/nxd.conf \
+		$(DESTDIR)$(MANDIR)/man8/nxd.8 $(DESTDIR)$(MANDIR)/man1/nxctl.1
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
+
+# Side-by-side benchmark against llama.cpp (docs/bench.md), about 15 minutes:
+#   make bench [CASES=decode,prefill,concurrent,memory,qwen] [REPS=5]
+.PHONY: bench
+bench: deps
+	@scripts/bench-venv
+	@$(MAKE) --no-print-directory all $(B)/bench/bw
+	.venv-bench/bin/python bench/run.py --build $(B) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+
+# The bandwidth probe is built for this CPU, like the peer it is compared with.
+$(B)/bench/bw: bench/bw.c
+	@mkdir -p $(dir $@)
+	$(CC) -O3 -march=native -std=gnu11 -Wall -Wextra -pthread $< -o $@
+
+# Fuzzing (docs/fuzzing.md): libFuzzer + ASan/UBSan targets built with clang into build-fuzz/.
+#   make fuzz [FUZZ_SECONDS=300]   each target for FUZZ_SECONDS; crashes in build-fuzz/crashes/<target>/
+#   make fuzz-smoke                each target for 20 s; fails if anything is found
+.PHONY: fuzz fuzz-smoke
+FUZZ_SECONDS ?= 300
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run
+
+fuzz-smoke:
+	@fuzz/run --smoke
