@@ -6,7 +6,8 @@
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter -I. -pthread -fno-strict-aliasing
+# override: `make CFLAGS='-O1 -fsanitize=address'` replaces the optimization, not these.
+override CFLAGS += -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter -I. -pthread -fno-strict-aliasing
 LDLIBS  += -lm -lpcre2-8 -ljansson -luring -lseccomp -lsystemd
 B       := build
 
@@ -137,3 +138,12 @@ fuzz:
 
 fuzz-smoke:
 	@fuzz/run --smoke
+
+# Load and soak (tests/soak/soak.py): 40 clients on 4 slots with mixed requests for SOAK_SECONDS,
+# then leak and stalled-reader checks; prints requests by kind, errors by code, RSS and fds.
+#   make soak [SOAK_SECONDS=600]
+.PHONY: soak
+SOAK_SECONDS ?= 600
+soak: deps venv
+	@$(MAKE) --no-print-directory all
+	NX_BUILD=$(B) NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python tests/soak/soak.py --build $(B) --seconds $(SOAK_SECONDS)

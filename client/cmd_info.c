@@ -1,4 +1,4 @@
-/* cmd_info.c - the one-shot nxctl commands: tokenize, detokenize, status. */
+/* cmd_info.c - the one-shot nxctl commands: tokenize, detokenize, status, shutdown. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,11 @@ const char nxc_usage_tokenize[] =
 const char nxc_usage_detokenize[] =
 	"usage: nxctl detokenize ID...\n\n"
 	"Prints the text of the token ids (separated by spaces or commas).\n";
+
+const char nxc_usage_shutdown[] =
+	"usage: nxctl shutdown\n\n"
+	"Asks nxd to stop: running generations end with reason \"shutdown\", then it exits.\n"
+	"Only root, nxd's own user and members of its --admin-group may.\n";
 
 const char nxc_usage_status[] =
 	"usage: nxctl status [--json]\n\n"
@@ -265,9 +270,37 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	       iget(sps, "max"));
 	printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
 	       iget(ev, "steps_retried"));
+	json_t *prof = json_object_get(ev, "profile"), *ms = json_object_get(prof, "ms_per_step");
+	if (json_is_object(ms)) { /* nxd started with NXD_PROFILE=1 */
+		double total = 0;
+		const char *k;
+		json_t *v;
+		json_object_foreach(ms, k, v)
+			total += json_number_value(v);
+		printf("profile:   %.3f ms per step over %lld steps (mean of the workers)\n", total, iget(prof, "steps"));
+		json_object_foreach(ms, k, v)
+			printf("  %-11s %8.3f ms  %5.1f%%\n", k, json_number_value(v),
+			       total > 0 ? 100 * json_number_value(v) / total : 0.0);
+	}
 	printf("uptime:    ");
 	print_duration(nget(ev, "uptime_s"));
 	putchar('\n');
 	json_decref(ev);
+	return NXC_EXIT_OK;
+}
+
+int nxc_cmd_shutdown(struct nxc_ctx *ctx, int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+			return nxc_help(nxc_usage_shutdown);
+		return nxc_usage_err("shutdown", "unexpected argument '%s'", argv[i]);
+	}
+	int rc;
+	json_t *ev = one_shot(ctx, json_pack("{s:s}", "op", "shutdown"), &rc);
+	if (!ev)
+		return rc;
+	json_decref(ev);
+	printf("nxd is shutting down\n");
 	return NXC_EXIT_OK;
 }

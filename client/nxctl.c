@@ -16,6 +16,14 @@ static const struct nxc_cmd commands[] = {
 	{"tokenize", nxc_cmd_tokenize, "print the token ids of a text", nxc_usage_tokenize},
 	{"detokenize", nxc_cmd_detokenize, "print the text of token ids", nxc_usage_detokenize},
 	{"status", nxc_cmd_status, "show the daemon's model, workers and load", nxc_usage_status},
+	{"shutdown", nxc_cmd_shutdown, "stop the daemon (admins only)", nxc_usage_shutdown},
+	{"lora-load", nxc_cmd_lora_load, "load a LoRA adapter", nxc_usage_lora_load},
+	{"lora-list", nxc_cmd_lora_list, "list the loaded adapters", nxc_usage_lora_list},
+	{"lora-unload", nxc_cmd_lora_unload, "unload an adapter", nxc_usage_lora_unload},
+	{"lora-fold", nxc_cmd_lora_fold, "fold an adapter into the model (or grade it: --dry-run)", nxc_usage_lora_fold},
+	{"lora-unfold", nxc_cmd_lora_unfold, "undo the latest fold", nxc_usage_lora_unfold},
+	{"lora-report", nxc_cmd_lora_report, "accuracy of fold vs runtime delta on real activations",
+	 nxc_usage_lora_report},
 };
 
 static void main_usage(FILE *f)

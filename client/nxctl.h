@@ -35,9 +35,21 @@ int nxc_cmd_chat(struct nxc_ctx *ctx, int argc, char **argv);
 int nxc_cmd_tokenize(struct nxc_ctx *ctx, int argc, char **argv);
 int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv);
 int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_shutdown(struct nxc_ctx *ctx, int argc, char **argv);
+extern const char nxc_usage_shutdown[];
 
 extern const char nxc_usage_generate[], nxc_usage_chat[], nxc_usage_tokenize[],
 	nxc_usage_detokenize[], nxc_usage_status[];
+
+/* cmd_lora.c */
+int nxc_cmd_lora_load(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_lora_list(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_lora_unload(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_lora_fold(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_lora_unfold(struct nxc_ctx *ctx, int argc, char **argv);
+int nxc_cmd_lora_report(struct nxc_ctx *ctx, int argc, char **argv);
+extern const char nxc_usage_lora_load[], nxc_usage_lora_list[], nxc_usage_lora_unload[], nxc_usage_lora_fold[],
+	nxc_usage_lora_unfold[], nxc_usage_lora_report[];
 
 // --- messages and argument helpers (nxctl.c)
 

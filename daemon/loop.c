@@ -25,7 +25,6 @@
 
 #define RING_ENTRIES 1024
 #define TICK_NS 100000000LL /* 100 ms housekeeping */
-#define STEP_TIMEOUT 300.0  /* s: a step this long means a worker is stuck */
 #define ABORT_GRACE 5.0     /* s: survivors that do not leave an aborted step by then are killed */
 #define SHUTDOWN_GRACE 3.0  /* s: time given to clients to read their last events */
 #define MAX_STEP_TRIES 3    /* aborts of one step before its sequences are failed (< max start failures) */
@@ -125,8 +124,10 @@ static int bind_socket(struct nxd *d, struct nx_err *err)
 		return nx_errf(err, "socket: bind(%s) failed: %s", path, strerror(e));
 	}
 	d->socket_created = true;
-	if (chmod(path, 0660) < 0)
-		nxd_warn("socket: chmod(%s, 0660) failed: %s", path, strerror(errno));
+	if (nxd_access_socket(path, err) < 0) {
+		close(fd);
+		return -1;
+	}
 	if (listen(fd, 128) < 0) {
 		e = errno;
 		close(fd);
@@ -614,6 +615,13 @@ static void check_state(struct nxd *d)
 		return;
 	}
 
+	/* Shared memory is validated before anything read from it is acted on;
+	 * after a worker scribbled, nothing goes on until the block is rewritten. */
+	if (d->phase == NXD_SERVING)
+		nxd_guard_check(d);
+	if (d->ctl_dirty && !nxd_guard_repair(d))
+		return; /* the killed workers are not all reaped yet */
+
 	for (int i = 0; i < d->n_workers; i++)
 		d->live[i] = d->procs[i].pid > 0;
 	if (d->step_state == NXD_STEP_RUNNING &&
@@ -623,8 +631,9 @@ static void check_state(struct nxd *d)
 		for (int i = 0; i < d->n_workers; i++)
 			d->procs[i].fails = 0; /* a completed step: start-up is behind them */
 		nxd_sched_step_done(d);
-	} else if (d->step_state == NXD_STEP_RUNNING && now - d->step_t0 > STEP_TIMEOUT) {
-		nxd_err("step %u has run %.0f s: aborting it", d->step_gen, now - d->step_t0);
+	} else if (d->step_state == NXD_STEP_RUNNING && now - d->step_t0 > d->step_limit) {
+		nxd_err("step watchdog: step %u (%d tokens) has run %.1f s, over its limit of %.1f s: aborting it",
+			d->step_gen, d->step_n, now - d->step_t0, d->step_limit);
 		nx_ctl_abort(ctl);
 		d->step_state = NXD_STEP_ABORTING;
 	}

@@ -45,6 +45,14 @@ static const char usage[] =
 	"  --out-limit BYTES    unread output per client before it is dropped (default 1048576)\n"
 	"  --idle-timeout S     close a connection idle this long (default 600)\n"
 	"  --line-timeout S     a request line must be complete this long after it began (default 60)\n"
+	"  --step-timeout S     abort a forward step running longer than this, or than 20x its\n"
+	"                       measured cost (at least 5 s), and run it again (default 60)\n"
+	"  --max-tokens N       largest max_tokens a request may ask for (default: the context)\n"
+	"  --socket-group NAME  the socket's group: its members may connect (mode 0660)\n"
+	"  --admin-group NAME   members may load, fold, unfold and unload adapters and shut\n"
+	"                       the daemon down (besides root and the daemon's own user)\n"
+	"  --max-adapters N     adapters loaded at once (default 16)\n"
+	"  --max-adapter-mb MB  memory for loaded adapters (default 1024)\n"
 	"  --help, --version\n";
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -94,10 +102,14 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		.idle_timeout = 600,
 		.line_timeout = 60,
 		.max_start_failures = 5,
+		.step_timeout = 60,
+		.max_adapters = 16,
+		.max_adapter_mb = 1024,
 		.log_level = NXD_LOG_INFO,
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
-	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION };
+	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
+	       O_MAXAD, O_MAXADMB };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -107,6 +119,10 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "max-line", required_argument, 0, O_LINE },    { "out-limit", required_argument, 0, O_OUT },
 		{ "idle-timeout", required_argument, 0, O_IDLE }, { "line-timeout", required_argument, 0, O_LTIME },
 		{ "help", no_argument, 0, O_HELP },              { "version", no_argument, 0, O_VERSION },
+		{ "step-timeout", required_argument, 0, O_STIME },
+		{ "max-tokens", required_argument, 0, O_MAXTOK },  { "socket-group", required_argument, 0, O_SGROUP },
+		{ "admin-group", required_argument, 0, O_AGROUP }, { "max-adapters", required_argument, 0, O_MAXAD },
+		{ "max-adapter-mb", required_argument, 0, O_MAXADMB },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -164,6 +180,27 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			break;
 		case O_LTIME:
 			if (parse_secs("line-timeout", optarg, &o->line_timeout)) return 2;
+			break;
+		case O_STIME:
+			if (parse_secs("step-timeout", optarg, &o->step_timeout)) return 2;
+			break;
+		case O_MAXTOK:
+			if (parse_long("max-tokens", optarg, 1, 1 << 24, &v)) return 2;
+			o->max_tokens = (int)v;
+			break;
+		case O_SGROUP:
+		case O_AGROUP:
+			if (!optarg[0])
+				return bad("--%s needs a group name", c == O_SGROUP ? "socket-group" : "admin-group");
+			*(c == O_SGROUP ? &o->socket_group : &o->admin_group) = optarg;
+			break;
+		case O_MAXAD:
+			if (parse_long("max-adapters", optarg, 0, 1024, &v)) return 2;
+			o->max_adapters = (int)v;
+			break;
+		case O_MAXADMB:
+			if (parse_long("max-adapter-mb", optarg, 0, 1L << 24, &v)) return 2;
+			o->max_adapter_mb = (size_t)v;
 			break;
 		case O_HELP:
 			fputs(usage, stdout);
@@ -229,6 +266,8 @@ static void raise_nofile(struct nxd *d)
 static int start(struct nxd *d, struct nx_err *err)
 {
 	raise_nofile(d);
+	if (nxd_access_init(d, err) < 0)
+		return -1;
 	/* The socket first: a live daemon on it is reported before a second
 	 * copy of the model is loaded, and SIGTERM is caught from here on. */
 	if (nxd_loop_init(d, err) < 0)
@@ -254,7 +293,8 @@ static int start(struct nxd *d, struct nx_err *err)
 	bool trap = getenv("NXD_SECCOMP_TRAP") != NULL;
 	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
 		return -1;
-	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0)
+	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_guard_init(d, err) < 0 ||
+	    nxd_lora_init(d, err) < 0)
 		return -1;
 	for (int i = 0; i < d->n_workers; i++)
 		if (nxd_proc_spawn(d, i) < 0)
@@ -303,6 +343,8 @@ int main(int argc, char **argv)
 	nxd_procs_stop(d);
 	nxd_loop_free(d);
 	nxd_sched_free(d);
+	nxd_lora_free(d);
+	nxd_guard_free(d);
 	nxw_filter_free(&d->filter);
 	nxd_model_free(d);
 	nxd_shm_free(d);

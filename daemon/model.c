@@ -1,6 +1,7 @@
 /* model.c - puts the model file in shared memory (io_uring reads into the arena, or a read-only MAP_SHARED mapping) and validates it. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
+#include "model/repack.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -154,6 +155,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	struct nxd_model *mo = &d->model;
 	const char *path = d->o.model_path;
 	size_t size;
+	void *plain = NULL; /* copy mode: the file mapped, for nx_model_repack_inplace */
 	int fd = open_model(path, &size, err);
 	if (fd < 0)
 		return -1;
@@ -181,6 +183,18 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		d->shm.weights = dst;
 		d->shm.weights_size = size;
 		mo->bytes = dst;
+		/* The plain rows of the matrices packed below stay readable (the
+		 * embedding lookup, a LoRA fold) through a read-only mapping of the
+		 * file: page cache, paged in only where read. NX_PACK=0: no packing. */
+		const char *pk = getenv("NX_PACK");
+		if (!(pk && !strcmp(pk, "0"))) {
+			plain = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+			if (plain == MAP_FAILED) {
+				nxd_warn("model: mmap(%s) failed: %s; the plain kernels will be used", path, strerror(errno));
+				plain = NULL;
+			}
+			mo->map = plain; /* unmapped by nxd_model_free */
+		}
 	}
 	close(fd);
 	mo->size = size;
@@ -194,6 +208,14 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		return nx_err_prefix(err, "model %s", path);
 	if (nx_model_bind(&mo->m, &mo->g, err) < 0)
 		return nx_err_prefix(err, "model %s", path);
+	if (plain) {
+		/* Tile-kernel layout (kern/pack.h), in place in the arena: no memory added. */
+		double t1 = nxd_now();
+		int k = nx_model_repack_inplace(&mo->m, (const uint8_t *)plain - mo->bytes, err);
+		if (k < 0)
+			return nx_err_prefix(err, "model %s", path);
+		nxd_info("model: %d matrices packed for the tile kernels in %.0f ms", k, (nxd_now() - t1) * 1e3);
+	}
 	if (nx_tok_load(&mo->tok, &mo->g, err) < 0)
 		return nx_err_prefix(err, "model %s: tokenizer", path);
 	mo->n_vocab = mo->m.hp.n_vocab;

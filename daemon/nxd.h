@@ -9,6 +9,8 @@
  *   conn.c    per-connection line buffer and output queue
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
  *   sched.c   slots, queue, continuous batching, sampling and streaming
+ *   access.c  socket group, admin rights, client paths, adapter limits
+ *   guard.c   validating shared memory, repair after a scribbling worker, the step watchdog
  * The worker side is worker/worker.c (step loop) and worker/sandbox.c. */
 #ifndef NXD_H
 #define NXD_H
@@ -55,6 +57,12 @@ struct nxd_opts {
 	double idle_timeout;  /* s: a connection with nothing in flight and no bytes is closed */
 	double line_timeout;  /* s: a started request line must be finished within this */
 	int max_start_failures; /* worker start-up deaths in a row before giving up */
+	double step_timeout;  /* s: the step watchdog's upper bound (guard.c) */
+	const char *socket_group; /* access.c: group that may connect (socket mode 0660), or NULL */
+	const char *admin_group;  /* access.c: group whose members may change the model, or NULL */
+	int max_tokens;       /* a request's max_tokens limit (0: the context) */
+	int max_adapters;     /* adapters loaded at once (access.c: nxd_limits_check_adapter) */
+	size_t max_adapter_mb; /* MiB of adapters in memory at once */
 	bool use_mmap;
 	int log_level;
 };
@@ -85,6 +93,7 @@ struct nxd_shm {
 	struct nx_model *model;     /* workers' copy of the bound model */
 	struct nx_state *state_shared; /* workers' copy of the state struct */
 	struct nx_scratch *scratch; /* (n_workers) per-worker scratch structs */
+	struct nx_prof *prof;       /* (n_workers) NXD_PROFILE=1: each worker's time split; else NULL */
 	uint8_t *weights;           /* copy mode: the model file, read with io_uring */
 	size_t weights_size;
 	struct nx_state state;      /* the supervisor's own copy: logits it reads */
@@ -116,6 +125,7 @@ struct nxd_proc {
 	double spawned_at;    /* monotonic s */
 	double next_spawn;
 	char last_death[128]; /* "killed by seccomp (SIGSYS)" ... */
+	bool killed;          /* SIGKILLed by the guard: its death is no start-up failure */
 };
 
 /* ---------------------------------------------------------------- connections */
@@ -125,6 +135,7 @@ struct nxd_conn {
 	uint32_t gen;         /* bumped each time idx is reused: stale completions are dropped */
 	int fd;
 	struct ucred cred;    /* SO_PEERCRED at accept */
+	signed char admin;    /* access.c: 0 not decided yet, 1 admin, -1 not */
 	int inflight;         /* io_uring ops that reference this conn */
 	bool recv_armed, send_armed;
 	bool closing;         /* no more reads; close once inflight == 0 */
@@ -142,6 +153,9 @@ struct nxd_conn {
 };
 
 /* ---------------------------------------------------------------- requests and slots */
+
+struct nxd_lora_ent;          /* lora.c */
+struct nxd_lora_reg;
 
 struct nxd_req {
 	struct nxd_req *next;     /* queue link */
@@ -164,6 +178,10 @@ struct nxd_req {
 	char *text;
 	size_t text_len, text_cap;
 	int n_gen;                /* completion tokens (end-of-generation tokens not counted) */
+	/* runtime LoRA: the adapters this request carries (lora.c counts their users) */
+	struct nx_lora_mix lora_mix;
+	struct nxd_lora_ent *lora_ent[NX_LORA_MIX_MAX];
+	int n_lora;
 	double t_arrive, t_admit, t_first, t_end; /* t_admit: its first prompt step */
 };
 
@@ -270,6 +288,15 @@ struct nxd {
 	struct nx_logprob *top;   /* (NX_SAMPLE_MAX_LOGPROBS) */
 	struct nxp_logprob *lp;
 	struct nxd_stats stats;
+	struct nxd_lora_reg *lora; /* lora.c: adapters, folds, the helper thread's job */
+
+	/* guard.c: shared memory is checked against these, never trusted */
+	bool ctl_dirty;           /* inconsistency found: workers killed; rewrite the block once all are gone */
+	struct nx_tok_in *toks_copy;     /* (n_batch) the descriptor as we wrote it */
+	struct nx_scratch *scratch_copy; /* (n_workers) the scratch structs as laid out */
+	double wd_per_tok;        /* watchdog: decaying max of step seconds per token */
+	uint64_t wd_steps;        /* steps measured */
+	double step_limit;        /* s: the running step's watchdog */
 };
 
 double nxd_now(void); /* CLOCK_MONOTONIC seconds */
@@ -338,6 +365,68 @@ void nxd_sched_fail_all(struct nxd *d, enum nxp_code code, const char *msg);
 void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws);
 void nxd_req_free(struct nxd_req *r);
 int nxd_sched_slots_used(const struct nxd *d);
+
+/* access.c - who may do what (RELIABILITY 17, 24, 25).
+ *
+ * For the LoRA ops (daemon/lora.c), already done in nxd_handle_line (ops.c)
+ * before nxd_lora_op is called:
+ *   - lora_load, lora_unload, lora_fold, lora_unfold and shutdown are refused
+ *     with `forbidden` unless nxd_access_check_admin passes; a new op that
+ *     changes what every client sees belongs in that list (is_admin_op);
+ *   - lora_load's path goes through nxd_access_check_adapter_path: one
+ *     message whatever the reason, and files the peer could not read itself
+ *     are refused (a root daemon must not read /root/x for uid 1000).
+ * Still for lora.c to do:
+ *   - lora_load must call nxd_limits_check_adapter(n_loaded, bytes_loaded,
+ *     bytes_new, err) before taking memory (--max-adapters, --max-adapter-mb)
+ *     and answer NXP_E_BUSY with err.msg. */
+int nxd_access_init(struct nxd *d, struct nx_err *err);
+/* After bind: the socket's group (--socket-group) and mode 0660. */
+int nxd_access_socket(const char *path, struct nx_err *err);
+bool nxd_access_is_admin(struct nxd_conn *c);
+/* 0 when c's peer is root, the daemon's uid or in --admin-group; else -1 and
+ * err says who may (send it with NXP_E_FORBIDDEN). */
+int nxd_access_check_admin(struct nxd_conn *c, struct nx_err *err);
+/* 0 when path is an absolute path to a regular file (not in /proc, /sys...)
+ * that the daemon and c's peer may both read; else -1 and err is
+ * "cannot use 'PATH': not a readable regular file", whatever the reason. */
+int nxd_access_check_path(const struct nxd_conn *c, const char *path, struct nx_err *err);
+/* The same for an adapter: a file (plus adapter_config.json beside it, if
+ * there is one) or a PEFT directory (its two files). */
+int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, struct nx_err *err);
+/* 0 when one more adapter of bytes_new fits --max-adapters and
+ * --max-adapter-mb beside n_loaded adapters of bytes_loaded; else -1, err. */
+int nxd_limits_check_adapter(int n_loaded, size_t bytes_loaded, size_t bytes_new, struct nx_err *err);
+
+/* guard.c */
+int nxd_guard_init(struct nxd *d, struct nx_err *err);
+void nxd_guard_free(struct nxd *d);
+/* Launches the planned step of n tokens under our own gen and a watchdog limit. */
+void nxd_guard_launch(struct nxd *d, int n);
+/* A step took dt s for n tokens: feeds the watchdog's estimate. */
+void nxd_guard_step_done(struct nxd *d, double dt, int n);
+double nxd_guard_step_limit(const struct nxd *d, int n);
+/* Validates shared memory against our copies; on a mismatch kills every
+ * worker (ctl_dirty) and returns false. */
+bool nxd_guard_check(struct nxd *d);
+/* ctl_dirty and every worker reaped: rewrites the block; true when clean. */
+bool nxd_guard_repair(struct nxd *d);
+
+/* lora.c */
+int nxd_lora_init(struct nxd *d, struct nx_err *err);
+void nxd_lora_free(struct nxd *d);
+/* lora_load, lora_list, lora_unload, lora_fold, lora_unfold, lora_report. */
+void nxd_lora_op(struct nxd *d, struct nxd_conn *c, struct nxp_request *q);
+/* A generate's adapters into r (r->id set); on an unknown or folded one an
+ * error event is sent and -1 returned. */
+int nxd_lora_resolve(struct nxd *d, struct nxd_conn *c, const struct nxp_generate *g, struct nxd_req *r);
+/* r is admitted into slot: its adapters go into the slot's mix entry. */
+void nxd_lora_admit(struct nxd *d, struct nxd_req *r, int slot);
+/* r ends: its adapters lose a user (called by nxd_req_free). */
+void nxd_lora_release(struct nxd_req *r);
+/* A step boundary (no step in flight, the next not yet planned): finished
+ * folds are swapped in, unfolds applied, reports and progress sent. */
+void nxd_lora_boundary(struct nxd *d);
 
 /* worker/worker.c */
 _Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen);

@@ -113,10 +113,6 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxp_request *q
 {
 	struct nxp_generate *g = &q->u.gen;
 	struct nx_err err = {{0}};
-	if (g->n_lora > 0) {
-		nxd_send_error(d, c, q->id, NXP_E_NOT_FOUND, "adapter '%s' is not loaded", g->lora[0].name);
-		return;
-	}
 	struct nxd_req *r = calloc(1, sizeof(*r));
 	if (!r) {
 		nxd_send_error(d, c, q->id, NXP_E_INTERNAL, "out of memory");
@@ -126,6 +122,10 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxp_request *q
 	r->seq = ++d->req_seq;
 	r->t_arrive = nxd_now();
 	snprintf(r->id, sizeof(r->id), "%s", q->id);
+	if (g->n_lora > 0 && nxd_lora_resolve(d, c, g, r) < 0) {
+		nxd_req_free(r);
+		return;
+	}
 	if (prompt_tokens(d, g, &r->prompt, &r->n_prompt, &err) < 0) {
 		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "prompt: %s", err.msg);
 		nxd_req_free(r);
@@ -224,10 +224,50 @@ static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
 		return;
 	}
 	nxd_sched_status(d, &st, ws);
+	/* The workers' counters are theirs to write: only shown, never trusted. */
+	double prof_ms[NX_PROF_N];
+	static const char *prof_names[NX_PROF_N];
+	st.profile_ms = NULL;
+	st.profile_names = prof_names;
+	st.n_profile = 0;
+	st.profile_steps = 0;
+	if (d->shm.prof) {
+		const uint64_t steps = d->shm.prof[0].steps;
+		for (int p = 0; p < NX_PROF_N; p++) {
+			double sum = 0;
+			for (int i = 0; i < d->n_workers; i++)
+				sum += (double)d->shm.prof[i].ticks[p];
+			prof_names[p] = nx_prof_name(p);
+			prof_ms[p] = steps ? sum * nx_prof_tick_ns() * 1e-6 / d->n_workers / (double)steps : 0;
+		}
+		st.profile_ms = prof_ms;
+		st.n_profile = NX_PROF_N;
+		st.profile_steps = steps;
+	}
 	size_t len;
 	char *line = nxp_enc_status_alloc(q->id, &st, &len);
 	free(ws);
 	queue_alloc(d, c, q->id, line, len);
+}
+
+/* Operations that change what every client gets (RELIABILITY 25): only for
+ * admins (access.c). A dry-run fold changes nothing but costs a full grading. */
+static bool is_admin_op(enum nxp_op op)
+{
+	return op == NXP_OP_LORA_LOAD || op == NXP_OP_LORA_UNLOAD || op == NXP_OP_LORA_FOLD ||
+	       op == NXP_OP_LORA_UNFOLD || op == NXP_OP_SHUTDOWN;
+}
+
+static const char *admin_op_name(enum nxp_op op)
+{
+	switch (op) {
+	case NXP_OP_LORA_LOAD: return "lora_load";
+	case NXP_OP_LORA_UNLOAD: return "lora_unload";
+	case NXP_OP_LORA_FOLD: return "lora_fold";
+	case NXP_OP_LORA_UNFOLD: return "lora_unfold";
+	case NXP_OP_SHUTDOWN: return "shutdown";
+	default: return "?";
+	}
 }
 
 void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t len)
@@ -237,7 +277,7 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 	struct nxp_limits lim = {
 		.n_vocab = d->model.n_vocab,
 		.n_ctx = d->o.n_ctx,
-		.max_tokens = d->o.n_ctx,
+		.max_tokens = d->o.max_tokens ? d->o.max_tokens : d->o.n_ctx,
 		.max_line = d->o.max_line,
 	};
 	/* Blank lines (a client's "\r\n" keep-alive) are not requests. */
@@ -255,6 +295,23 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 		nxd_send_error(d, c, q.id, NXP_E_SHUTTING_DOWN, "the daemon is shutting down");
 		nxp_request_free(&q);
 		return;
+	}
+	if (is_admin_op(q.op)) {
+		struct nx_err err = {{0}};
+		if (nxd_access_check_admin(c, &err) < 0) {
+			nxd_warn("client %d (pid %d, uid %d): '%s' refused: not an admin", c->idx, (int)c->cred.pid,
+				 (int)c->cred.uid, admin_op_name(q.op));
+			nxd_send_error(d, c, q.id, NXP_E_FORBIDDEN, "'%s' is for admins: %s", admin_op_name(q.op), err.msg);
+			nxp_request_free(&q);
+			return;
+		}
+		/* RELIABILITY 17: the same answer whether the file is missing, not
+		 * the peer's to read, a FIFO, a device or in /proc. */
+		if (q.op == NXP_OP_LORA_LOAD && nxd_access_check_adapter_path(c, q.u.lora.path, &err) < 0) {
+			nxd_send_error(d, c, q.id, NXP_E_BAD_REQUEST, "%s", err.msg);
+			nxp_request_free(&q);
+			return;
+		}
 	}
 	switch (q.op) {
 	case NXP_OP_HELLO: {
@@ -292,6 +349,23 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 		if (n < sizeof(buf))
 			nxd_conn_queue(d, c, buf, n);
 		nxd_sched_cancel(d, r, NXP_DONE_CANCELLED);
+		break;
+	}
+	case NXP_OP_LORA_LOAD:
+	case NXP_OP_LORA_LIST:
+	case NXP_OP_LORA_UNLOAD:
+	case NXP_OP_LORA_FOLD:
+	case NXP_OP_LORA_UNFOLD:
+	case NXP_OP_LORA_REPORT:
+		nxd_lora_op(d, c, &q);
+		break;
+	case NXP_OP_SHUTDOWN: {
+		char buf[NXP_ID_MAX + 64], why[96];
+		size_t n = nxp_enc_ok(buf, sizeof(buf), q.id);
+		if (n < sizeof(buf))
+			nxd_conn_queue(d, c, buf, n);
+		snprintf(why, sizeof(why), "shutdown requested by uid %d, pid %d", (int)c->cred.uid, (int)c->cred.pid);
+		nxd_begin_shutdown(d, why);
 		break;
 	}
 	case NXP_OP_NONE:

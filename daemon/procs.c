@@ -65,6 +65,7 @@ int nxd_proc_spawn(struct nxd *d, int band)
 	atomic_store(&w->state, NXW_STARTING);
 	atomic_store(&w->ack_gen, d->step_gen);
 	atomic_store(&w->pid, 0);
+	p->killed = false;
 	p->spawns++;
 	pid_t pid = fork();
 	if (pid < 0) {
@@ -135,7 +136,7 @@ void nxd_proc_died(struct nxd *d, int band)
 		d->step_state = NXD_STEP_ABORTING;
 	}
 
-	if (!was_ready || age < FAST_DEATH) {
+	if ((!was_ready || age < FAST_DEATH) && !p->killed) {
 		/* Dying at start again and again is not fixed by respawning at once. */
 		p->fails++;
 		if (p->fails >= d->o.max_start_failures) {
@@ -158,7 +159,8 @@ void nxd_proc_died(struct nxd *d, int band)
 
 void nxd_procs_tick(struct nxd *d, double now)
 {
-	if (d->phase == NXD_STOPPING)
+	/* Not into a control block a worker scribbled on (guard.c repairs it first). */
+	if (d->phase == NXD_STOPPING || d->ctl_dirty)
 		return;
 	/* Respawns wait while survivors are still inside an aborted step: the
 	 * new process must not join a round the others are leaving. */

@@ -27,6 +27,7 @@ void nxd_req_free(struct nxd_req *r)
 {
 	if (!r)
 		return;
+	nxd_lora_release(r);
 	free(r->prompt);
 	for (int i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
@@ -307,6 +308,7 @@ static int admit(struct nxd *d, struct nxd_req *r, int si)
 	s->admitted = d->admit_seq++;
 	s->req = r;
 	r->slot = si;
+	nxd_lora_admit(d, r, si);
 	return 0;
 }
 
@@ -390,7 +392,7 @@ static int plan(struct nxd *d)
 		if (pending == 1) {
 			if (s->req->t_admit == 0)
 				s->req->t_admit = nxd_now(); /* a one-token prompt */
-			t[n] = (struct nx_tok_in){ s->hist[s->n_past], s->n_past, i, rows };
+			t[n] = (struct nx_tok_in){ s->hist[s->n_past], s->n_past, i, rows, s->req->n_lora ? i + 1 : 0 };
 			s->row = rows++;
 			s->chunk = 1;
 			n++;
@@ -407,7 +409,7 @@ static int plan(struct nxd *d)
 		int take = pending < budget - n ? pending : budget - n;
 		for (int j = 0; j < take; j++) {
 			int pos = s->n_past + j;
-			t[n++] = (struct nx_tok_in){ s->hist[pos], pos, si, -1 };
+			t[n++] = (struct nx_tok_in){ s->hist[pos], pos, si, -1, s->req->n_lora ? si + 1 : 0 };
 		}
 		s->chunk = take;
 		if (s->req->t_admit == 0)
@@ -424,9 +426,10 @@ void nxd_sched_pump(struct nxd *d)
 {
 	if (d->phase != NXD_SERVING || d->step_state != NXD_STEP_IDLE)
 		return;
+	nxd_lora_boundary(d); /* folds swap in here, between two steps */
 	reap(d);
 	admit_queued(d);
-	if (!nxd_procs_all_live(d) || nxd_procs_failed(d))
+	if (!nxd_procs_all_live(d) || nxd_procs_failed(d) || d->ctl_dirty)
 		return;
 	int n = plan(d);
 	if (n == 0)
@@ -434,7 +437,7 @@ void nxd_sched_pump(struct nxd *d)
 	d->step_n = n;
 	d->step_t0 = nxd_now();
 	d->step_state = NXD_STEP_RUNNING;
-	d->step_gen = nx_ctl_launch(d->shm.ctl, n);
+	nxd_guard_launch(d, n);
 }
 
 /* ---------------------------------------------------------------- results */
@@ -573,6 +576,7 @@ void nxd_sched_step_done(struct nxd *d)
 		on_token(d, s, tok, n_top);
 	}
 	stats_step(d, seqs, ntok, n_prompt, d->step_t0, t1);
+	nxd_guard_step_done(d, t1 - d->step_t0, d->step_n);
 	nxd_sched_pump(d);
 }
 

@@ -1,6 +1,7 @@
 /* shmem.c - the arena's layout: each region's size added up with overflow checks, then carved and initialized (PostgreSQL's ipci.c). */
 #include "daemon/nxd.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int add(size_t *total, size_t n, const char *what, struct nx_err *err)
@@ -77,6 +78,19 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 			return -1;
 		if (nx_scratch_init(&sh->scratch[i], p, scratch_size, hp, &sh->cfg, err) < 0)
 			return nx_err_prefix(err, "arena: worker %d scratch", i);
+	}
+	/* NXD_PROFILE=1: the workers time the phases of every step (a TSC read per
+	 * phase change, no syscall); `nxctl status` shows the split. */
+	const char *pe = getenv("NXD_PROFILE");
+	sh->prof = NULL;
+	if (pe && !strcmp(pe, "1")) {
+		if (!(sh->prof = nx_arena_alloc(&sh->arena, (size_t)d->n_workers * sizeof(struct nx_prof), err)))
+			return -1;
+		memset(sh->prof, 0, (size_t)d->n_workers * sizeof(struct nx_prof));
+		for (int i = 0; i < d->n_workers; i++)
+			sh->scratch[i].prof = &sh->prof[i];
+		nx_prof_tick_ns(); /* measured here, before the workers exist */
+		nxd_info("profile: on (NXD_PROFILE=1): per-phase times in status");
 	}
 
 	/* What workers only read: the weights (copy mode; a mapping is read-only

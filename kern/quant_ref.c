@@ -142,10 +142,17 @@ static void quant_q8_0(const float *src, void *dst, int64_t n)
 		for (int j = 0; j < QK8_0; j++)
 			amax = MAX(amax, fabsf(src[j]));
 		const float d = amax / 127;
-		const float id = d ? 1.0f / d : 0.0f;
+		/* A subnormal d has no finite inverse; it rounds to 0 in f16, so the
+		 * block dequantizes to 0 whatever qs holds: store zeros (as the SIMD
+		 * quantizers do). */
+		const float id = d && isfinite(1.0f / d) ? 1.0f / d : 0.0f;
 		b[i].d = nx_f32_to_f16(d);
-		for (int j = 0; j < QK8_0; j++)
-			b[i].qs[j] = (int8_t)roundf(src[j] * id);
+		for (int j = 0; j < QK8_0; j++) {
+			/* |q| <= 127 for finite input; a NaN hides from amax (NaN > x is false) and
+			 * inf * 0 is NaN, so clamp: converting an out-of-range float is undefined. */
+			const float q = roundf(src[j] * id);
+			b[i].qs[j] = (int8_t)(q >= 127.0f ? 127 : q <= -128.0f ? -128 : q == q ? q : 0);
+		}
 	}
 }
 

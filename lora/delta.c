@@ -1,4 +1,4 @@
-/* delta.c - scalar reference of the runtime LoRA delta y += s * B @ (A @ x), f32 throughout. */
+/* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 throughout (eight-lane dots, nx_lora_dot). */
 #include "lora/delta.h"
 
 void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int n, int k0, int k1, float *u,
@@ -7,13 +7,8 @@ void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int 
 	const int64_t n_in = t->n_in;
 	for (int k = k0; k < k1; k++) {
 		const float *a = t->a + (size_t)k * n_in;
-		for (int i = 0; i < n; i++) {
-			const float *xi = x + (size_t)i * ldx;
-			float d = 0;
-			for (int64_t j = 0; j < n_in; j++)
-				d += a[j] * xi[j];
-			u[(size_t)i * ldu + k] = d;
-		}
+		for (int i = 0; i < n; i++)
+			u[(size_t)i * ldu + k] = nx_lora_dot(a, x + (size_t)i * ldx, n_in);
 	}
 }
 

@@ -46,14 +46,38 @@ void nx_lora_delta_b(const struct nx_lora_t *t, const float *u, size_t ldu, int 
 void nx_lora_delta(const struct nx_lora_t *t, float s, const float *x, size_t ldx, int n, float *y, size_t ldy,
 		   int64_t r0, int64_t r1, float *u);
 
+/* sum_j a[j] * x[j] in f32, eight lanes (GCC vectors: SSE or AVX, whatever the
+ * build targets) then the lanes in a fixed order: the same result wherever a
+ * and x are and however the caller bands its rows. */
+typedef float nx_lora_v8 __attribute__((vector_size(32)));
+static inline float nx_lora_dot(const float *a, const float *x, int64_t n)
+{
+	nx_lora_v8 acc0 = {0}, acc1 = {0}, va, vx;
+	int64_t j = 0;
+	for (; j + 16 <= n; j += 16) {
+		__builtin_memcpy(&va, a + j, 32);
+		__builtin_memcpy(&vx, x + j, 32);
+		acc0 += va * vx;
+		__builtin_memcpy(&va, a + j + 8, 32);
+		__builtin_memcpy(&vx, x + j + 8, 32);
+		acc1 += va * vx;
+	}
+	for (; j + 8 <= n; j += 8) {
+		__builtin_memcpy(&va, a + j, 32);
+		__builtin_memcpy(&vx, x + j, 32);
+		acc0 += va * vx;
+	}
+	acc0 += acc1;
+	float d = ((acc0[0] + acc0[4]) + (acc0[1] + acc0[5])) + ((acc0[2] + acc0[6]) + (acc0[3] + acc0[7]));
+	for (; j < n; j++)
+		d += a[j] * x[j];
+	return d;
+}
+
 /* s-free delta of one output row for one token: sum_k B[r, k] * u[k]. */
 static inline float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u)
 {
-	const float *b = t->b + (size_t)r * t->rank;
-	float d = 0;
-	for (int k = 0; k < t->rank; k++)
-		d += b[k] * u[k];
-	return d;
+	return nx_lora_dot(t->b + (size_t)r * t->rank, u, t->rank);
 }
 
 /* Flops of the delta per token (2 * rank * (n_in + n_out)). */

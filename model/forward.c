@@ -1,6 +1,10 @@
 /* forward.c - the batched llama/qwen2 forward pass, SPMD over bands of rows and heads. */
 #include "model/forward.h"
 
+#include "lora/delta.h"
+#include "kern/attn.h"
+#include "kern/pack.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -110,7 +114,8 @@ int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hp
 	return 0;
 }
 
-/* xq rows hold any activation type: F32 (4 bytes/element) is the widest. */
+/* Bytes of xq per token: the hi and lo rows of a quantized activation take at
+ * most 2 x 292/256 bytes per element (Q8_K; Q8_0 2 x 34/32), so 4 (a float) is room. */
 static size_t xq_stride(const struct nx_hparams *hp)
 {
 	return round_up((size_t)max_in(hp) * sizeof(float), ALIGN);
@@ -121,15 +126,20 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 {
 	size_t B = (size_t)c->max_batch, total = 0;
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
-	    !add_buf(&total, (size_t)c->n_ctx, sizeof(float)) || !add_buf(&total, B * hp->rope_dim, sizeof(float)))
+	    !add_buf(&total, max_in(hp), sizeof(float)) || !add_buf(&total, (size_t)c->n_ctx, sizeof(float)) ||
+	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
+	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
 		sc->xn = take(&p, B * max_in(hp), sizeof(float));
 		sc->xq = take(&p, B, xq_stride(hp));
 		sc->xq_stride = xq_stride(hp);
+		sc->resid = take(&p, max_in(hp), sizeof(float));
 		sc->att = take(&p, (size_t)c->n_ctx, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
+		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
+		sc->lora_y = take(&p, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float));
 	}
 	return total;
 }
@@ -194,29 +204,77 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 		out[i] = x[i] * r * w[i];
 }
 
-/* Activation rows for a matmul: row t at data + t * stride, in type vt. */
+/* Activation rows for a matmul: token t's row at data + t * stride. For a
+ * quantized vec_dot_type the row is two rows of that type, hi at data + t * stride
+ * and lo at lo bytes after it, and the activation is their sum (prep_act). */
 struct act {
 	const uint8_t *data;
 	size_t stride;
+	size_t lo; /* 0: one row (F32) */
 };
 
 /* Brings rows src[t * n_in ...] (t < n, or only tokens with logits when
  * only_logits) into the weight's vec_dot_type in this band's private xq.
- * Quantizes once per (source, type): Q/K/V and gate/up share it. */
-static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n_in, enum nx_type vt,
-			   const struct nx_tok_in *toks, bool only_logits)
+ * Quantizes once per (source, type): Q/K/V and gate/up share it.
+ *
+ * A quantized activation is stored as hi = Q(x) and lo = Q(x - hi), and every
+ * dot is dot(w, hi) + dot(w, lo): about 15 bits per value instead of 8. Why:
+ * with one Q8_0 rounding (1/254 of each 32-block's peak) at each of the 7
+ * matmul inputs of a layer, SmolLM2-135M's logits (30 layers) move by 0.16 on
+ * average and the top-1 differs from the exact float64 model at 2-3% of
+ * positions. The noise comes from every matmul alike, not from a few outlier
+ * channels: finer blocks (8 or 16 values) or an f32 scale barely help, and 12+
+ * bits at every input are needed (tests/py/study_activation_error.py). hi + lo
+ * is as close as f32 activations (what is left is the f16 K/V cache), keeps
+ * the integer dot kernels and block layouts, and reads each weight row once for
+ * both parts (one dot_rows / tile-kernel call): the cost is the second integer
+ * dot, not memory traffic (the study's --bench measures it). */
+static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int n_in, enum nx_type vt,
+			     const struct nx_tok_in *toks, bool only_logits)
 {
 	if (vt == NX_F32)
-		return (struct act){(const uint8_t *)src, (size_t)n_in * sizeof(float)};
-	struct act a = {sc->xq, sc->xq_stride};
+		return (struct act){(const uint8_t *)src, (size_t)n_in * sizeof(float), 0};
+	const size_t rs = (size_t)nx_row_size(vt, n_in); /* model binding checked that n_in fits vt */
+	struct act a = {sc->xq, 2 * rs, rs};
 	if (sc->xq_src == src && sc->xq_type == vt)
 		return a;
 	const struct nx_type_traits *tr = nx_type_get(vt);
-	for (int t = 0; t < n; t++)
-		if (!only_logits || toks[t].logits_row >= 0)
-			tr->quant(src + (size_t)t * n_in, sc->xq + (size_t)t * sc->xq_stride, n_in);
+	for (int t = 0; t < n; t++) {
+		if (only_logits && toks[t].logits_row < 0)
+			continue;
+		const float *x = src + (size_t)t * n_in;
+		uint8_t *hi = (uint8_t *)sc->xq + (size_t)t * a.stride;
+		tr->quant(x, hi, n_in);
+		tr->dequant(hi, sc->resid, n_in);
+		for (int i = 0; i < n_in; i++)
+			sc->resid[i] = x[i] - sc->resid[i];
+		tr->quant(sc->resid, hi + rs, n_in);
+	}
 	sc->xq_src = src;
 	sc->xq_type = vt;
+	return a;
+}
+
+/* --profile (nx_scratch.prof): charges the time since the last mark to the
+ * current phase and makes `phase` current. Without prof, one branch. */
+static inline void prof_to(struct nx_scratch *sc, enum nx_prof_phase phase)
+{
+	struct nx_prof *p = sc->prof;
+	if (!p)
+		return;
+	const uint64_t t = nx_prof_now();
+	p->ticks[p->phase] += t - p->mark;
+	p->mark = t;
+	p->phase = phase;
+}
+
+/* prep_act_q, timed as norm+quant; what follows it is a matmul. */
+static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n_in, enum nx_type vt,
+			   const struct nx_tok_in *toks, bool only_logits)
+{
+	prof_to(sc, NX_PROF_QUANT);
+	const struct act a = prep_act_q(sc, src, n, n_in, vt, toks, only_logits);
+	prof_to(sc, only_logits ? NX_PROF_LOGITS : NX_PROF_MATMUL);
 	return a;
 }
 
@@ -226,44 +284,123 @@ enum mm_op {
 	MM_SWIGLU, /* y = silu(y) * (W a), y holding the gate */
 };
 
+/* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
+#define TOK_CHUNK 8
+
+/* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
+ * 16 weight rows with up to NX_PACK_ACT_MAX activation rows (both parts of a few
+ * tokens) per call, each weight block unpacked once for all of them. With toks,
+ * only tokens that want logits, written to row toks[t].logits_row of y. Each
+ * (row, token) result does not depend on the chunk it was computed in, as in
+ * matmul. Returns false, having done nothing, when it does not apply: no packed
+ * copy, or activations that are not Q8_0 rows (a type without a tile kernel). */
+static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, int r1, float *y, size_t ldy,
+			  const float *bias, enum mm_op op, const struct nx_tok_in *toks)
+{
+	const int parts = a.lo ? 2 : 1;
+	const size_t rs = (size_t)nx_row_size(NX_Q8_0, w->n_in);
+	const int64_t nb = w->n_in / 32;
+	if (!w->packed || nx_type_get(w->type)->vec_dot_type != NX_Q8_0 || a.stride != (size_t)parts * rs ||
+	    (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS || nb > 1024)
+		return false;
+	const nx_pack_fn kern = nx_pack_kernel(w->type);
+	const int chunk = NX_PACK_ACT_MAX / parts;
+	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
+	float sd[NX_PACK_ACT_MAX * nb], ss[NX_PACK_ACT_MAX * nb], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+	int32_t sc[NX_PACK_ACT_MAX * nb];
+	for (int t0 = 0; t0 < n;) {
+		if (toks && toks[t0].logits_row < 0) {
+			t0++;
+			continue;
+		}
+		int cnt = 1; /* a run of tokens: their activation rows are evenly spaced */
+		while (cnt < chunk && t0 + cnt < n && (!toks || toks[t0 + cnt].logits_row >= 0))
+			cnt++;
+		const int na = parts * cnt;
+		const uint8_t *q = a.data + (size_t)t0 * a.stride;
+		for (int i = 0; i < na; i++)
+			nx_pack_act_prep(q + (size_t)i * rs, w->n_in, sd + i * nb, ss + i * nb, sc + i * nb);
+		const struct nx_pack_act pa = {q, rs, sd, ss, sc, nb};
+		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
+			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, na, out, w->n_in);
+			for (int t = 0; t < cnt; t++) {
+				float *yr = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r;
+				const float *o = out + (size_t)parts * t * NX_PACK_ROWS;
+				for (int k = 0; k < NX_PACK_ROWS; k++) {
+					const float d = parts == 2 ? o[k] + o[NX_PACK_ROWS + k] : o[k];
+					switch (op) {
+					case MM_STORE:
+						yr[k] = bias ? d + bias[r + k] : d;
+						break;
+					case MM_ADD:
+						yr[k] += d;
+						break;
+					case MM_SWIGLU:
+						yr[k] = yr[k] / (1.0f + expf(-yr[k])) * d;
+						break;
+					}
+				}
+			}
+		}
+		t0 += cnt;
+	}
+	return true;
+}
+
 /* y[t * ldy + r] op= W_r . a_t for rows r in [r0, r1) and tokens t < n.
- * Row-outer: each weight row is read once and dotted with every token. */
+ * Row-outer: each weight row is read once and dotted with every token, a chunk
+ * of tokens (both parts of each) per dot_rows call, which unpacks the row once
+ * per call and gives each row what dot would (kern/quant.h). */
 static void matmul(const struct nx_wt *w, struct act a, int n, int r0, int r1, float *y, size_t ldy,
 		   const float *bias, enum mm_op op)
 {
-	const nx_dot_fn dot = nx_type_get(w->type)->dot;
+	if (matmul_packed(w, a, n, r0, r1, y, ldy, bias, op, NULL))
+		return;
+	const struct nx_type_traits *tr = nx_type_get(w->type);
+	const int parts = a.lo ? 2 : 1;
+	const size_t row_stride = a.stride / parts; /* hi_0 lo_0 hi_1 lo_1 ... are evenly spaced */
+	float dp[2 * TOK_CHUNK];
 	const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 	for (int r = r0; r < r1; r++, row += w->row_bytes) {
-		const uint8_t *at = a.data;
-		float *yr = y + r;
-		for (int t = 0; t < n; t++, at += a.stride, yr += ldy) {
-			float d = dot(row, at, w->n_in);
-			switch (op) {
-			case MM_STORE:
-				*yr = bias ? d + bias[r] : d;
-				break;
-			case MM_ADD:
-				*yr += d;
-				break;
-			case MM_SWIGLU:
-				*yr = *yr / (1.0f + expf(-*yr)) * d;
-				break;
+		for (int t0 = 0; t0 < n; t0 += TOK_CHUNK) {
+			const int cnt = n - t0 < TOK_CHUNK ? n - t0 : TOK_CHUNK;
+			tr->dot_rows(row, a.data + (size_t)t0 * a.stride, row_stride, parts * cnt, dp, w->n_in);
+			float *yr = y + (size_t)t0 * ldy + r;
+			for (int t = 0; t < cnt; t++, yr += ldy) {
+				const float d = parts == 2 ? dp[2 * t] + dp[2 * t + 1] : dp[t];
+				switch (op) {
+				case MM_STORE:
+					*yr = bias ? d + bias[r] : d;
+					break;
+				case MM_ADD:
+					*yr += d;
+					break;
+				case MM_SWIGLU:
+					*yr = *yr / (1.0f + expf(-*yr)) * d;
+					break;
+				}
 			}
 		}
 	}
 }
 
-/* As matmul, but only for tokens that want logits; output row = their logits_row. */
+/* As matmul, but only for tokens that want logits (one dot_rows call each: they
+ * need not be adjacent); output row = their logits_row. */
 static void matmul_logits(const struct nx_wt *w, struct act a, const struct nx_tok_in *toks, int n, int r0, int r1,
 			  float *logits, size_t n_vocab)
 {
-	const nx_dot_fn dot = nx_type_get(w->type)->dot;
+	if (matmul_packed(w, a, n, r0, r1, logits, n_vocab, NULL, MM_STORE, toks))
+		return;
+	const struct nx_type_traits *tr = nx_type_get(w->type);
+	const int parts = a.lo ? 2 : 1;
+	float dp[2];
 	const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 	for (int r = r0; r < r1; r++, row += w->row_bytes)
 		for (int t = 0; t < n; t++)
-			if (toks[t].logits_row >= 0)
-				logits[(size_t)toks[t].logits_row * n_vocab + r] =
-					dot(row, a.data + (size_t)t * a.stride, w->n_in);
+			if (toks[t].logits_row >= 0) {
+				tr->dot_rows(row, a.data + (size_t)t * a.stride, a.lo, parts, dp, w->n_in);
+				logits[(size_t)toks[t].logits_row * n_vocab + r] = parts == 2 ? dp[0] + dp[1] : dp[0];
+			}
 }
 
 /* Rotates one head in place: pairs (2i, 2i+1) (llama; GGUF's llama Q/K rows are
@@ -283,6 +420,149 @@ static inline void sync_barrier(const struct nx_sync *sync)
 {
 	if (sync && sync->barrier)
 		sync->barrier(sync->ctx);
+}
+
+/* sync_barrier, timed as barrier wait; then back to `next`. */
+static inline void band_sync(const struct nx_sync *sync, struct nx_scratch *sc, enum nx_prof_phase next)
+{
+	prof_to(sc, NX_PROF_BARRIER);
+	sync_barrier(sync);
+	prof_to(sc, next);
+}
+
+/* ---------------------------------------------------------------- runtime LoRA delta */
+
+/* The adapter set a token carries, or NULL (none, or an id outside the table). */
+static inline const struct nx_lora_mix *tok_mix(const struct nx_state *s, const struct nx_tok_in *tk)
+{
+	return tk->lora > 0 && tk->lora <= s->n_lora ? &s->lora[tk->lora - 1] : NULL;
+}
+
+static bool step_has_lora(const struct nx_state *s, const struct nx_tok_in *toks, int n)
+{
+	if (!s->lora)
+		return false;
+	for (int t = 0; t < n; t++)
+		if (tok_mix(s, &toks[t]))
+			return true;
+	return false;
+}
+
+/* Summed rank of a token's adapters on matrix (il, w): 0 when none adapts it. */
+static int tok_rank(const struct nx_state *s, const struct nx_tok_in *tk, int il, enum nx_lora_which w)
+{
+	const struct nx_lora_mix *mx = tok_mix(s, tk);
+	int r = 0;
+	for (int k = 0; mx && k < mx->n; k++)
+		if (mx->l[k]->t[il][w].layer >= 0)
+			r += mx->l[k]->t[il][w].rank;
+	return r;
+}
+
+/* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
+ * token that adapts matrix (il, w). Every band computes A @ x whole (rank *
+ * n_in per token, small next to its rows of W), so no barrier is added.
+ * Adjacent tokens with the same adapters (a prompt chunk; slots with the
+ * same set) go through together, so A and B are read once for the run;
+ * each (token, row) is computed the same way in any run. */
+static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
+		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1)
+{
+	for (int t = 0; t < n;) {
+		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
+		int t1 = t + 1;
+		while (mx && t1 < n && tok_mix(s, &toks[t1]) &&
+		       (tok_mix(s, &toks[t1]) == mx || !memcmp(tok_mix(s, &toks[t1]), mx, sizeof(*mx))))
+			t1++;
+		for (int k = 0; mx && k < mx->n; k++) {
+			const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
+			if (lt->layer < 0)
+				continue;
+			const int per = NX_LORA_U_CAP / lt->rank; /* tokens whose A @ x fit lora_u */
+			for (int i = t; i < t1; i += per)
+				nx_lora_delta(lt, mx->scale[k] * lt->scale, x + (size_t)i * ldx, ldx, t1 - i < per ? t1 - i : per,
+					      y + (size_t)i * ldy, ldy, r0, r1, sc->lora_u);
+		}
+		t = t1;
+	}
+}
+
+/* hb = silu(hb) * (W_up xn + the up deltas) on rows [r0, r1), in a step where
+ * some token adapts up (the delta must land before the product). Runs of
+ * tokens without an up adapter take the fused MM_SWIGLU matmul as always;
+ * runs with one are done in groups whose A_up @ x fits lora_u, NX_LORA_Y_ROWS
+ * rows at a time through lora_y. Each token's arithmetic is the same in any
+ * grouping, so its result does not depend on the batch around it. */
+static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
+			const struct nx_wt *w, struct act a, const float *xn, int dim, float *hb, int n_ff, int r0,
+			int r1)
+{
+	int t = 0;
+	while (t < n) {
+		int t1 = t;
+		if (!tok_rank(s, &toks[t], il, NX_LORA_UP)) {
+			while (t1 < n && !tok_rank(s, &toks[t1], il, NX_LORA_UP))
+				t1++;
+			struct act at = {a.data + (size_t)t * a.stride, a.stride, a.lo};
+			matmul(w, at, t1 - t, r0, r1, hb + (size_t)t * n_ff, (size_t)n_ff, NULL, MM_SWIGLU);
+			t = t1;
+			continue;
+		}
+		size_t used = 0;
+		while (t1 < n && t1 - t < NX_LORA_Y_TOK) {
+			int rk = tok_rank(s, &toks[t1], il, NX_LORA_UP);
+			if (!rk || used + (size_t)rk > NX_LORA_U_CAP)
+				break;
+			const struct nx_lora_mix *mx = tok_mix(s, &toks[t1]);
+			for (int k = 0; k < mx->n; k++) {
+				const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
+				if (lt->layer < 0)
+					continue;
+				nx_lora_delta_a(lt, xn + (size_t)t1 * dim, (size_t)dim, 1, 0, lt->rank, sc->lora_u + used,
+						(size_t)lt->rank);
+				used += (size_t)lt->rank;
+			}
+			t1++;
+		}
+		struct act at = {a.data + (size_t)t * a.stride, a.stride, a.lo};
+		for (int c0 = r0; c0 < r1; c0 += NX_LORA_Y_ROWS) {
+			const int c1 = c0 + NX_LORA_Y_ROWS < r1 ? c0 + NX_LORA_Y_ROWS : r1;
+			/* W_up rows [c0, c1) as a matrix of their own, written to lora_y (token, row - c0). */
+			struct nx_wt wc = *w;
+			wc.data = (const uint8_t *)w->data + (size_t)c0 * w->row_bytes;
+			if (w->packed) /* c0 - r0 is a multiple of 16: whole groups */
+				wc.packed = (const uint8_t *)w->packed + (size_t)c0 * w->row_bytes;
+			wc.n_out = c1 - c0;
+			matmul(&wc, at, t1 - t, 0, c1 - c0, sc->lora_y, NX_LORA_Y_ROWS, NULL, MM_STORE);
+			const float *u = sc->lora_u;
+			for (int i = t; i < t1; i++) {
+				float *yi = sc->lora_y + (size_t)(i - t) * NX_LORA_Y_ROWS;
+				const struct nx_lora_mix *mx = tok_mix(s, &toks[i]);
+				for (int k = 0; k < mx->n; k++) {
+					const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
+					if (lt->layer < 0)
+						continue;
+					const float sk = mx->scale[k] * lt->scale;
+					for (int r = c0; r < c1; r++)
+						yi[r - c0] += sk * nx_lora_delta_row(lt, r, u);
+					u += lt->rank;
+				}
+				float *h = hb + (size_t)i * n_ff;
+				for (int r = c0; r < c1; r++)
+					h[r] = h[r] / (1.0f + expf(-h[r])) * yi[r - c0];
+			}
+		}
+		t = t1;
+	}
+}
+
+/* Probe capture: band 0 copies a matmul's input rows (all n tokens) to the capture buffer. */
+static void capture(const struct nx_state *s, const struct nx_hparams *hp, int n, int il, enum nx_capture_kind k,
+		    const float *src, int band)
+{
+	if (!s->capture || band != 0)
+		return;
+	memcpy(s->capture + nx_capture_off(hp, n, il, k), src, (size_t)n * nx_capture_width(hp, k) * sizeof(float));
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -328,8 +608,15 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const int n_head = hp->n_head, n_head_kv = hp->n_head_kv, group = n_head / n_head_kv;
 	const int rope_half = hp->rope_dim / 2, n_ctx = s->cfg.n_ctx;
 	const float eps = hp->norm_eps;
+	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
+	const bool attn_fast = nx_attn_fast(hd);
 	int lo, hi;
 
+	if (sc->prof) {
+		sc->prof->mark = nx_prof_now();
+		sc->prof->phase = NX_PROF_OTHER;
+		sc->prof->steps++;
+	}
 	/* Embedding rows, one band per token; and (private, redundant) each token's
 	 * RoPE angles, shared by every layer: theta_i = pos * base^(-2i/rope_dim). */
 	band_range(n, 1, band, n_bands, &lo, &hi);
@@ -345,7 +632,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			cs[2 * i + 1] = (float)sin(th);
 		}
 	}
-	sync_barrier(sync);
+	band_sync(sync, sc, NX_PROF_QUANT);
 
 	for (int il = 0; il < hp->n_layer; il++) {
 		const struct nx_layer *L = &m->layers[il];
@@ -357,22 +644,29 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band; V to the cache. */
 		for (int t = 0; t < n; t++)
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
+		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
 		band_range(q_dim, ROW_GRAIN, band, n_bands, &lo, &hi);
 		matmul(&L->wq, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wq.type)->vec_dot_type, toks, false), n, lo,
 		       hi, s->q, q_dim, L->bq, MM_STORE);
+		if (lora)
+			lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
 		band_range(kv_dim, ROW_GRAIN, band, n_bands, &lo, &hi);
 		matmul(&L->wk, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wk.type)->vec_dot_type, toks, false), n, lo,
 		       hi, s->k, kv_dim, L->bk, MM_STORE);
 		matmul(&L->wv, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wv.type)->vec_dot_type, toks, false), n, lo,
 		       hi, s->v, kv_dim, L->bv, MM_STORE);
+		if (lora) {
+			lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
+			lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
+		}
 		for (int t = 0; t < n; t++) {
 			nx_f16 *dst = vc + toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
 			const float *src = s->v + (size_t)t * kv_dim;
 			for (int r = lo; r < hi; r++)
 				dst[r] = nx_f32_to_f16(src[r]);
 		}
-		sync_barrier(sync);
+		band_sync(sync, sc, NX_PROF_OTHER);
 
 		/* [B] RoPE: queries in place per (token, head); keys per (token, kv head) into the cache. */
 		band_range(n * n_head, 1, band, n_bands, &lo, &hi);
@@ -390,42 +684,62 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			for (int i = 0; i < hd; i++)
 				dst[i] = nx_f32_to_f16(k[i]);
 		}
-		sync_barrier(sync);
+		band_sync(sync, sc, NX_PROF_ATTN);
 
 		/* [C] attention per (token, head) over positions 0..pos of the token's slot. */
 		band_range(n * n_head, 1, band, n_bands, &lo, &hi);
 		for (int u = lo; u < hi; u++) {
 			int t = u / n_head, h = u % n_head;
 			size_t off = toks[t].slot * slot_stride + (size_t)(h / group) * hd;
-			attend(s->att_out + (size_t)t * q_dim + (size_t)h * hd, s->q + (size_t)t * q_dim + (size_t)h * hd,
-			       kc + off, vc + off, toks[t].pos, kv_dim, hd, sc->att);
+			if (attn_fast)
+				nx_attend_f16(s->att_out + (size_t)t * q_dim + (size_t)h * hd,
+					      s->q + (size_t)t * q_dim + (size_t)h * hd, kc + off, vc + off, toks[t].pos + 1,
+					      (size_t)kv_dim, hd, 1.0f / sqrtf((float)hd), sc->att);
+			else
+				attend(s->att_out + (size_t)t * q_dim + (size_t)h * hd,
+				       s->q + (size_t)t * q_dim + (size_t)h * hd, kc + off, vc + off, toks[t].pos, kv_dim, hd,
+				       sc->att);
 		}
-		sync_barrier(sync);
+		band_sync(sync, sc, NX_PROF_QUANT);
 
 		/* [D] x += Wo att_out: this band's rows of x. */
+		capture(s, hp, n, il, NX_CAP_ATTN_OUT, s->att_out, band);
 		sc->xq_src = NULL;
 		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
 		matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, nx_type_get(L->wo.type)->vec_dot_type, toks, false), n,
 		       lo, hi, s->x, dim, NULL, MM_ADD);
-		sync_barrier(sync);
+		if (lora)
+			lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
+		band_sync(sync, sc, NX_PROF_QUANT);
 
 		/* [E] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
 		for (int t = 0; t < n; t++)
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
+		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
 		band_range(n_ff, ROW_GRAIN, band, n_bands, &lo, &hi);
 		matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_gate.type)->vec_dot_type, toks, false),
 		       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
-		matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_up.type)->vec_dot_type, toks, false), n,
-		       lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
-		sync_barrier(sync);
+		if (lora)
+			lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
+		if (lora)
+			lora_swiglu(s, sc, toks, n, il, &L->w_up,
+				    prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_up.type)->vec_dot_type, toks, false),
+				    sc->xn, dim, s->hb, n_ff, lo, hi);
+		else
+			matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_up.type)->vec_dot_type, toks, false),
+			       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+		band_sync(sync, sc, NX_PROF_QUANT);
 
 		/* [F] x += Wdown hb: this band's rows of x. */
+		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
 		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
 		matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, nx_type_get(L->w_down.type)->vec_dot_type, toks, false),
 		       n, lo, hi, s->x, dim, NULL, MM_ADD);
-		sync_barrier(sync);
+		if (lora)
+			lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+		band_sync(sync, sc, NX_PROF_QUANT);
 	}
 
 	/* Output: final norm of the tokens that want logits (private), then this band's vocabulary rows. */
@@ -436,5 +750,6 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	band_range(hp->n_vocab, ROW_GRAIN, band, n_bands, &lo, &hi);
 	matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, nx_type_get(m->output.type)->vec_dot_type, toks, true),
 		      toks, n, lo, hi, s->logits, hp->n_vocab);
-	sync_barrier(sync);
+	band_sync(sync, sc, NX_PROF_OTHER);
+	prof_to(sc, NX_PROF_OTHER);
 }

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lora/adapter.h"
 #include "model/model.h"
 
 struct nx_state_cfg {
@@ -30,7 +31,48 @@ struct nx_tok_in {
 	int32_t pos;        /* position in its sequence; K/V is written there */
 	int32_t slot;       /* KV cache of its sequence, in [0, n_slots) */
 	int32_t logits_row; /* row of nx_state.logits to fill, or -1 */
+	int32_t lora;       /* 0: the model alone; k > 0: plus the runtime LoRA delta of nx_state.lora[k - 1] */
 };
+
+/* Runtime LoRA: the adapters one token carries, each at its user scale. Every
+ * adapted matmul of such a token adds scale[i] * (alpha/r) * B @ (A @ x) for
+ * each adapter (lora/delta.h); the weights are not touched. */
+#define NX_LORA_MIX_MAX 8
+struct nx_lora_mix {
+	int n;
+	const struct nx_lora *l[NX_LORA_MIX_MAX];
+	float scale[NX_LORA_MIX_MAX];
+};
+
+/* Probe capture (nx_state.capture): the f32 input of every matmul of every
+ * layer for all n tokens of a step, per (layer, kind) a (n, width) block at
+ * nx_capture_off(); widths dim, q_dim, dim, n_ff. */
+enum nx_capture_kind {
+	NX_CAP_ATTN,     /* normed x: input of q, k, v */
+	NX_CAP_ATTN_OUT, /* attention output: input of o */
+	NX_CAP_FFN,      /* normed x: input of gate, up */
+	NX_CAP_FFN_HID,  /* silu(gate) * up: input of down */
+};
+
+static inline size_t nx_capture_width(const struct nx_hparams *hp, enum nx_capture_kind k)
+{
+	return k == NX_CAP_ATTN_OUT ? (size_t)hp->n_head * hp->head_dim : k == NX_CAP_FFN_HID ? (size_t)hp->n_ff
+											  : (size_t)hp->dim;
+}
+
+/* Floats of one layer's capture for n tokens, and where (layer, kind) starts. */
+static inline size_t nx_capture_layer(const struct nx_hparams *hp, int n)
+{
+	return (size_t)n * (2 * (size_t)hp->dim + (size_t)hp->n_head * hp->head_dim + (size_t)hp->n_ff);
+}
+
+static inline size_t nx_capture_off(const struct nx_hparams *hp, int n, int layer, enum nx_capture_kind k)
+{
+	size_t off = (size_t)layer * nx_capture_layer(hp, n);
+	for (int i = 0; i < (int)k; i++)
+		off += (size_t)n * nx_capture_width(hp, (enum nx_capture_kind)i);
+	return off;
+}
 
 /* Memory shared by all bands: activations, KV cache, logits.
  * Lives in one caller-provided block (the daemon's shared arena). */
@@ -46,19 +88,32 @@ struct nx_state {
 	nx_f16 *k_cache;/* (n_slots, n_layer, n_ctx, kv_dim) */
 	nx_f16 *v_cache;/* (n_slots, n_layer, n_ctx, kv_dim) */
 	float *logits;  /* (max_logits, n_vocab) */
+	/* Set by the owner after nx_state_init (zero by default): */
+	const struct nx_lora_mix *lora; /* (n_lora) adapter sets that nx_tok_in.lora selects; NULL: none */
+	int n_lora;
+	float *capture; /* NULL, or (n_layer * nx_capture_layer(n)) floats: band 0 copies every matmul input */
 };
+
+#define NX_LORA_U_CAP (NX_LORA_MIX_MAX * NX_LORA_MAX_RANK) /* one token's A @ x for a full mix, at any rank */
+#define NX_LORA_Y_TOK 64
+#define NX_LORA_Y_ROWS 64
 
 /* Memory private to one band: its copy of the normed/quantized activations
  * and its attention scores. */
 struct nx_scratch {
 	float *xn;      /* (max_batch, max(dim, n_ff, q_dim)) normed input of the current matmul */
-	void *xq;       /* (max_batch, xq_stride bytes) activations quantized to the weight's vec_dot_type */
-	size_t xq_stride; /* bytes per row of xq: room for max(dim, n_ff, q_dim) floats, 64-aligned */
+	void *xq;       /* (max_batch, xq_stride bytes) activations quantized to the weight's vec_dot_type,
+			 * two rows per token (hi and lo parts, see forward.c: prep_act) */
+	size_t xq_stride; /* bytes of xq per token: room for max(dim, n_ff, q_dim) floats, 64-aligned */
+	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo */
 	float *att;     /* (n_ctx) attention scores of one (token, head) */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
+	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta, per token and adapter */
+	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */
 	/* What xq holds now, so Q/K/V (and gate/up) quantize their shared input once. */
 	const float *xq_src;
 	enum nx_type xq_type;
+	struct nx_prof *prof; /* NULL (the default): no timing; else this band's counters, added to */
 };
 
 /* Bytes of the state block; 0 when cfg is invalid or the size overflows. */
@@ -86,5 +141,31 @@ struct nx_sync {
  * logits are bit-identical however the scheduler batches and splits. */
 void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
 		int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync);
+
+/* Where a band's time goes in nx_forward, when nx_scratch.prof is set (nxd
+ * --profile, nx-perf --profile). Counted in ticks of nx_prof_now(): the TSC on
+ * x86 (no syscall: fine in the worker sandbox), so the reader converts with
+ * nx_prof_tick_ns(). */
+enum nx_prof_phase {
+	NX_PROF_MATMUL,  /* the weight matmuls of the layers (Q/K/V, Wo, gate/up, down) */
+	NX_PROF_LOGITS,  /* the output head */
+	NX_PROF_ATTN,    /* attention over the KV cache */
+	NX_PROF_QUANT,   /* rmsnorm and activation quantization (private, per band) */
+	NX_PROF_OTHER,   /* embedding, RoPE, K/V cache writes */
+	NX_PROF_BARRIER, /* waiting for the other bands */
+	NX_PROF_N
+};
+struct nx_prof {
+	uint64_t ticks[NX_PROF_N]; /* per phase, summed over steps */
+	uint64_t steps;
+	uint64_t mark;             /* nx_forward's own: when the current phase began */
+	int phase;                 /* and which it is */
+};
+/* The phase's short name ("matmul", "attention", ...). */
+const char *nx_prof_name(int phase);
+/* The clock the counters use. */
+uint64_t nx_prof_now(void);
+/* Nanoseconds per tick (measured once, about 10 ms, on the first call). */
+double nx_prof_tick_ns(void);
 
 #endif

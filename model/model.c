@@ -166,6 +166,17 @@ static int check_shape(const struct gguf_tensor *t, const char *name, int64_t ne
 	return nx_errf(err, "model: tensor '%s' has shape %s, expected [%lld]", name, have, (long long)ne0);
 }
 
+/* Kernels read F32 data as floats and blocks through structs of f16 fields; a
+ * file with general.alignment 1 or 2 may place data at any address. */
+static int check_aligned(const struct gguf_file *g, const struct gguf_tensor *t, const char *name, struct nx_err *err)
+{
+	if ((uintptr_t)t->data % sizeof(float) == 0)
+		return 0;
+	return nx_errf(err, "model: tensor '%s': data at file offset %llu is not %zu-byte aligned (general.alignment %llu)",
+		       name, (unsigned long long)((const uint8_t *)t->data - g->base), sizeof(float),
+		       (unsigned long long)g->alignment);
+}
+
 /* A norm or bias vector of n floats. */
 static int bind_vec(const float **out, const struct gguf_file *g, const char *name, int64_t n, struct nx_err *err)
 {
@@ -174,6 +185,8 @@ static int bind_vec(const float **out, const struct gguf_file *g, const char *na
 		return -1;
 	if (t->type != NX_F32)
 		return nx_errf(err, "model: tensor '%s' has type %s, expected f32", name, nx_type_name(t->type));
+	if (check_aligned(g, t, name, err))
+		return -1;
 	*out = t->data;
 	return 0;
 }
@@ -184,7 +197,7 @@ static int bind_wt(struct nx_wt *w, const struct gguf_file *g, const char *name,
 		   struct nx_err *err)
 {
 	const struct gguf_tensor *t = need(g, name, err);
-	if (!t || check_shape(t, name, n_in, n_out, err))
+	if (!t || check_shape(t, name, n_in, n_out, err) || check_aligned(g, t, name, err))
 		return -1;
 	const struct nx_type_traits *tr = nx_type_supported(t->type) ? nx_type_get(t->type) : NULL;
 	if (!tr || !tr->dequant || !tr->dot)
@@ -196,7 +209,7 @@ static int bind_wt(struct nx_wt *w, const struct gguf_file *g, const char *name,
 	enum nx_type vt = tr->vec_dot_type;
 	if (vt != NX_F32) {
 		const struct nx_type_traits *vtr = nx_type_get(vt);
-		if (!vtr || !vtr->quant || nx_row_size(vt, n_in) < 0)
+		if (!vtr || !vtr->quant || !vtr->dequant || nx_row_size(vt, n_in) < 0) /* forward.c: prep_act */
 			return nx_errf(err, "model: tensor '%s' (%s): rows of %lld elements cannot be quantized to %s",
 				       name, nx_type_name(t->type), (long long)n_in, nx_type_name(vt));
 	}

@@ -40,6 +40,10 @@ struct nx_wt {
 	int64_t n_out;
 	size_t row_bytes;
 	const void *data;
+	/* NULL, or the same matrix in kern/pack.h's row-interleaved layout (group g
+	 * of 16 rows at packed + g * 16 * row_bytes), set by nx_model_pack; the
+	 * forward pass then uses the tile kernels. data stays the plain rows. */
+	const void *packed;
 };
 
 struct nx_layer {

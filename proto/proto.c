@@ -372,6 +372,17 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_str(&w, ",\"uptime_s\":");
 	w_num(&w, s->uptime_s);
 	w_fmt(&w, ",\"steps\":%" PRIu64 ",\"steps_retried\":%" PRIu64, s->steps, s->steps_retried);
+	if (s->profile_ms && s->n_profile > 0) {
+		w_fmt(&w, ",\"profile\":{\"steps\":%" PRIu64 ",\"ms_per_step\":{", s->profile_steps);
+		for (int i = 0; i < s->n_profile; i++) {
+			if (i)
+				w_str(&w, ",");
+			w_jstr(&w, s->profile_names[i], strlen(s->profile_names[i]));
+			w_str(&w, ":");
+			w_num(&w, s->profile_ms[i]);
+		}
+		w_str(&w, "}}");
+	}
 	return w_tail(&w);
 }
 
@@ -803,6 +814,7 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 				return fail(e, NXP_E_OUT_OF_RANGE,
 					    "field 'lora[%zu].scale' must be a finite number, got %g", i, d);
 			g->lora[i].scale = (float)d;
+			g->lora[i].has_scale = true;
 		}
 		g->lora[i].name = strdup(json_string_value(nm));
 		g->n_lora = (int)i + 1;
@@ -919,6 +931,148 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	return 0;
 }
 
+/* An adapter name: 1..NXP_MAX_LORA_NAME bytes of [A-Za-z0-9._-] (names show
+ * up in listings and logs; a name that needs escaping helps nobody). */
+static int lora_name(json_t *o, struct nxp_lora_op *l, const char *op, struct nxp_error *e)
+{
+	json_t *v = field(o, "name");
+	if (!v)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'name' is required for op '%s'", op);
+	if (!json_is_string(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'name' must be a string, got %s", type_name(v));
+	const char *s = json_string_value(v);
+	size_t len = json_string_length(v);
+	if (len < 1 || len > NXP_MAX_LORA_NAME)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'name' must be 1..%d bytes long, got %zu",
+			    NXP_MAX_LORA_NAME, len);
+	for (size_t i = 0; i < len; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+		      c == '_' || c == '-')) {
+			char sb[64];
+			return fail(e, NXP_E_BAD_REQUEST, "field 'name' may only hold A-Z a-z 0-9 . _ -, got %s",
+				    short_str(s, sb, sizeof(sb)));
+		}
+	}
+	return opt_str(o, "name", &l->name, e);
+}
+
+static int type_name_field(json_t *v, const char *name, char out[NXP_MAX_TYPE_NAME], struct nxp_error *e)
+{
+	if (!json_is_string(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string, got %s", name, type_name(v));
+	size_t len = json_string_length(v);
+	if (len < 1 || len >= NXP_MAX_TYPE_NAME)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be 1..%d bytes long, got %zu", name,
+			    NXP_MAX_TYPE_NAME - 1, len);
+	memcpy(out, json_string_value(v), len + 1);
+	return 0;
+}
+
+static int lora_scale(json_t *o, struct nxp_lora_op *l, struct nxp_error *e)
+{
+	return opt_float(o, "scale", &l->scale, &l->has_scale, e);
+}
+
+static int parse_lora_load(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	struct nxp_lora_op *l = &r->u.lora;
+	if (lora_name(o, l, "lora_load", e))
+		return -1;
+	json_t *v = field(o, "path");
+	if (!v)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'path' is required for op 'lora_load'");
+	if (!json_is_string(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'path' must be a string, got %s", type_name(v));
+	if (json_string_length(v) < 1 || json_string_length(v) > NXP_MAX_LORA_PATH)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'path' must be 1..%d bytes long, got %zu", NXP_MAX_LORA_PATH,
+			    json_string_length(v));
+	return opt_str(o, "path", &l->path, e) || lora_scale(o, l, e) ? -1 : 0;
+}
+
+static int parse_lora_list(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	return opt_bool(o, "checksum", &r->u.lora.checksum, NULL, e);
+}
+
+static int parse_lora_unload(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	return lora_name(o, &r->u.lora, "lora_unload", e);
+}
+
+static int parse_lora_unfold(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	return lora_name(o, &r->u.lora, "lora_unfold", e);
+}
+
+/* "prompt" (probe text) and "layers" (which layers to grade) of a report. */
+static int lora_probe_fields(json_t *o, struct nxp_lora_op *l, struct nxp_error *e)
+{
+	if (opt_str(o, "prompt", &l->prompt, e))
+		return -1;
+	json_t *v = field(o, "layers");
+	if (!v)
+		return 0;
+	if (!json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'layers' must be an array of integers, got %s", type_name(v));
+	size_t n = json_array_size(v);
+	if (n < 1 || n > NXP_MAX_LAYERS)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'layers' must have 1..%d entries, got %zu", NXP_MAX_LAYERS, n);
+	l->layers = calloc(n, sizeof(int));
+	if (!l->layers)
+		return fail(e, NXP_E_INTERNAL, "out of memory for field 'layers'");
+	for (size_t i = 0; i < n; i++) {
+		char nm[32];
+		long long x;
+		snprintf(nm, sizeof(nm), "layers[%zu]", i);
+		if (get_int(json_array_get(v, i), nm, 0, NXP_MAX_LAYERS - 1, &x, e))
+			return -1;
+		l->layers[i] = (int)x;
+		l->n_layers = (int)i + 1;
+	}
+	return 0;
+}
+
+static int parse_lora_fold(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	struct nxp_lora_op *l = &r->u.lora;
+	json_t *v;
+	if (lora_name(o, l, "lora_fold", e) || lora_scale(o, l, e) || opt_bool(o, "dry_run", &l->dry_run, NULL, e))
+		return -1;
+	if ((v = field(o, "type")) && type_name_field(v, "type", l->type, e))
+		return -1;
+	return lora_probe_fields(o, l, e);
+}
+
+static int parse_lora_report(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
+{
+	struct nxp_lora_op *l = &r->u.lora;
+	if (lora_name(o, l, "lora_report", e) || lora_scale(o, l, e) || lora_probe_fields(o, l, e))
+		return -1;
+	json_t *v = field(o, "types");
+	if (!v)
+		return 0;
+	if (json_is_string(v)) {
+		l->n_types = 1;
+		return type_name_field(v, "types", l->types[0], e);
+	}
+	if (!json_is_array(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'types' must be a string or an array of strings, got %s",
+			    type_name(v));
+	size_t n = json_array_size(v);
+	if (n < 1 || n > NXP_MAX_FOLD_TYPES)
+		return fail(e, NXP_E_OUT_OF_RANGE, "field 'types' must have 1..%d entries, got %zu", NXP_MAX_FOLD_TYPES,
+			    n);
+	for (size_t i = 0; i < n; i++) {
+		char nm[32];
+		snprintf(nm, sizeof(nm), "types[%zu]", i);
+		if (type_name_field(json_array_get(v, i), nm, l->types[i], e))
+			return -1;
+		l->n_types = (int)i + 1;
+	}
+	return 0;
+}
+
 typedef int (*op_parse_fn)(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
 			   struct nxp_error *e);
 
@@ -934,6 +1088,13 @@ static const struct {
 	{"detokenize", NXP_OP_DETOKENIZE, true, parse_detokenize},
 	{"status", NXP_OP_STATUS, true, parse_status},
 	{"cancel", NXP_OP_CANCEL, true, parse_cancel},
+	{"lora_load", NXP_OP_LORA_LOAD, true, parse_lora_load},
+	{"lora_list", NXP_OP_LORA_LIST, true, parse_lora_list},
+	{"lora_unload", NXP_OP_LORA_UNLOAD, true, parse_lora_unload},
+	{"lora_fold", NXP_OP_LORA_FOLD, true, parse_lora_fold},
+	{"lora_unfold", NXP_OP_LORA_UNFOLD, true, parse_lora_unfold},
+	{"lora_report", NXP_OP_LORA_REPORT, true, parse_lora_report},
+	{"shutdown", NXP_OP_SHUTDOWN, true, parse_status}, /* no fields either */
 };
 
 static int parse_obj(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
@@ -1077,10 +1238,22 @@ void nxp_request_free(struct nxp_request *req)
 	case NXP_OP_DETOKENIZE:
 		free(req->u.detok.tokens);
 		break;
+	case NXP_OP_LORA_LOAD:
+	case NXP_OP_LORA_LIST:
+	case NXP_OP_LORA_UNLOAD:
+	case NXP_OP_LORA_FOLD:
+	case NXP_OP_LORA_UNFOLD:
+	case NXP_OP_LORA_REPORT:
+		free(req->u.lora.name);
+		free(req->u.lora.path);
+		free(req->u.lora.prompt);
+		free(req->u.lora.layers);
+		break;
 	case NXP_OP_NONE:
 	case NXP_OP_HELLO:
 	case NXP_OP_STATUS:
 	case NXP_OP_CANCEL:
+	case NXP_OP_SHUTDOWN:
 		break;
 	}
 	char id[NXP_ID_MAX];

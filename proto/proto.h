@@ -27,6 +27,10 @@
 #define NXP_MAX_LORA       8
 #define NXP_MAX_LORA_NAME  128               /* bytes */
 #define NXP_DEFAULT_MAX_TOKENS 256
+#define NXP_MAX_LORA_PATH  4095              /* bytes */
+#define NXP_MAX_FOLD_TYPES 8                 /* lora_report "types" */
+#define NXP_MAX_TYPE_NAME  16                /* "keep", "f16", "q8_0"... NUL included */
+#define NXP_MAX_LAYERS     1024              /* lora_report "layers": ids 0..1023 (the daemon checks n_layer) */
 
 /* Operations. NXP_OP_NONE is what a zeroed request holds (safe to free).
  * Adding an op: an enum entry here, a member in nxp_request's union, an entry
@@ -39,6 +43,13 @@ enum nxp_op {
 	NXP_OP_DETOKENIZE,
 	NXP_OP_STATUS,
 	NXP_OP_CANCEL,
+	NXP_OP_LORA_LOAD,
+	NXP_OP_LORA_LIST,
+	NXP_OP_LORA_UNLOAD,
+	NXP_OP_LORA_FOLD,
+	NXP_OP_LORA_UNFOLD,
+	NXP_OP_LORA_REPORT,
+	NXP_OP_SHUTDOWN,   /* admin only (daemon/access.c) */
 };
 
 /* Stable error codes; nxp_code_name gives the wire string ("bad_request"...). */
@@ -90,6 +101,7 @@ struct nxp_message {
 struct nxp_lora_ref {
 	char *name;    /* owned */
 	float scale;   /* default 1.0, finite */
+	bool has_scale; /* "scale" was given (else the daemon uses the adapter's load scale) */
 };
 
 struct nxp_generate {
@@ -129,6 +141,23 @@ struct nxp_cancel {
 	char target[NXP_ID_MAX]; /* JSON text of the target's id, comparable with nxp_request.id */
 };
 
+/* The adapter operations (docs/protocol.md, "LoRA adapters"). Only names
+ * and shapes are checked here; the daemon checks against what is loaded. */
+struct nxp_lora_op {
+	char *name;                   /* owned; required by all but lora_list */
+	char *path;                   /* lora_load: owned */
+	float scale;                  /* lora_load / lora_fold / lora_report "scale" */
+	bool has_scale;
+	char type[NXP_MAX_TYPE_NAME]; /* lora_fold "type"; "" when absent (the daemon's default: keep) */
+	bool dry_run;                 /* lora_fold: grade the fold, change nothing */
+	char types[NXP_MAX_FOLD_TYPES][NXP_MAX_TYPE_NAME]; /* lora_report "types" */
+	int n_types;
+	char *prompt;                 /* lora_report / dry run: probe text; owned or NULL */
+	int *layers;                  /* lora_report: (n_layers) owned, or NULL for all */
+	int n_layers;
+	bool checksum;                /* lora_list: add a checksum of the weights the workers see */
+};
+
 struct nxp_request {
 	enum nxp_op op;
 	/* The id as compact JSON text ("7", "\"a\\\"b\""), to be echoed verbatim
@@ -142,6 +171,7 @@ struct nxp_request {
 		struct nxp_tokenize tok;
 		struct nxp_detokenize detok;
 		struct nxp_cancel cancel;
+		struct nxp_lora_op lora;
 	} u;
 };
 
@@ -221,6 +251,12 @@ struct nxp_status {
 	double uptime_s;
 	uint64_t steps;            /* forward steps run */
 	uint64_t steps_retried;    /* steps run again after a worker died */
+	/* nxd with NXD_PROFILE=1: where a step's time goes, per phase (model/forward.h:
+	 * nx_prof), in ms per step averaged over the workers; profile NULL: not profiled. */
+	const double *profile_ms;        /* (n_profile) */
+	const char *const *profile_names; /* (n_profile) plain ASCII names */
+	int n_profile;
+	uint64_t profile_steps;          /* steps counted (worker 0's count) */
 };
 
 /* id: JSON text from nxp_request.id; NULL writes "id":null (hello: omitted). */

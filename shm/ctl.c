@@ -2,6 +2,7 @@
 #include "shm/ctl.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t nx_ctl_shm_size(uint32_t n_workers)
@@ -133,4 +134,68 @@ void nx_ctl_quit(struct nx_ctl *c)
 	atomic_store(&c->quit, 1);
 	atomic_fetch_add(&c->step_gen, 1);
 	nx_futex_wake(&c->step_gen, INT_MAX);
+}
+
+/* --- supervisor side: not trusting the block */
+
+void nx_ctl_launch_gen(struct nx_ctl *c, int32_t n, uint32_t gen)
+{
+	c->step_n = n;
+	atomic_store(&c->done, 0);
+	atomic_store(&c->step_gen, gen);
+	nx_futex_wake(&c->step_gen, INT_MAX);
+}
+
+int nx_ctl_check(const struct nx_ctl *c, const struct nx_ctl_expect *e, char *why, size_t cap)
+{
+#define BAD(...) do { snprintf(why, cap, __VA_ARGS__); return -1; } while (0)
+	/* Snapshots: a value is read once, so the message shows what was judged. */
+	uint32_t v;
+	if ((v = c->magic) != NX_CTL_MAGIC)
+		BAD("magic is 0x%08x, expected 0x%08x", v, NX_CTL_MAGIC);
+	if ((v = c->n_workers) != e->n_workers)
+		BAD("n_workers is %u, expected %u", v, e->n_workers);
+	if ((v = c->max_batch) != e->max_batch)
+		BAD("max_batch is %u, expected %u", v, e->max_batch);
+	if ((v = c->spin) != e->spin)
+		BAD("spin is %u, expected %u", v, e->spin);
+	if ((v = atomic_load(&c->step_gen)) != e->gen)
+		BAD("step_gen is %u, expected %u", v, e->gen);
+	int32_t sn = c->step_n;
+	if (sn != e->step_n)
+		BAD("step_n is %d, expected %d", sn, e->step_n);
+	if ((v = atomic_load(&c->quit)) != 0)
+		BAD("quit is %u, expected 0", v);
+	if (!e->aborting && (v = atomic_load(&c->abort)) != 0)
+		BAD("abort is %u, but no step was aborted", v);
+	/* A worker's late increment can leak into the next step's count (see
+	 * nx_ctl_worker_loop): at most n of each. */
+	if ((v = atomic_load(&c->done)) > 2 * e->n_workers)
+		BAD("done is %u, more than 2 x %u workers", v, e->n_workers);
+	if ((v = c->barrier.n) != e->n_workers)
+		BAD("barrier.n is %u, expected %u", v, e->n_workers);
+	if ((v = atomic_load(&c->barrier.count)) > e->n_workers)
+		BAD("barrier.count is %u, more than %u workers", v, e->n_workers);
+	if ((v = atomic_load(&c->barrier.sleepers)) > e->n_workers)
+		BAD("barrier.sleepers is %u, more than %u workers", v, e->n_workers);
+	for (uint32_t i = 0; i < e->n_workers; i++) {
+		if (!e->live[i])
+			continue;
+		if ((v = atomic_load(&c->w[i].state)) > NXW_RUNNING)
+			BAD("state of worker %u is %u, not a worker state", i, v);
+		if ((v = atomic_load(&c->w[i].ack_gen)) != e->gen && v != e->gen - 1)
+			BAD("ack_gen of worker %u is %u, expected %u or %u", i, v, e->gen - 1, e->gen);
+	}
+	return 0;
+#undef BAD
+}
+
+void nx_ctl_repair(struct nx_ctl *c, uint32_t n_workers, uint32_t max_batch, uint32_t spin, uint32_t gen)
+{
+	nx_ctl_reset(c, n_workers, max_batch, spin);
+	atomic_store(&c->step_gen, gen);
+	for (uint32_t i = 0; i < n_workers; i++) {
+		atomic_store(&c->w[i].state, NXW_STARTING);
+		atomic_store(&c->w[i].ack_gen, gen);
+	}
 }

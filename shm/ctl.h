@@ -101,4 +101,30 @@ void nx_ctl_reset(struct nx_ctl *c, uint32_t n_workers, uint32_t max_batch, uint
 /* Asks the workers to exit. */
 void nx_ctl_quit(struct nx_ctl *c);
 
+/* --- supervisor side: not trusting the block (RELIABILITY 21) */
+
+/* Like nx_ctl_launch, but the gen is the supervisor's own count, stored
+ * rather than derived from the block's (which a worker may have overwritten). */
+void nx_ctl_launch_gen(struct nx_ctl *c, int32_t n, uint32_t gen);
+
+/* What the supervisor knows the block must hold. */
+struct nx_ctl_expect {
+	uint32_t n_workers, max_batch, spin;
+	uint32_t gen;               /* last gen launched: every live ack_gen is gen or gen - 1 */
+	int32_t step_n;             /* tokens of that step */
+	int aborting;               /* the supervisor set abort (else abort must be 0) */
+	const unsigned char *live;  /* (n_workers) bands with a process */
+};
+
+/* Checks every word of the block against e: constants, step_gen, step_n,
+ * abort, quit, done, the barrier and each live worker's state and ack_gen.
+ * 0 when consistent; -1 with why ("ack_gen of worker 0 is 3735928559,
+ * expected 41 or 42") naming the first bad field. */
+int nx_ctl_check(const struct nx_ctl *c, const struct nx_ctl_expect *e, char *why, size_t cap);
+
+/* Rewrites the block from the supervisor's own values (step_n is the
+ * caller's to rewrite with the descriptor). Only when no worker is alive;
+ * the barrier's gen keeps counting (see nx_barrier_init). */
+void nx_ctl_repair(struct nx_ctl *c, uint32_t n_workers, uint32_t max_batch, uint32_t spin, uint32_t gen);
+
 #endif

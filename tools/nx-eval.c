@@ -17,7 +17,12 @@
  * --generate: prefills the prompt in one step, then decodes N tokens greedily
  * (argmax, lowest id on ties) and prints their ids on one line, space-separated.
  *
- * The pass runs as N bands on N pthreads meeting at a pthread barrier. */
+ * --lora ADAPTER[:SCALE] (repeatable, at most NX_LORA_MIX_MAX): every token carries
+ * these adapters as a runtime delta (nx_tok_in.lora), each at its scale (default 1).
+ *
+ * The pass runs as N bands on N pthreads meeting at a pthread barrier. Matrices
+ * are packed for the tile kernels as in the daemon (model/repack.h); NX_PACK=0
+ * in the environment keeps the plain layout and kernels. */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -28,9 +33,11 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "lora/adapter.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/repack.h"
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -51,9 +58,17 @@ struct engine {
 	struct nx_state s;
 	struct nx_scratch *sc; /* one per band */
 	void *state_mem, **scratch_mem;
+	void *pack_mem; /* packed copies of the matrices (model/repack.h), or NULL */
 	int n_threads;
 	pthread_barrier_t bar;
+	struct nx_lora_mix mix;   /* --lora adapters (heap: lora_l, lora_mem) */
+	struct nx_lora *lora_l[NX_LORA_MIX_MAX];
+	void *lora_mem[NX_LORA_MIX_MAX];
 };
+
+/* --lora arguments; tok_lora is what every token's nx_tok_in.lora gets (0 or 1). */
+static const char *lora_args[NX_LORA_MIX_MAX];
+static int n_lora_args, tok_lora;
 
 struct band_arg {
 	struct engine *e;
@@ -101,6 +116,14 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	struct nx_err err = {{0}};
 	if (nx_model_bind(&e->m, g, &err))
 		die("%s", err.msg);
+	const char *pk = getenv("NX_PACK");
+	size_t pack_size = nx_model_repack_size(&e->m);
+	e->pack_mem = NULL;
+	if (pack_size && !(pk && !strcmp(pk, "0"))) {
+		e->pack_mem = alloc64(pack_size);
+		if (nx_model_repack(&e->m, e->pack_mem, pack_size, &err))
+			die("%s", err.msg);
+	}
 	e->n_threads = n_threads;
 	size_t ss = nx_state_size(&e->m.hp, &cfg), sz = nx_scratch_size(&e->m.hp, &cfg);
 	if (!ss || !sz)
@@ -119,6 +142,28 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	}
 	if (pthread_barrier_init(&e->bar, NULL, n_threads))
 		die("pthread_barrier_init failed");
+	memset(&e->mix, 0, sizeof(e->mix));
+	for (int i = 0; i < n_lora_args; i++) {
+		char path[4096];
+		float scale = 1.0f;
+		snprintf(path, sizeof(path), "%s", lora_args[i]);
+		char *colon = strrchr(path, ':'), *end;
+		if (colon) {
+			scale = strtof(colon + 1, &end);
+			if (end == colon + 1 || *end)
+				die("--lora %s: bad scale '%s'", lora_args[i], colon + 1);
+			*colon = '\0';
+		}
+		if (nx_lora_load(&e->lora_l[i], &e->lora_mem[i], path, &e->m, &err))
+			die("--lora %s: %s", path, err.msg);
+		e->mix.l[i] = e->lora_l[i];
+		e->mix.scale[i] = scale;
+		e->mix.n = i + 1;
+	}
+	if (n_lora_args) {
+		e->s.lora = &e->mix;
+		e->s.n_lora = 1;
+	}
 }
 
 static void engine_free(struct engine *e)
@@ -128,6 +173,11 @@ static void engine_free(struct engine *e)
 	free(e->scratch_mem);
 	free(e->sc);
 	free(e->state_mem);
+	free(e->pack_mem);
+	for (int i = 0; i < e->mix.n; i++) {
+		free(e->lora_l[i]);
+		free(e->lora_mem[i]);
+	}
 	pthread_barrier_destroy(&e->bar);
 }
 
@@ -270,7 +320,7 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 			struct chunk *ch = &steps[i].chunks[c];
 			struct seq *sq = &seqs[ch->seq];
 			for (int p = ch->start; p < ch->start + ch->count; p++, n++)
-				toks[n] = (struct nx_tok_in){sq->toks[p], p, sq->slot, n};
+				toks[n] = (struct nx_tok_in){sq->toks[p], p, sq->slot, n, tok_lora};
 		}
 		run_step(&e, toks, n);
 		n = 0;
@@ -334,7 +384,7 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 	for (int i = 0; i < n_prompt; i++) {
 		if (prompt[i] >= n_vocab)
 			die("prompt id %d >= n_vocab %d", prompt[i], n_vocab);
-		toks[i] = (struct nx_tok_in){prompt[i], i, 0, i == n_prompt - 1 ? 0 : -1};
+		toks[i] = (struct nx_tok_in){prompt[i], i, 0, i == n_prompt - 1 ? 0 : -1, tok_lora};
 	}
 	run_step(&e, toks, n_prompt);
 	for (int i = 0; i < n_gen; i++) {
@@ -342,7 +392,7 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 		printf("%s%d", i ? " " : "", next);
 		if (i + 1 == n_gen)
 			break;
-		struct nx_tok_in t = {next, n_prompt + i, 0, 0};
+		struct nx_tok_in t = {next, n_prompt + i, 0, 0, tok_lora};
 		run_step(&e, &t, 1);
 	}
 	printf("\n");
@@ -368,13 +418,19 @@ int main(int argc, char **argv)
 			n_gen = (int)parse_long(argv[++i], "--generate", 0);
 		else if (strcmp(a, "--prompt-ids") == 0 && has_val)
 			ids = argv[++i];
+		else if (strcmp(a, "--lora") == 0 && has_val) {
+			if (n_lora_args == NX_LORA_MIX_MAX)
+				die("at most %d --lora adapters", NX_LORA_MIX_MAX);
+			lora_args[n_lora_args++] = argv[++i];
+			tok_lora = 1;
+		}
 		else if (a[0] != '-' && !path)
 			path = a;
 		else
-			die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--generate N --prompt-ids 1,2,3] < plan");
+			die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--generate N --prompt-ids 1,2,3] < plan");
 	}
 	if (!path)
-		die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--generate N --prompt-ids 1,2,3] < plan");
+		die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--generate N --prompt-ids 1,2,3] < plan");
 	if (n_threads < 1 || n_threads > 256)
 		die("--threads %d out of range 1..256", n_threads);
 	if (ctx < 0 || ctx > 1 << 20)

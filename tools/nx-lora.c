@@ -5,11 +5,14 @@
  *       an FNV-1a hash of A and B as f32 (equal hashes: equal adapters, e.g.
  *       the same adapter in PEFT and GGUF form)
  *   nx-lora report MODEL ADAPTER [--scale S] [--type keep|T[,T...]] [--probes N]
- *                  [--layers L[,L-M...]] [--seed N] [--json]
+ *                  [--layers L[,L-M...]] [--seed N] [--prompt-ids 1,2,3] [--json]
  *       grades, per adapted matrix and in total, the fold to each type (default
  *       keep,f16) and the runtime delta against the exact float64 result on
  *       probe activations (lora/report.h says how); --json: one JSON object per
- *       tensor and a final {"total": ...} line instead of the table
+ *       tensor and a final {"total": ...} line instead of the table;
+ *       --prompt-ids: the probes are the real hidden states of these tokens run
+ *       through the model (every matmul's own input, lora/probe.h) instead of
+ *       synthetic ones
  *   nx-lora fold   MODEL ADAPTER --out OUT.gguf [--type keep|T] [--scale S]
  *       writes MODEL with every adapted matrix folded (the daemon folds in
  *       memory instead; this is for users who want a merged file). Tensors the
@@ -28,6 +31,7 @@
 #include "common/err.h"
 #include "lora/adapter.h"
 #include "lora/fold.h"
+#include "lora/probe.h"
 #include "lora/report.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -47,7 +51,8 @@ static void die(const char *fmt, ...)
 static void usage(void)
 {
 	fputs("usage: nx-lora info MODEL ADAPTER\n"
-	      "       nx-lora report MODEL ADAPTER [--scale S] [--type keep|T[,T...]] [--probes N] [--layers L[,L-M]] [--seed N] [--json]\n"
+	      "       nx-lora report MODEL ADAPTER [--scale S] [--type keep|T[,T...]] [--probes N] [--layers L[,L-M]] [--seed N]\n"
+	      "                      [--prompt-ids 1,2,3] [--json]\n"
 	      "       nx-lora fold MODEL ADAPTER --out OUT.gguf [--type keep|T] [--scale S]\n",
 	      stderr);
 	exit(2);
@@ -61,6 +66,7 @@ struct opts {
 	uint64_t seed;
 	bool json;
 	const char *out;
+	const char *ids;  /* --prompt-ids: real hidden states as probes */
 };
 
 static double num(const char *s, const char *what)
@@ -170,14 +176,35 @@ static void cmd_report(const struct nx_model *m, const struct nx_lora *l, const 
 	parse_layers(o->layers, sel, m->hp.n_layer);
 	if (o->probes < 1 || o->probes > 4096)
 		die("--probes: %d is out of range 1..4096", o->probes);
+	/* --prompt-ids: one forward pass over them captures every matmul's input. */
+	struct nx_lora_probe_run pr = {0};
+	if (o->ids) {
+		int32_t ids[NX_LORA_PROBE_MAX];
+		int n = 0;
+		char *copy = strdup(o->ids), *save = NULL;
+		for (char *t = strtok_r(copy, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+			if (n == NX_LORA_PROBE_MAX)
+				die("--prompt-ids: at most %d tokens", NX_LORA_PROBE_MAX);
+			ids[n++] = (int32_t)num(t, "--prompt-ids");
+		}
+		free(copy);
+		struct nx_err err;
+		if (nx_lora_probe_run(m, NULL, 1.0f, ids, n, 0, &pr, &err))
+			die("--prompt-ids: %s", err.msg);
+	}
+	const int n_probe = pr.cap ? pr.n : o->probes;
 
 	if (!o->json) {
 		printf("# adapter %s: rank %d, alpha %g%s, user scale %g; %d probes per tensor\n", l->name, l->rank,
-		       l->alpha, l->rslora ? " (rslora)" : "", o->scale, o->probes);
-		printf("# probes are synthetic (token embeddings through each layer's own norms and weights), not real\n"
-		       "# hidden states: the forward pass cannot dump those yet. Errors: relative RMS / max abs vs\n"
-		       "# the exact float64 (dequant(W) + s*B@A) @ x. noise: the base type's own quantization error\n"
-		       "# estimated by re-quantizing a row-permuted dequant(W) (lora/report.h). effect: |s*B@A@x| / |y|.\n");
+		       l->alpha, l->rslora ? " (rslora)" : "", o->scale, n_probe);
+		if (pr.cap)
+			printf("# probes are the real hidden states of the --prompt-ids tokens (each matrix's own input).\n");
+		else
+			printf("# probes are synthetic (token embeddings through each layer's own norms and weights); real\n"
+			       "# hidden states: --prompt-ids.\n");
+		printf("# Errors: relative RMS / max abs vs the exact float64 (dequant(W) + s*B@A) @ x. noise: the base\n"
+		       "# type's own quantization error estimated by re-quantizing a row-permuted dequant(W)\n"
+		       "# (lora/report.h). effect: |s*B@A@x| / |y|.\n");
 		printf("%-26s %-5s %4s %8s", "tensor", "type", "rank", "effect");
 		for (int i = 0; i < n_types; i++) {
 			char h[40];
@@ -204,13 +231,15 @@ static void cmd_report(const struct nx_model *m, const struct nx_lora *l, const 
 			enum nx_type tt[NX_GRADE_MAX_TYPES];
 			for (int i = 0; i < n_types; i++)
 				tt[i] = types[i] < 0 ? base->type : (enum nx_type)types[i];
-			float *x = malloc(sizeof(float) * (size_t)o->probes * base->n_in);
+			float *x = pr.cap ? NULL : malloc(sizeof(float) * (size_t)o->probes * base->n_in);
 			struct nx_err err;
 			struct nx_lora_grade g;
-			if (!x)
+			if (!pr.cap && !x)
 				die("out of memory");
-			if (nx_lora_probe(m, il, (enum nx_lora_which)w, o->probes, o->seed, x, &err) ||
-			    nx_lora_grade_tensor(base, t, o->scale * t->scale, x, o->probes, tt, n_types, &g, &err))
+			if ((!pr.cap && nx_lora_probe(m, il, (enum nx_lora_which)w, o->probes, o->seed, x, &err)) ||
+			    nx_lora_grade_tensor(base, t, o->scale * t->scale,
+						 pr.cap ? nx_lora_capture_rows(&m->hp, pr.cap, pr.n, il, (enum nx_lora_which)w) : x,
+						 n_probe, tt, n_types, &g, &err))
 				die("blk.%d.%s.weight: %s", il, nx_lora_which_gguf(t->which), err.msg);
 			free(x);
 			char name[64];
@@ -249,6 +278,7 @@ static void cmd_report(const struct nx_model *m, const struct nx_lora *l, const 
 			fflush(stdout);
 		}
 	}
+	free(pr.cap);
 	if (n_graded == 0)
 		die("no adapted tensor in the selected layers");
 	if (o->json) {
@@ -445,6 +475,8 @@ int main(int argc, char **argv)
 			o.seed = (uint64_t)num(argv[++i], "--seed");
 		else if (!strcmp(a, "--out") && more)
 			o.out = argv[++i];
+		else if (!strcmp(a, "--prompt-ids") && more)
+			o.ids = argv[++i];
 		else
 			usage();
 	}

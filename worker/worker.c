@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -26,6 +27,9 @@ struct nxw {
 	const char *test_syscall;       /* test hook, see forbidden() */
 	long test_step;                 /* call it in this step (1-based); 0: at start */
 	long steps;
+	struct nx_ctl *ctl;             /* for the scribble hook only */
+	const char *scribble;           /* test hook, see scribble() */
+	long scribble_step;
 };
 
 /* One line on the log pipe, prefixed with who we are. Only snprintf and write:
@@ -69,12 +73,54 @@ static void forbidden(const struct nxw *w)
 	wlog(w, "test hook: %s was allowed", s);
 }
 
+/* Test hook (NXD_TEST_WORKER_SCRIBBLE=FIELD[,FIELD...][:STEP]): the k-th
+ * process of band 0, at the start of its STEP-th step (default 3), writes
+ * garbage on the k-th FIELD where a buggy worker might, then hangs without a
+ * syscall the sandbox forbids, so the supervisor has to notice by validating
+ * what it reads (guard.c), not by a death. FIELD "hang" writes nothing: only
+ * the step watchdog can tell. */
+static void scribble(struct nxw *w)
+{
+	struct nx_ctl *c = w->ctl;
+	const char *f = w->scribble;
+	wlog(w, "test hook: scribbling on %s, then hanging", f);
+	if (!strcmp(f, "step_gen"))
+		atomic_fetch_add(&c->step_gen, 1000);
+	else if (!strcmp(f, "step_n"))
+		c->step_n = 0x7fff0000;
+	else if (!strcmp(f, "ack_gen"))
+		atomic_store(&c->w[w->band].ack_gen, 0xdeadbeefu);
+	else if (!strcmp(f, "wstate"))
+		atomic_store(&c->w[w->band].state, 77);
+	else if (!strcmp(f, "abort"))
+		atomic_store(&c->abort, 1);
+	else if (!strcmp(f, "quit"))
+		atomic_store(&c->quit, 1);
+	else if (!strcmp(f, "done"))
+		atomic_store(&c->done, 0xfffffff0u);
+	else if (!strcmp(f, "barrier"))
+		c->barrier.n = 0x7fffffff;
+	else if (!strcmp(f, "n_workers"))
+		c->n_workers = 0;
+	else if (!strcmp(f, "toks"))
+		((struct nx_tok_in *)w->toks)[0].pos = 0x7fffffff;
+	else if (!strcmp(f, "state"))
+		w->state->k_cache = (nx_f16 *)(uintptr_t)0x1000;
+	else if (!strcmp(f, "scratch"))
+		w->scratch->xn = (float *)(uintptr_t)0x1000;
+	_Atomic uint32_t never = 0;
+	for (;;)
+		nx_futex_wait(&never, 0, NULL);
+}
+
 static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *), void *bctx)
 {
 	struct nxw *w = arg;
 	w->steps++;
 	if (w->test_syscall && w->test_step > 0 && w->steps == w->test_step)
 		forbidden(w);
+	if (w->scribble && w->steps == w->scribble_step)
+		scribble(w);
 	struct nx_sync sync = { .barrier = barrier, .ctx = bctx };
 	nx_forward(w->model, w->state, w->toks, n, (int)band, (int)n_bands, w->scratch, &sync);
 }
@@ -118,6 +164,25 @@ _Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen)
 			w.test_step = d->test_syscall_step;
 		}
 	}
+
+	/* "F1,F2,...[:STEP]": the k-th process of band 0 scribbles on Fk. */
+	const char *sc = getenv("NXD_TEST_WORKER_SCRIBBLE");
+	if (sc && *sc && band == 0) {
+		static char field[32];
+		const char *colon = strchr(sc, ':'), *end = colon ? colon : sc + strlen(sc), *f = sc;
+		for (uint64_t k = 1; k < p->spawns && f; k++) {
+			const char *comma = memchr(f, ',', (size_t)(end - f));
+			f = comma ? comma + 1 : NULL;
+		}
+		if (f) {
+			const char *comma = memchr(f, ',', (size_t)(end - f));
+			size_t len = (size_t)((comma ? comma : end) - f);
+			snprintf(field, sizeof(field), "%.*s", (int)(len < sizeof(field) ? len : sizeof(field) - 1), f);
+			w.scribble = field;
+			w.scribble_step = colon ? strtol(colon + 1, NULL, 10) : 3;
+		}
+	}
+	w.ctl = d->shm.ctl;
 
 	/* "nxd-worker-3" in ps/top (comm is 15 bytes at most). */
 	char comm[16];

@@ -8,9 +8,11 @@ alone, all positions at once under a causal mask.
 Reference(path, emulate=True) additionally rounds values where the engine's
 design stores them in a narrower format - the input of every matmul with a
 quantized weight to that weight's activation type (Q8_0 for the 32-blocks,
-Q8_K for the k-quants: GGUF's block formats) and K/V to f16 - so the remaining
-difference to the engine is float32 arithmetic only, and a tight tolerance can
-catch small mistakes that the activation-quantization noise would hide.
+Q8_K for the k-quants: GGUF's block formats), in two parts as the engine does
+(hi = Q(x), lo = Q(x - hi) in float32; the matmul sees hi + lo), and K/V to
+f16 - so the remaining difference to the engine is float32 arithmetic only,
+and a tight tolerance can catch small mistakes that the rounding noise would
+hide.
 """
 import numpy as np
 import gguf
@@ -37,6 +39,14 @@ def round_q8_k(x):
     q = np.minimum(127, np.rint(b * iscale[:, None]))
     d = np.where(iscale != 0, np.float32(1) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
     return (q * d[:, None]).astype(np.float32).astype(np.float64).reshape(np.shape(x))
+
+
+def round_hi_lo(x, rnd):
+    """x through the engine's two-part activation (model/forward.c, prep_act): hi = rnd(x),
+    lo = rnd(x - hi) with the difference taken in float32; returns hi + lo."""
+    x32 = np.ascontiguousarray(x, dtype=np.float32)
+    hi = rnd(x32).astype(np.float32)
+    return hi.astype(np.float64) + rnd(x32 - hi)
 
 
 def _field(reader, key, default=None):
@@ -78,9 +88,9 @@ class Reference:
         if self.emulate:
             ty = self.types[name]
             if ty in _Q8_0_ACT:
-                x = round_q8_0(x)
+                x = round_hi_lo(x, round_q8_0)
             elif ty in _Q8_K_ACT:
-                x = round_q8_k(x)
+                x = round_hi_lo(x, round_q8_k)
         return x @ self._w(name).T
 
     def _kv(self, x):

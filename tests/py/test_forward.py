@@ -10,8 +10,8 @@ with other sequences; decode steps mixing sequences at different positions) on
   depend on its batch nor on the band split - see model/forward.h);
 - they must match the plain float64 reference within the activation-quantization
   error (bounds below, with their reasons);
-- and the reference with the engine's rounding points emulated (Q8_0 / Q8_K
-  activations, f16 K/V) almost exactly (see EMULATED_*).
+- and the reference with the engine's rounding points emulated (two-part Q8_0 /
+  Q8_K activations, f16 K/V) closer still (see EMULATED).
 """
 import subprocess
 import zlib
@@ -27,16 +27,18 @@ VARIANTS = dict(make_tiny.VARIANTS)
 
 # Bounds on |ours - reference| relative to std(reference logits) (~3 here), as
 # (max over all logits, mean). Measured worst cases (25 models, 27 tokens each,
-# scalar and AVX-512 kernels) are in the comments; the bounds leave 2x headroom.
+# scalar, AVX2 and AVX-512 kernels) are in the comments; the bounds leave 2x headroom.
 # - float weights (F32/F16/BF16): activations stay f32, only K/V is stored as
 #   f16 (rel. 2^-11 per element) and f32 arithmetic differs from float64.
-# - quantized weights: each matmul input is rounded to 8 bits per 32 (Q8_0) or
-#   per 256 (Q8_K) elements - about 0.5% rms relative error per element - at
-#   ~9 matmul inputs in a row through the 2-layer model, then f16 K/V.
+# - quantized weights: each matmul input is quantized in two parts, hi = Q(x)
+#   and lo = Q(x - hi), Q8_0 (blocks of 32) or Q8_K (256) (model/forward.c,
+#   prep_act): ~15 bits per value, an error well below the f16 K/V one, so the
+#   bounds are the float ones. (With one Q8 rounding they were 100x wider:
+#   max 0.11, mean 0.019 - see tests/py/study_activation_error.py.)
 TOL = {
     "float": (4e-3, 6e-4),  # measured max 1.8e-3, mean 3.0e-4
-    "q8_0": (0.2, 0.03),    # measured max 8.0e-2, mean 1.4e-2
-    "q8_k": (0.3, 0.04),    # measured max 1.1e-1, mean 1.9e-2
+    "q8_0": (4e-3, 6e-4),   # measured max 2.0e-3, mean 2.7e-4
+    "q8_k": (4e-3, 6e-4),   # measured max 2.1e-3, mean 3.0e-4
 }
 FAMILY = {"F32": "float", "F16": "float", "BF16": "float", "Q8_0": "q8_0", "Q4_0": "q8_0", "Q4_1": "q8_0",
           "Q5_0": "q8_0", "Q5_1": "q8_0", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k"}
@@ -44,14 +46,21 @@ ORDER = ["float", "q8_0", "q8_k"]
 
 # Against the emulated reference the only differences left are float32 vs
 # float64 rounding (~1e-7 relative) - except that a value landing within that
-# distance of a rounding boundary (f16 K/V, a Q8 level) rounds the other way,
-# and every later Q8 rounding then amplifies that one-ulp step into errors of
-# the activation-quantization size for that token and the ones attending to it.
-# Such a flip at one position reaches all later ones of its sequence through
-# K/V, so only a fraction of positions stays exact. A systematic mistake (RoPE,
-# a bias, the attention range, a KV slot, a misplaced row) misses at nearly all.
-EMULATED_CLOSE = 1e-5     # per-position max |diff| / std; typical 1e-7..1e-6
-EMULATED_MIN_CLOSE = 0.4  # fraction of positions that must be that close; measured 0.56..1.0
+# distance of a rounding boundary (f16 K/V, a Q8 level) rounds the other way.
+# - float weights: only f16 K/V rounds, rarely: such a flip at one position
+#   reaches all later ones of its sequence through K/V, but many positions stay
+#   exact. A systematic mistake (RoPE, a bias, the attention range, a KV slot, a
+#   misplaced row) misses at nearly all of them.
+# - quantized weights: the lo part's levels are ~1/32000 of a block's peak
+#   apart, so every matmul input has a few values that round the other way, and
+#   no position stays exact; what is left is that small noise (median 1.3e-4 ..
+#   4.3e-4 per position), a third of the distance to the exact reference.
+# As (per-position max |diff| / std, fraction of positions that must be within it):
+EMULATED = {
+    "float": (1e-5, 0.4),  # typical 1e-7..1e-6; fraction measured 0.44..1.0
+    "q8_0": (1.6e-3, 1.0),  # per-position max measured 8.0e-4
+    "q8_k": (1.6e-3, 1.0),  # per-position max measured 7.2e-4
+}
 
 SEQ_LENS = {0: 9, 2: 6, 1: 12}  # slot -> tokens; slots out of order on purpose
 
@@ -121,20 +130,23 @@ def test_logits_match_reference(tiny, name, report):
         want = ref.logits(toks)
         errs.append(np.abs(got - want) / want.std())
         e = emu.logits(toks)
-        close.extend(np.abs(got - e).max(axis=1) / e.std() <= EMULATED_CLOSE)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
         top1 += (got.argmax(1) == want.argmax(1)).sum()
         n_pos += len(toks)
     err = np.concatenate(errs)
     fam = family(VARIANTS[name])
     max_tol, mean_tol = TOL[fam]
-    frac_close = np.mean(close)
+    emu_close, emu_min_frac = EMULATED[fam]
+    close = np.concatenate(close)
+    frac_close = np.mean(close <= emu_close)
     report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated-close {frac_close:.2f}")
+           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
     assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
     assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
     # (Within the max bound a top-1 can only flip at a near-tie; this asks that those stay rare.)
     assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert frac_close >= EMULATED_MIN_CLOSE, f"only {frac_close:.2f} of positions match the emulated reference"
+    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
+                                       f"within {emu_close:.1e}"
 
 
 @pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied"])

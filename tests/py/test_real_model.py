@@ -46,22 +46,19 @@ PROMPT_IDS = [504, 808, 3772, 9552, 2966, 359]
 GOLDEN = [216, 34, 28, 216, 35, 28, 216, 37, 28, 216, 39, 28, 216, 33, 33, 28, 216, 33, 35, 28, 216, 33, 39, 28,
           216, 33, 41, 28, 216, 34, 33, 28]
 
-# Our pass rounds every matmul input to Q8_0 (8 bits per 32 values). On this
-# model - hidden states with outlier features in the hundreds, 30 layers - that
-# moves logits by ~0.16 on average (std of logits ~5.8) and flips the top-1 at
-# near-ties. The numpy reference with the same Q8_0 rounding (reference.py,
-# emulate=True; no engine code) differs from the float64 one by the same
-# amount: measured mean |d| 0.16, top-1 97.0%, every disagreement at a top-2
-# margin below 0.15. Any change in float summation order (SIMD kernels) moves
-# Q8 roundings and so redraws this noise. So the bounds are: the top-1 must
-# agree wherever the reference's margin exceeds the noise, and overall about
-# as often as the emulated reference manages. Measured with the scalar / AVX-512
-# kernels:
-MARGIN = 0.5        # logits; disagreements all at margins < 0.32
-TOP1_CLEAR = 0.99   # agreement where the margin is >= MARGIN; measured 1.0 / 1.0
-TOP1_ALL = 0.95     # agreement over all positions; measured 0.970 / 0.979
-MEAN_ABS = 0.3      # mean |dlogit|; measured 0.165 / 0.173
-MAX_ABS = 8.0       # max |dlogit| over 16M logits, a tail of the noise; measured 3.2 / 4.1 (logit std 5.8)
+# Our pass quantizes every matmul input in two parts, hi = Q8_0(x) and
+# lo = Q8_0(x - hi) (model/forward.c, prep_act), about 15 bits per value. With
+# one Q8_0 rounding (8 bits per 32 values) this model - 30 layers - moved by
+# 0.16 on average (logit std 5.8) and its top-1 differed from the float64 one at
+# 2-3% of positions, all near-ties (margins < 0.32); the error came from every
+# matmul alike (tests/py/study_activation_error.py has the per-op table). With
+# two parts the error is that of f32 activations: what is left is mostly the
+# f16 K/V cache. Measured with the scalar / AVX2 / AVX-512 kernels:
+MARGIN = 0.1        # logits; > 2 * MAX_ABS, so no top-1 may differ where the reference's margin is wider
+TOP1_CLEAR = 1.0    # agreement where the margin is >= MARGIN; measured 1.0
+TOP1_ALL = 0.99     # agreement over all positions; measured 1.000 / 1.000 / 1.000 (one Q8_0 part: 0.970..0.979)
+MEAN_ABS = 0.005    # mean |dlogit|; measured 0.0019 / 0.0018 / 0.0018 (one Q8_0 part: 0.17)
+MAX_ABS = 0.05      # max |dlogit| over 16M logits; measured 0.018 / 0.017 / 0.019 (one Q8_0 part: 4.1)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,571 @@
+"""run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
+
+    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen]
+                                        [--reps N] [--out DIR] [--engines ours,llama]
+
+Cases (docs/bench.md has the details and how to read the numbers):
+  decode      one client, SmolLM2-135M Q4_1, greedy 128 tokens after a short prompt, decode-only tok/s,
+              and % of the memory-bandwidth limit (weight bytes read per token / measured GB/s)
+  prefill     prompt tok/s for 128 and 512 tokens, Q4_1 and our own Q4_K_M and Q8_0 re-quantizations
+  concurrent  4 clients at once: total decode tok/s, nxd --slots 4 vs llama-server -np 4, and each
+              client's tok/s against one client alone on the same server
+  memory      nxd's summed PSS (supervisor + workers) against model + KV cache, start-to-ready time
+              against llama.cpp's load time (Llama() and llama-server's /health)
+  qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode and prefill
+Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
+"""
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+import models  # noqa: E402
+import nxd_side  # noqa: E402
+import llama_server  # noqa: E402
+
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen"]
+THREADS = 2
+CTX = 2048        # per sequence, both engines
+N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
+DECODE_N = 128
+SLOTS = 4
+MIN_REPS = 3
+BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def cache_dir():
+    base = os.environ.get("NXD_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or
+                                                      os.path.expanduser("~/.cache"), "nxd")
+    d = os.path.join(base, "bench", "models")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def prompt_ids(seed, n, lo=300, hi=20000):
+    """Deterministic token ids away from the special tokens at the start of both vocabularies; the
+    speed of a step does not depend on which ids it holds."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(lo, hi, n)]
+
+
+CHAT = ("<|im_start|>user\nWhat is the capital of France? Tell me about its history, briefly."
+        "<|im_end|>\n<|im_start|>assistant\n")
+QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
+             "Explain what a hash table is.", "List three uses of copper."]
+
+
+def text_ids(model, text):
+    """Token ids of a ChatML text by llama.cpp's tokenizer (vocab only), the same ids for both engines;
+    a real prompt gives the greedy-agreement check real logits rather than near-ties."""
+    import llama_cpp
+    saved = os.dup(2)  # llama.cpp warns about the context of a vocab-only load on fd 2
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            v = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    try:
+        return v.tokenize(text.encode(), add_bos=False, special=True)
+    finally:
+        v.close()
+
+
+# ---------------------------------------------------------------- the llama.cpp side
+
+def repeat(fn, reps):
+    """fn() -> (rate, seconds, extra). At least MIN_REPS (or reps if fewer), then stop when the next
+    repetition would pass BUDGET_S, so a slow engine cannot stretch the run past its time."""
+    rates, first, spent = [], None, 0.0
+    while len(rates) < reps:
+        r, sec, extra = fn()
+        rates.append(r)
+        first = extra if first is None else first
+        spent += sec
+        if len(rates) >= MIN_REPS and spent + sec > BUDGET_S:
+            break
+    return rates, first
+
+
+def run_llama_side(model, reps, decode=None, prefill=None, flash_attn=False):
+    spec = {"model": model, "threads": THREADS, "n_ctx": CTX, "n_batch": N_BATCH, "flash_attn": flash_attn,
+            "reps": reps, "min_reps": MIN_REPS, "budget_s": BUDGET_S, "decode": decode, "prefill": prefill}
+    p = subprocess.run([sys.executable, os.path.join(HERE, "llama_side.py")], input=json.dumps(spec),
+                       capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"llama_side.py failed ({p.returncode}): {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
+# ---------------------------------------------------------------- our side
+
+class Ours:
+    def __init__(self, build):
+        self.nxd = os.path.join(build, "nxd")
+        self.ok = os.access(self.nxd, os.X_OK)
+        self.why = None if self.ok else f"{self.nxd} is not built"
+
+    def daemon(self, model, batch=None, slots=SLOTS):
+        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=CTX, batch=batch)
+
+    def decode(self, model, prompt, reps):
+        with self.daemon(model) as d:
+            c = nxd_side.Conn(d.sock)
+            c.generate(prompt, 16)  # warm-up
+            server = []
+
+            def one():
+                res = c.generate(prompt, DECODE_N, rid=len(server) + 2)
+                if len(res["times"]) != DECODE_N:
+                    raise nxd_side.DaemonError(f"asked for {DECODE_N} tokens, got {len(res['times'])}: {res['done']}")
+                cl, sv = nxd_side.decode_rates(res)
+                server.append(sv)
+                return cl, res["times"][-1] - res["times"][0], res["ids"]
+
+            client, ids = repeat(one, reps)
+            c.close()
+            return {"tok_s": client, "tok_s_server_timing": server, "ids": ids}
+
+    def prefill(self, model, lengths, reps):
+        out = {}
+        with self.daemon(model, batch=N_BATCH) as d:
+            c = nxd_side.Conn(d.sock)
+            c.generate(prompt_ids(1000, min(lengths)), 1)  # warm-up
+            for n in lengths:
+                src, k = [], [0]
+
+                def one():
+                    # A fresh prompt for every request, so no prefix reuse can shorten the work.
+                    k[0] += 1
+                    res = c.generate(prompt_ids(2000 + 10 * n + k[0], n), 1, rid=k[0] + 1)
+                    rate, s = nxd_side.prefill_rate(res, n)
+                    src.append(s)
+                    return rate, n / rate, None
+
+                rates, _ = repeat(one, reps)
+                out[str(n)] = {"tok_s": rates, "timing_source": src[0]}
+            c.close()
+        return out
+
+
+# ---------------------------------------------------------------- results
+
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, case, what, unit, ours, llama, ours_bw=None, llama_bw=None, lower_better=False, note=""):
+        ratio = ours / llama if (ours is not None and llama) else None
+        self.rows.append({"case": case, "what": what, "unit": unit, "ours": ours, "llama": llama,
+                          "ratio": ratio, "ours_pct_bw": ours_bw, "llama_pct_bw": llama_bw,
+                          "lower_better": lower_better, "note": note})
+
+    def text(self):
+        def f(x, nd=1):
+            return "-" if x is None else f"{x:.{nd}f}"
+        head = f"{'case':<11} {'what':<34} {'unit':<7} {'nxd':>9} {'llama.cpp':>10} {'ratio':>6} {'nxd %bw':>8} {'l.cpp %bw':>9}"
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            lines.append(f"{r['case']:<11} {r['what']:<34} {r['unit']:<7} {f(r['ours']):>9} {f(r['llama']):>10} "
+                         f"{f(r['ratio'], 2):>6} {f(r['ours_pct_bw']):>8} {f(r['llama_pct_bw']):>9}"
+                         + (f"  {r['note']}" if r["note"] else ""))
+        return "\n".join(lines)
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rs = [r for r in rows if r["ratio"] is not None]
+    fig, ax = plt.subplots(figsize=(11, 0.42 * max(4, len(rs)) + 1.5))
+    if not rs:
+        ax.text(0.5, 0.5, "no case has numbers from both engines", ha="center", va="center")
+        ax.set_axis_off()
+    else:
+        labels = [f"{r['case']}: {r['what']}" + (" (lower is better)" if r["lower_better"] else "") for r in rs]
+        vals = [r["ratio"] for r in rs]
+        good = [(v <= 1) if r["lower_better"] else (v >= 1) for v, r in zip(vals, rs)]
+        y = np.arange(len(rs))[::-1]
+        ax.barh(y, vals, color=["#2a9d8f" if g else "#e76f51" for g in good])
+        ax.axvline(1.0, color="black", lw=1)
+        ax.set_yticks(y, labels, fontsize=8)
+        for yy, v in zip(y, vals):
+            ax.text(v, yy, f" {v:.2f}", va="center", fontsize=8)
+        ax.set_xlabel("nxd / llama.cpp")
+        ax.set_xlim(0, max(vals) * 1.15)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine_info(bw_bin):
+    info = {"platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            txt = f.read()
+        m = re.search(r"model name\s*:\s*(.*)", txt)
+        info["cpu"] = m.group(1) if m else None
+        flags = re.search(r"flags\s*:\s*(.*)", txt)
+        info["cpu_simd"] = sorted(x for x in (flags.group(1).split() if flags else [])
+                                  if x.startswith(("avx", "fma", "f16c", "amx")))
+    except OSError:
+        pass
+    try:
+        info["loadavg_start"] = os.getloadavg()
+    except OSError:
+        pass
+    return info
+
+
+def measure_bw(bw_bin):
+    p = subprocess.run([bw_bin, "--threads", str(THREADS)], capture_output=True, text=True, timeout=600)
+    m = re.search(r"best ([\d.]+) GB/s median ([\d.]+) GB/s", p.stdout)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
+    return {"best_gbs": float(m.group(1)), "median_gbs": float(m.group(2)), "line": p.stdout.strip()}
+
+
+def pct_bw(tok_s, bytes_per_tok, bw_gbs):
+    if tok_s is None or not bw_gbs:
+        return None
+    return 100.0 * tok_s * bytes_per_tok / (bw_gbs * 1e9)
+
+
+def agree(a, b):
+    """Leading greedy tokens the two engines agree on (same weights, different arithmetic order)."""
+    n = 0
+    for x, y in zip(a or [], b or []):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def conc_summary(results):
+    """Total decode tok/s over the span from the first client's first token to the last one's last,
+    and each client's own decode tok/s."""
+    firsts = [r["times"][0] for r in results if len(r["times"]) >= 2]
+    lasts = [r["times"][-1] for r in results if len(r["times"]) >= 2]
+    total = sum(len(r["times"]) - 1 for r in results) / (max(lasts) - min(firsts))
+    per = [nxd_side.decode_rates(r)[0] for r in results]
+    return total, per
+
+
+# ---------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--cases", default=",".join(ALL_CASES))
+    ap.add_argument("--engines", default="ours,llama")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
+                    help="wait up to S seconds for the 1-minute load average to fall below 1.0 first")
+    ap.add_argument("--flash-attn", action="store_true",
+                    help="llama.cpp with flash attention in the Python-driven cases (llama-server uses its default, auto)")
+    a = ap.parse_args()
+    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in ALL_CASES]
+    if bad:
+        sys.exit(f"run.py: unknown case(s) {bad}; known: {ALL_CASES}")
+    engines = set(e.strip() for e in a.engines.split(","))
+    build = os.path.join(ROOT, a.build) if not os.path.isabs(a.build) else a.build
+    os.makedirs(a.out, exist_ok=True)
+    if a.wait_idle > 0:
+        t_end = time.time() + a.wait_idle
+        while os.getloadavg()[0] >= 1.0 and time.time() < t_end:
+            time.sleep(10)
+    load0 = os.getloadavg()
+    if load0[0] >= 1.0:
+        log(f"bench: WARNING: load average {load0[0]:.1f} on {os.cpu_count()} CPUs: other work will skew "
+            "every number (llama.cpp's spinning OpenMP threads most); see docs/bench.md")
+    t_start = time.time()
+
+    ours = Ours(build)
+    if "ours" not in engines:
+        ours.ok, ours.why = False, "skipped (--engines)"
+    use_llama = "llama" in engines
+    if not ours.ok:
+        log(f"bench: nxd side skipped: {ours.why}")
+    libnx = os.path.join(build, "libnx.so")
+    try:
+        with open(os.path.join(ROOT, ".venv-bench", "llama-info.json")) as f:
+            llama_info = json.load(f)
+    except OSError:  # scripts/bench-venv writes it; without it, ask the bindings directly
+        import llama_cpp
+        llama_info = {"llama_cpp_python": llama_cpp.__version__,
+                      "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+    srv_bin = llama_info.get("llama_server")
+
+    res = {"machine": machine_info(None), "llama_cpp": llama_info, "threads": THREADS, "ctx": CTX,
+           "n_batch": N_BATCH, "reps": a.reps, "cases": cases, "engines": sorted(engines),
+           "nxd": {"binary": ours.nxd, "tested": ours.ok, "why_not": ours.why}, "models": {}, "raw": {}}
+    bw = measure_bw(os.path.join(build, "bench", "bw"))
+    res["bandwidth"] = bw
+    bw_gbs = bw["best_gbs"]
+    log(f"bench: {bw['line']}")
+    log(f"bench: llama-cpp-python {llama_info.get('llama_cpp_python')}; {llama_info.get('llama_server_version', '')[:200]}")
+
+    q41 = subprocess.run([os.path.join(ROOT, "scripts", "fetch-model")], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    mdir = cache_dir()
+
+    def requant(mode):
+        dst = os.path.join(mdir, os.path.basename(q41).replace(".Q4_1.gguf", f".nx-{mode.upper()}.gguf"))
+        if not os.path.exists(dst):
+            models.requantize(libnx, q41, dst, mode, threads=THREADS, log=log)
+        return dst
+
+    def model_info(key, path):
+        if key not in res["models"]:
+            res["models"][key] = models.describe(path)
+        return res["models"][key]
+
+    table = Table()
+    prompt = text_ids(q41, CHAT)  # memory case
+
+    def both(case, fn_ours, fn_llama):
+        """Run one side after the other; a failure on one side is recorded, not fatal."""
+        o = l = None
+        if ours.ok:
+            try:
+                o = fn_ours()
+            except Exception as e:
+                log(f"bench: {case}: nxd failed: {e}")
+                res["raw"].setdefault("errors", []).append(f"{case}: nxd: {e}")
+        if use_llama:
+            try:
+                l = fn_llama()
+            except Exception as e:
+                log(f"bench: {case}: llama.cpp failed: {e}")
+                res["raw"].setdefault("errors", []).append(f"{case}: llama.cpp: {e}")
+        return o, l
+
+    # -------------------------------------------------------- decode
+    def decode_case(case, key, path, reps):
+        mi = model_info(key, path)
+        log(f"bench: {case}: {key} decode {DECODE_N} tokens x {reps}")
+        dprompt = text_ids(path, CHAT)
+        o, l = both(case, lambda: ours.decode(path, dprompt, reps),
+                    lambda: run_llama_side(path, reps, decode={"prompt": dprompt, "n": DECODE_N},
+                                           flash_attn=a.flash_attn)["decode"])
+        res["raw"][f"{case}/{key}/decode"] = {"ours": o, "llama": l}
+        om, lm = med(o["tok_s"]) if o else None, med(l["tok_s"]) if l else None
+        note = ""
+        if o and l:
+            n = agree(o["ids"], l["ids"])
+            res["raw"][f"{case}/{key}/decode"]["greedy_agreement"] = n
+            note = f"greedy ids agree on {n}/{DECODE_N}"
+        bpt = mi["bytes_per_token"]
+        table.add(case, f"{key} decode tok/s (1 client)", "tok/s", om, lm, pct_bw(om, bpt, bw_gbs),
+                  pct_bw(lm, bpt, bw_gbs), note=note)
+        limit = bw_gbs * 1e9 / bpt
+        res["raw"][f"{case}/{key}/decode"]["bandwidth_limit_tok_s"] = limit
+        log(f"bench: {case}: {key}: nxd {om} llama.cpp {lm} tok/s; limit {limit:.1f} tok/s "
+            f"({bpt / 1e6:.1f} MB/token at {bw_gbs:.1f} GB/s)")
+
+    def prefill_case(case, key, path, reps, lengths=(128, 512)):
+        model_info(key, path)
+        log(f"bench: {case}: {key} prefill {list(lengths)} x {reps}")
+        pf = {str(n): prompt_ids(3000 + n, n) for n in lengths}
+        o, l = both(case, lambda: ours.prefill(path, lengths, reps),
+                    lambda: run_llama_side(path, reps, prefill=pf, flash_attn=a.flash_attn)["prefill"])
+        res["raw"][f"{case}/{key}/prefill"] = {"ours": o, "llama": l}
+        for n in lengths:
+            om = med(o[str(n)]["tok_s"]) if o else None
+            lm = med(l[str(n)]["tok_s"]) if l else None
+            table.add(case, f"{key} prefill {n} tok/s", "tok/s", om, lm)
+
+    if "decode" in cases:
+        decode_case("decode", "smollm2-135m Q4_1", q41, a.reps)
+
+    if "prefill" in cases:
+        prefill_case("prefill", "smollm2-135m Q4_1", q41, a.reps)
+        prefill_case("prefill", "smollm2-135m Q4_K_M(nx)", requant("q4_k_m"), a.reps)
+        prefill_case("prefill", "smollm2-135m Q8_0(nx)", requant("q8_0"), a.reps)
+
+    # -------------------------------------------------------- concurrent
+    if "concurrent" in cases:
+        case = "concurrent"
+        reps = min(a.reps, MIN_REPS)
+        cprompts = [text_ids(q41, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]}<|im_end|>\n"
+                                  "<|im_start|>assistant\n") for i in range(SLOTS)]
+        log(f"bench: {case}: {SLOTS} clients x {DECODE_N} tokens x {reps}")
+
+        def conc(gen_alone, gen_many):
+            gen_alone(cprompts[0])  # warm-up
+            pers = []
+
+            def alone1():
+                r = gen_alone(cprompts[0])
+                return nxd_side.decode_rates(r)[0], r["times"][-1] - r["times"][0], None
+
+            def many1():
+                rr = gen_many(cprompts)
+                t, per = conc_summary(rr)
+                pers.append(per)
+                return t, max(x["times"][-1] for x in rr) - min(x["times"][0] for x in rr), None
+
+            alone, _ = repeat(alone1, reps)
+            totals, _ = repeat(many1, reps)
+            return {"alone_tok_s": alone, "total_tok_s": totals, "per_client_tok_s": pers}
+
+        def conc_ours():
+            with ours.daemon(q41, slots=SLOTS) as d:
+                c = nxd_side.Conn(d.sock)
+                try:
+                    return conc(lambda p: c.generate(p, DECODE_N),
+                                lambda ps: nxd_side.concurrent(d.sock, ps, DECODE_N))
+                finally:
+                    c.close()
+
+        def conc_llama():
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            with llama_server.Server(srv_bin, q41, THREADS, SLOTS, CTX, N_BATCH) as s:
+                return conc(lambda p: s.generate(p, DECODE_N), lambda ps: s.concurrent(ps, DECODE_N))
+
+        o, l = both(case, conc_ours, conc_llama)
+        res["raw"]["concurrent"] = {"ours": o, "llama": l}
+        bpt = model_info("smollm2-135m Q4_1", q41)["bytes_per_token"]
+        om, lm = (med(o["total_tok_s"]) if o else None), (med(l["total_tok_s"]) if l else None)
+        # 4 sequences share one read of the weights per step: the limit is per step, not per token.
+        table.add(case, f"Q4_1 total tok/s ({SLOTS} clients)", "tok/s", om, lm,
+                  pct_bw(om / SLOTS if om else None, bpt, bw_gbs), pct_bw(lm / SLOTS if lm else None, bpt, bw_gbs),
+                  note="%bw: per step (4 tokens share one weight read)")
+        oa, la = (med(o["alone_tok_s"]) if o else None), (med(l["alone_tok_s"]) if l else None)
+        table.add(case, "Q4_1 1 client alone, same server", "tok/s", oa, la)
+        op = med([x for rep in o["per_client_tok_s"] for x in rep]) if o else None
+        lp = med([x for rep in l["per_client_tok_s"] for x in rep]) if l else None
+        table.add(case, f"Q4_1 per client ({SLOTS} at once)", "tok/s", op, lp)
+        table.add(case, "per client / alone", "x", op / oa if op and oa else None, lp / la if lp and la else None)
+
+    # -------------------------------------------------------- memory and start-up
+    if "memory" in cases:
+        case = "memory"
+        reps = max(1, min(a.reps, 3))
+        mi = model_info("smollm2-135m Q4_1", q41)
+        log(f"bench: {case}: start-to-ready x {reps}, PSS after a request")
+
+        def mem_ours():
+            readies, pss = [], None
+            for i in range(reps):
+                with ours.daemon(q41) as d:
+                    readies.append(d.ready_s)
+                    if i == reps - 1:
+                        c = nxd_side.Conn(d.sock)
+                        c.generate(prompt, 16)
+                        st = c.status()
+                        c.close()
+                        pss = d.pss()
+                        arena = [l.split("info: ", 1)[-1].strip() for l in d.tail(60).splitlines() if "arena:" in l]
+            return {"ready_s": readies, "pss_kib": pss, "status": st, "arena_log": arena}
+
+        def mem_llama():
+            out = {"load_s_python": [], "ready_s_server": []}
+            for _ in range(reps):
+                r = run_llama_side(q41, 1, decode={"prompt": prompt, "n": 16})
+                out["load_s_python"].append(r["load_s"])
+                out["pss_kib_python"] = r["pss_kib"]
+            if srv_bin and os.access(srv_bin, os.X_OK):
+                for i in range(reps):
+                    with llama_server.Server(srv_bin, q41, THREADS, SLOTS, CTX, N_BATCH) as s:
+                        out["ready_s_server"].append(s.ready_s)
+                        if i == reps - 1:
+                            s.generate(prompt, 16)
+                            out["pss_kib_server"] = s.pss()
+            return out
+
+        o, l = both(case, mem_ours, mem_llama)
+        res["raw"]["memory"] = {"ours": o, "llama": l}
+        # KV: f16 K and V for every slot, layer and position (nxd and llama.cpp both keep f16).
+        import gguf
+        r = gguf.GGUFReader(q41)
+        arch = r.fields["general.architecture"].contents()
+        g = lambda k: int(r.fields[f"{arch}.{k}"].contents())  # noqa: E731
+        kv_dim = g("embedding_length") // g("attention.head_count") * g("attention.head_count_kv")
+        kv_bytes = SLOTS * CTX * g("block_count") * 2 * kv_dim * 2
+        model_bytes = mi["bytes"]
+        res["raw"]["memory"]["expected"] = {"model_bytes": model_bytes, "kv_bytes": kv_bytes}
+        opss = sum(v for v in o["pss_kib"].values() if v) * 1024 / 2**20 if o and o.get("pss_kib") else None
+        lpss = (sum(v for v in l["pss_kib_server"].values() if v) * 1024 / 2**20
+                if l and l.get("pss_kib_server") else None)
+        table.add(case, f"PSS sum, {SLOTS} slots x {CTX} ctx", "MiB", opss, lpss, lower_better=True,
+                  note=f"model {model_bytes / 2**20:.0f} + KV {kv_bytes / 2**20:.0f} MiB = "
+                       f"{(model_bytes + kv_bytes) / 2**20:.0f} MiB + scratch; llama.cpp = llama-server")
+        table.add(case, "start to ready (vs llama-server)", "s", med(o["ready_s"]) if o else None,
+                  med(l["ready_s_server"]) if l else None, lower_better=True)
+        table.add(case, "start to ready (vs Llama() load)", "s", med(o["ready_s"]) if o else None,
+                  med(l["load_s_python"]) if l else None, lower_better=True)
+
+    # -------------------------------------------------------- Qwen2.5-0.5B-shaped
+    if "qwen" in cases:
+        qpath = os.path.join(mdir, "qwen2.5-0.5b-shape-random.nx-Q4_K_M.gguf")
+        if not os.path.exists(qpath):
+            log("bench: qwen: making the Qwen2.5-0.5B-shaped model (once)")
+            models.make_qwen(libnx, qpath, threads=THREADS, log=log)
+        reps = a.reps
+        decode_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
+        prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
+
+    # -------------------------------------------------------- report
+    res["table"] = table.rows
+    res["elapsed_s"] = time.time() - t_start
+    try:
+        res["machine"]["loadavg_end"] = os.getloadavg()
+    except OSError:
+        pass
+    title = (f"nxd vs llama.cpp (llama-cpp-python {llama_info.get('llama_cpp_python')}), {THREADS} threads, "
+             f"bandwidth {bw_gbs:.1f} GB/s" + ("" if ours.ok else " — nxd side NOT RUN"))
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    plot(table.rows, os.path.join(a.out, "results.png"), title)
+    print()
+    print(title)
+    print(f"memory read bandwidth: best {bw['best_gbs']:.2f} GB/s, median {bw['median_gbs']:.2f} GB/s "
+          f"({THREADS} threads); %bw = tok/s x weight bytes per token / best")
+    print(f"llama.cpp: llama-cpp-python {llama_info.get('llama_cpp_python')}; "
+          f"llama-server {llama_info.get('llama_server_version', '?').splitlines()[0] if llama_info.get('llama_server_version') else '?'}")
+    print(f"ggml system info: {llama_info.get('system_info')}")
+    if not ours.ok:
+        print(f"nxd: not run: {ours.why}")
+    print()
+    print(table.text())
+    if ours.ok and res["raw"].get("memory", {}).get("ours"):
+        for line in res["raw"]["memory"]["ours"].get("arena_log", []):
+            print(f"nxd {line}")
+    la, lb = res["machine"].get("loadavg_start"), res["machine"].get("loadavg_end")
+    if la and lb:
+        print(f"load average (1 min) at start {la[0]:.2f}, at end {lb[0]:.2f}"
+              + ("  -- NOT an idle machine: numbers are skewed" if max(la[0], lb[0]) >= 1.0 else ""))
+    for e in res["raw"].get("errors", []):
+        print(f"error: {e}")
+    print(f"\nratio = nxd / llama.cpp (higher is better for tok/s, lower for MiB and s); "
+          f"{res['elapsed_s']:.0f} s; {os.path.join(a.out, 'results.json')}, results.png")
+
+
+if __name__ == "__main__":
+    main()

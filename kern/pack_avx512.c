@@ -1,0 +1,124 @@
+/* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 8 activation rows per call.
+ *
+ * Per block, the group's weights are loaded (and for q4_1 split into nibbles)
+ * once; each activation row then costs 8 vpdpbusd whose activation operand is
+ * a broadcast 4-byte word of its Q8_0 block, and 3-4 float ops for the scales.
+ * Every lane follows kern/pack.c's reference arithmetic exactly. Built without
+ * -m flags (target attributes), used only when nx_pack_avx512_usable(). */
+#include "kern/pack.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT_STR "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
+#define TGT __attribute__((target(TGT_STR)))
+#define INL static inline __attribute__((always_inline, target(TGT_STR)))
+
+INL __m512i bcast32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return _mm512_set1_epi32(v);
+}
+
+/* NA activation rows (a compile-time constant in each instance, so the
+ * accumulators live in registers). */
+INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
+	for (int i = 0; i < NA; i++)
+		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
+	const uint8_t *o = group;
+	for (int64_t b = 0; b < nb; b++, o += 320) {
+		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+		const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+		__m512i lo[4], hi[4];
+		for (int c = 0; c < 4; c++) {
+			const __m512i v = _mm512_loadu_si512((const void *)(o + 64 + 64 * c));
+			lo[c] = _mm512_and_si512(v, m4);
+			hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+		}
+		for (int i = 0; i < NA; i++) {
+			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
+			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast32(y));
+			__m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast32(y + 16));
+			s0 = _mm512_dpbusd_epi32(s0, lo[1], bcast32(y + 4));
+			s1 = _mm512_dpbusd_epi32(s1, hi[1], bcast32(y + 20));
+			s0 = _mm512_dpbusd_epi32(s0, lo[2], bcast32(y + 8));
+			s1 = _mm512_dpbusd_epi32(s1, hi[2], bcast32(y + 24));
+			s0 = _mm512_dpbusd_epi32(s0, lo[3], bcast32(y + 12));
+			s1 = _mm512_dpbusd_epi32(s1, hi[3], bcast32(y + 28));
+			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+						       _mm512_set1_ps(a->d[i * nb + b]));
+			acc_d[i] = _mm512_fmadd_ps(dw, t, acc_d[i]);
+			acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
+		}
+	}
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, _mm512_add_ps(acc_d[i], acc_m[i]));
+}
+
+INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	__m512 acc[NX_PACK_ACT_MAX];
+	for (int i = 0; i < NA; i++)
+		acc[i] = _mm512_setzero_ps();
+	const uint8_t *o = group;
+	for (int64_t b = 0; b < nb; b++, o += 544) {
+		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
+		__m512i w[8];
+		for (int c = 0; c < 8; c++)
+			w[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * c));
+		for (int i = 0; i < NA; i++) {
+			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
+			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(y));
+			__m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(y + 4));
+			s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(y + 8));
+			s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(y + 12));
+			s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(y + 16));
+			s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(y + 20));
+			s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(y + 24));
+			s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(y + 28));
+			const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->c[i * nb + b]));
+			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));
+			acc[i] = _mm512_fmadd_ps(dw, t, acc[i]);
+		}
+	}
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
+}
+
+#define TILE_FN(name)                                                                                         \
+	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
+	{                                                                                                     \
+		switch (n_act) {                                                                              \
+		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
+		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
+		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
+		case 4: name##_tile(g, a, 4, out, n); break;                                                  \
+		case 5: name##_tile(g, a, 5, out, n); break;                                                  \
+		case 6: name##_tile(g, a, 6, out, n); break;                                                  \
+		case 7: name##_tile(g, a, 7, out, n); break;                                                  \
+		default: name##_tile(g, a, 8, out, n); break;                                                 \
+		}                                                                                             \
+	}
+
+TILE_FN(q4_1)
+TILE_FN(q8_0)
+
+bool nx_pack_avx512_usable(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+	       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
+	       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+nx_pack_fn nx_pack_avx512_kernel(enum nx_type t)
+{
+	return t == NX_Q4_1 ? pk_q4_1 : t == NX_Q8_0 ? pk_q8_0 : NULL;
+}

@@ -1,0 +1,224 @@
+/* test_pack.c - packed weight layouts (kern/pack.h): pack/unpack round trip, the
+ * SIMD tile kernels bit-identical to the packed reference whatever the number
+ * of activation rows per call, and the packed reference within a float-summation
+ * bound of the plain GGUF reference dot (same bound as test_kern_simd.c:
+ * 1e-5 x the sum of the addends' magnitudes). */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kern/pack.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+struct mat {
+	enum nx_type t;
+	int64_t n_in;
+	int n_out;
+	size_t row_bytes;
+	uint8_t *plain, *packed;
+	float *deq; /* (n_out, n_in) dequantized plain rows */
+};
+
+static void mat_make(struct mat *m, enum nx_type t, int n_out, int64_t n_in)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t);
+	m->t = t;
+	m->n_in = n_in;
+	m->n_out = n_out;
+	m->row_bytes = (size_t)nx_row_size(t, n_in);
+	m->plain = malloc(m->row_bytes * n_out);
+	m->packed = malloc(m->row_bytes * n_out);
+	m->deq = malloc(sizeof(float) * n_in * n_out);
+	float *x = malloc(sizeof(float) * n_in);
+	for (int r = 0; r < n_out; r++) {
+		/* rows of different magnitudes and a few outliers, like real weights */
+		float scale = 0.02f * (1 + r % 5);
+		for (int64_t i = 0; i < n_in; i++)
+			x[i] = scale * frand() + (i % 97 == 0 ? 0.3f * frand() : 0);
+		tr->quant(x, m->plain + r * m->row_bytes, n_in);
+		tr->dequant(m->plain + r * m->row_bytes, m->deq + r * n_in, n_in);
+	}
+	free(x);
+	for (int g = 0; g < n_out / NX_PACK_ROWS; g++)
+		nx_pack_group(t, m->plain + (size_t)g * NX_PACK_ROWS * m->row_bytes, m->row_bytes,
+			      m->packed + (size_t)g * NX_PACK_ROWS * m->row_bytes, n_in);
+}
+
+static void mat_free(struct mat *m)
+{
+	free(m->plain);
+	free(m->packed);
+	free(m->deq);
+}
+
+/* n Q8_0 activation rows of n_in elements, with their side values. */
+struct acts {
+	uint8_t *q;
+	float *deq, *d, *s;
+	int32_t *c;
+	size_t stride;
+	int64_t nb;
+	struct nx_pack_act a;
+};
+
+static void acts_make(struct acts *x, int n, int64_t n_in)
+{
+	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
+	x->stride = (size_t)nx_row_size(NX_Q8_0, n_in);
+	x->nb = n_in / 32;
+	x->q = malloc(x->stride * n);
+	x->deq = malloc(sizeof(float) * n_in * n);
+	x->d = malloc(sizeof(float) * x->nb * n);
+	x->s = malloc(sizeof(float) * x->nb * n);
+	x->c = malloc(sizeof(int32_t) * x->nb * n);
+	float *f = malloc(sizeof(float) * n_in);
+	for (int i = 0; i < n; i++) {
+		for (int64_t k = 0; k < n_in; k++)
+			f[k] = frand() * (1 + (k % 13 == 0) * 20);
+		q8->quant(f, x->q + i * x->stride, n_in);
+		q8->dequant(x->q + i * x->stride, x->deq + i * n_in, n_in);
+		nx_pack_act_prep(x->q + i * x->stride, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
+	}
+	free(f);
+	x->a = (struct nx_pack_act){x->q, x->stride, x->d, x->s, x->c, x->nb};
+}
+
+static void acts_free(struct acts *x)
+{
+	free(x->q);
+	free(x->deq);
+	free(x->d);
+	free(x->s);
+	free(x->c);
+}
+
+/* The activation rows from i0 on, as a kernel call sees them. */
+static struct nx_pack_act acts_from(const struct acts *x, int i0)
+{
+	struct nx_pack_act a = x->a;
+	a.q += (size_t)i0 * x->stride;
+	a.d += i0 * x->nb;
+	a.s += i0 * x->nb;
+	a.c += i0 * x->nb;
+	return a;
+}
+
+static const enum nx_type types[] = {NX_Q4_1, NX_Q8_0};
+static const int64_t lens[] = {32, 64, 96, 576, 1536};
+
+static void test_roundtrip(void **state)
+{
+	(void)state;
+	for (size_t ti = 0; ti < 2; ti++)
+		for (size_t li = 0; li < 5; li++) {
+			struct mat m;
+			mat_make(&m, types[ti], 32, lens[li]);
+			uint8_t *row = malloc(m.row_bytes);
+			for (int r = 0; r < m.n_out; r++) {
+				nx_unpack_row(m.t, m.packed + (size_t)(r / 16) * 16 * m.row_bytes, r % 16, row, m.n_in);
+				assert_memory_equal(row, m.plain + r * m.row_bytes, m.row_bytes);
+			}
+			free(row);
+			mat_free(&m);
+		}
+}
+
+/* The packed reference against the plain reference dot, within the bound. */
+static void test_ref_vs_plain(void **state)
+{
+	(void)state;
+	for (size_t ti = 0; ti < 2; ti++)
+		for (size_t li = 0; li < 5; li++) {
+			struct mat m;
+			struct acts x;
+			const int n_act = 5;
+			mat_make(&m, types[ti], 32, lens[li]);
+			acts_make(&x, n_act, lens[li]);
+			const struct nx_type_traits *tr = nx_type_ref(m.t);
+			float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+			for (int g = 0; g < m.n_out / 16; g++) {
+				nx_pack_kernel_ref(m.t)(m.packed + (size_t)g * 16 * m.row_bytes, &x.a, n_act, out, m.n_in);
+				for (int i = 0; i < n_act; i++)
+					for (int r = 0; r < 16; r++) {
+						const int row = g * 16 + r;
+						float want = tr->dot(m.plain + row * m.row_bytes, x.q + i * x.stride, m.n_in);
+						double mag = 0;
+						for (int64_t k = 0; k < m.n_in; k++)
+							mag += fabs((double)m.deq[row * m.n_in + k] * x.deq[i * m.n_in + k]);
+						if (m.t == NX_Q4_1) /* the min part apart, as in test_kern_simd.c */
+							for (int64_t k = 0; k < m.n_in; k++) {
+								const struct nx_block_q4_1 *b = (const struct nx_block_q4_1 *)(m.plain + row * m.row_bytes) + k / 32;
+								mag += fabs((double)nx_f16_to_f32(b->m) * x.deq[i * m.n_in + k]);
+							}
+						double err = fabs((double)out[i * 16 + r] - want);
+						if (err > 1e-5 * mag + 1e-30) {
+							print_error("%s n_in %lld row %d act %d: packed %.9g plain %.9g (bound %.3g)\n",
+								    nx_type_name(m.t), (long long)m.n_in, row, i, out[i * 16 + r],
+								    want, 1e-5 * mag);
+							fail();
+						}
+					}
+			}
+			acts_free(&x);
+			mat_free(&m);
+		}
+}
+
+/* The engine's kernel against the packed reference, bit for bit, for every
+ * count of activation rows per call and every starting row. */
+static void test_kernel_exact(void **state)
+{
+	(void)state;
+	if (!nx_pack_fast(NX_Q4_1))
+		print_message("no SIMD packed kernel on this CPU: checking the reference against itself\n");
+	for (size_t ti = 0; ti < 2; ti++)
+		for (size_t li = 0; li < 5; li++) {
+			struct mat m;
+			struct acts x;
+			const int n_tot = 11;
+			mat_make(&m, types[ti], 32, lens[li]);
+			acts_make(&x, n_tot, lens[li]);
+			float want[16 * 16], got[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+			for (int g = 0; g < m.n_out / 16; g++) {
+				const uint8_t *grp = m.packed + (size_t)g * 16 * m.row_bytes;
+				for (int i = 0; i < n_tot; i++) {
+					struct nx_pack_act a = acts_from(&x, i);
+					nx_pack_kernel_ref(m.t)(grp, &a, 1, want + i * 16, m.n_in);
+				}
+				for (int na = 1; na <= NX_PACK_ACT_MAX; na++)
+					for (int i0 = 0; i0 + na <= n_tot; i0 += 3) {
+						struct nx_pack_act a = acts_from(&x, i0);
+						nx_pack_kernel(m.t)(grp, &a, na, got, m.n_in);
+						assert_memory_equal(got, want + i0 * 16, sizeof(float) * 16 * na);
+					}
+			}
+			acts_free(&x);
+			mat_free(&m);
+		}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_ref_vs_plain),
+		cmocka_unit_test(test_kernel_exact),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,58 @@
+"""test_perf.py - the daemon's fast paths: weights packed in place for the tile kernels
+(kern/pack.h, model/repack.h) compute what nx-eval's packed copy computes, the plain
+layout (NX_PACK=0) still serves, and NXD_PROFILE=1 puts the per-phase split in status."""
+import subprocess
+
+from conftest import build_dir
+from nxd_helpers import Client, Daemon
+
+PROMPT = "The capital of France is"
+GREEDY = dict(raw=True, temperature=0, max_tokens=10, ignore_eos=True)
+PHASES = ["matmul", "logits", "attention", "norm+quant", "rope+kv", "barrier"]
+
+
+def generate(daemon):
+    with Client(daemon.sock) as c:
+        ids = c.request({"op": "tokenize", "id": "t", "text": PROMPT})["tokens"]
+        toks, _, done = c.generate(rid=1, prompt=PROMPT, **GREEDY)
+        assert done["event"] == "done", done
+        return ids, toks
+
+
+def nx_eval_generate(model, ids, n):
+    out = subprocess.run([str(build_dir() / "nx-eval"), str(model), "--threads", "2", "--generate", str(n),
+                          "--prompt-ids", ",".join(map(str, ids))], capture_output=True, check=True, timeout=120)
+    return [int(t) for t in out.stdout.split()]
+
+
+def test_packed_daemon_matches_nx_eval(model_path, tmp_path):
+    """In-place packing in the arena gives the same logits as nx-eval's packed copy:
+    the same greedy tokens (bit-identity across batching makes them equal, not close)."""
+    with Daemon(model_path, tmp_path, name="nxd-a", workers=2) as d:
+        ids, toks = generate(d)
+        assert "matrices packed for the tile kernels" in d.log()
+    assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"])
+
+
+def test_plain_layout_still_serves(model_path, tmp_path):
+    with Daemon(model_path, tmp_path, name="nxd-b", workers=2, env={"NX_PACK": "0"}) as d:
+        _, toks = generate(d)
+        assert "packed for the tile kernels" not in d.log()
+    assert len(toks) == GREEDY["max_tokens"]
+
+
+def test_profile_in_status(model_path, tmp_path):
+    with Daemon(model_path, tmp_path, name="nxd-c", workers=2) as d:
+        generate(d)
+        assert "profile" not in d.status()
+    with Daemon(model_path, tmp_path, name="nxd-d", workers=2, env={"NXD_PROFILE": "1"}) as d:
+        generate(d)
+        st = d.status()
+    prof = st["profile"]
+    assert prof["steps"] >= GREEDY["max_tokens"]
+    ms = prof["ms_per_step"]
+    assert list(ms) == PHASES
+    assert all(v >= 0 for v in ms.values())
+    assert ms["matmul"] > 0 and ms["logits"] > 0 and ms["attention"] > 0
+    # a step of this model takes well under a second even on a busy machine
+    assert 0 < sum(ms.values()) < 1000
