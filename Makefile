@@ -116,12 +116,12 @@ uninstall:
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
 
 # Side-by-side benchmark against llama.cpp (docs/bench.md), about 15 minutes:
-#   make bench [CASES=decode,prefill,concurrent,memory,qwen] [REPS=5]
+#   make bench [CASES=decode,prefill,concurrent,memory,qwen] [REPS=5] [BENCH_ARGS="--wait-idle 600"]
 .PHONY: bench
 bench: deps
 	@scripts/bench-venv
 	@$(MAKE) --no-print-directory all $(B)/bench/bw
-	.venv-bench/bin/python bench/run.py --build $(B) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS))
+	.venv-bench/bin/python bench/run.py --build $(B) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS)) $(BENCH_ARGS)
 
 # The bandwidth probe is built for this CPU, like the peer it is compared with.
 $(B)/bench/bw: bench/bw.c

@@ -540,6 +540,9 @@ def main():
         pass
     title = (f"nxd vs llama.cpp (llama-cpp-python {llama_info.get('llama_cpp_python')}), {THREADS} threads, "
              f"bandwidth {bw_gbs:.1f} GB/s" + ("" if ours.ok else " — nxd side NOT RUN"))
+    busy = max(res["machine"].get("loadavg_start", [0])[0], res["machine"].get("loadavg_end", [0])[0])
+    if busy >= 1.0:
+        title += f"\nmachine NOT idle (load average up to {busy:.1f}): numbers skewed"
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(table.rows, os.path.join(a.out, "results.png"), title)

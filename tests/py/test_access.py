@@ -307,3 +307,37 @@ def test_limits_have_clear_errors(model_path, nxd_bin, tmp_path):
         r = subprocess.run([str(nxd_bin), "--model", str(model_path)] + bad, capture_output=True, text=True,
                            timeout=10)
         assert r.returncode == 2 and bad[0] in r.stderr, (bad, r.stderr)
+
+
+def test_adapter_limits(model_path, nxd_bin, tmp_path):
+    """--max-adapters and --max-adapter-mb (checked by lora_load through nxd_limits_check_adapter):
+    one past either gets `busy` naming the limit; unloading makes room; serving goes on."""
+    import make_lora
+    weights, arch, heads = make_lora.model_weights(model_path, targets=("ffn_down",))
+    small = {k: v for k, v in weights.items() if k[0] == 0}
+    for name, seed in (("s1", 1), ("s2", 2), ("s3", 3)):  # rank 4, one matrix: ~33 KiB as f32
+        make_lora.write_gguf_lora(tmp_path / f"{name}.gguf", arch, make_lora.random_adapter(small, 4, 4, seed),
+                                  alpha=4, dtype="F32", heads=heads)
+    # rank 32 on all 30 layers: 32 * (1536 + 576) * 4 B * 30 = 7.7 MiB as f32
+    make_lora.write_gguf_lora(tmp_path / "big.gguf", arch, make_lora.random_adapter(weights, 32, 32, 4),
+                              alpha=32, dtype="F16", heads=heads)
+    args = ["--ctx", "128", "--max-adapters", "2", "--max-adapter-mb", "4"]
+    with Daemon(model_path, tmp_path, workers=1, args=args) as d:
+        with Client(d.sock) as c:
+            def load(name, path):
+                return c.request({"op": "lora_load", "id": name, "name": name, "path": str(path)})
+            assert load("s1", tmp_path / "s1.gguf")["event"] == "lora_loaded"
+            assert load("s2", tmp_path / "s2.gguf")["event"] == "lora_loaded"
+            ev = load("s3", tmp_path / "s3.gguf")
+            assert ev["code"] == "busy" and "2 adapters are loaded, the limit (--max-adapters 2)" in ev["message"], ev
+            assert c.request({"op": "lora_unload", "id": "u", "name": "s2"})["event"] == "ok"
+            ev = load("big", tmp_path / "big.gguf")
+            assert ev["code"] == "busy" and "the limit is --max-adapter-mb 4" in ev["message"], ev
+            assert "the adapter needs 7." in ev["message"], ev
+            assert load("s3", tmp_path / "s3.gguf")["event"] == "lora_loaded"
+            names = [a["name"] for a in c.request({"op": "lora_list", "id": "l"})["adapters"]]
+            assert sorted(names) == ["s1", "s3"]
+            c.send({"op": "generate", "id": "g", "prompt": "Hi", "max_tokens": 3, "lora": [{"name": "s1"}]})
+            for ev in c.events("g"):
+                pass
+            assert ev["event"] == "done", ev
