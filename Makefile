@@ -72,6 +72,7 @@ test: deps venv
 	@$(MAKE) --no-print-directory all $(CTESTS)
 	@$(MAKE) --no-print-directory test-c
 	@$(MAKE) --no-print-directory test-py
+	@$(MAKE) --no-print-directory fuzz-smoke
 
 clean:
 	rm -rf $(B)
