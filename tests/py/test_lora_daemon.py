@@ -523,24 +523,41 @@ def test_fold_during_generation_switches_at_one_step(model_path, smol, tmp_path,
     with daemon(model_path, tmp_path) as d, Client(d.sock) as c, Client(d.sock) as ctl:
         ok(ctl, {"id": 1, "op": "lora_load", "name": "last", "path": str(adapter), "scale": scale}, "lora_loaded")
         for kind, op, event in (("fold", "lora_fold", "lora_folded"), ("unfold", "lora_unfold", "lora_unfolded")):
-            c.send({"id": kind, "op": "generate", "tokens": prompt, "max_tokens": 48, "temperature": 0,
+            # A long stream: the op is sent after 4 tokens; its answer is read by a
+            # second thread, and the stream is cancelled 8 tokens after it, so the
+            # switch always lands inside the stream however long the fold takes.
+            c.send({"id": kind, "op": "generate", "tokens": prompt, "max_tokens": 1000, "temperature": 0,
                     "logprobs": 20, "ignore_eos": True})
-            toks, lps, sent, answered = [], [], False, None
+            toks, lps, answered, cancel_at = [], [], [], None
+
+            def wait_answer():
+                while True:
+                    e = ctl.recv()
+                    if e["event"] != "progress":
+                        answered.append(e)
+                        return
+
+            waiter = threading.Thread(target=wait_answer)
             while True:
                 e = c.recv()
+                if e.get("id") != kind:  # the cancel's own "ok"
+                    continue
                 if e["event"] == "done":
                     break
                 assert e["event"] == "token", e
                 toks.append(e["token"])
                 lps.append({x["token"]: x["logprob"] for x in e["logprobs"]})
-                if len(toks) == 4 and not sent:
+                if len(toks) == 4:
                     ctl.send({"id": op, "op": op, "name": "last"})
-                    sent = True
-            while answered is None:
-                e = ctl.recv()
-                if e["event"] != "progress":
-                    answered = e
-            assert answered["event"] == event, answered
+                    waiter.start()
+                if answered and cancel_at is None:
+                    cancel_at = len(toks) + 8
+                if cancel_at is not None and len(toks) == cancel_at:
+                    c.send({"id": "x" + kind, "op": "cancel", "target": kind})
+            waiter.join(timeout=300)
+            assert answered and answered[0]["event"] == event, answered
+            assert cancel_at is not None, f"the {op} did not finish within a 1000-token stream"
+            toks, lps = toks[:cancel_at], lps[:cancel_at]
             runs[kind] = (toks, lps)
     seq = {}
     for kind, (toks, lps) in runs.items():
@@ -550,9 +567,9 @@ def test_fold_during_generation_switches_at_one_step(model_path, smol, tmp_path,
         seq[kind] = switch_labels(lps, len(prompt), ref)
     # Exactly one switch, after the 4 tokens streamed before the request, before the end.
     fb = seq["fold"]
-    assert "?" not in fb and fb == "B" * fb.count("B") + "F" * fb.count("F") and 4 <= fb.count("B") < 48, fb
+    assert "?" not in fb and fb == "B" * fb.count("B") + "F" * fb.count("F") and 4 <= fb.count("B") < len(fb), fb
     ub = seq["unfold"]
-    assert "?" not in ub and ub == "F" * ub.count("F") + "B" * ub.count("B") and 4 <= ub.count("F") < 48, ub
+    assert "?" not in ub and ub == "F" * ub.count("F") + "B" * ub.count("B") and 4 <= ub.count("F") < len(ub), ub
     report(f"lora fold during a stream (SmolLM2, last-layer FFN adapter r64): steps {fb} (B base, F folded); "
            f"unfold: {ub}")
 
