@@ -187,7 +187,8 @@ class Table:
         head = f"{'case':<11} {'what':<34} {'unit':<7} {'nxd':>9} {'llama.cpp':>10} {'ratio':>6} {'nxd %bw':>8} {'l.cpp %bw':>9}"
         lines = [head, "-" * len(head)]
         for r in self.rows:
-            lines.append(f"{r['case']:<11} {r['what']:<34} {r['unit']:<7} {f(r['ours']):>9} {f(r['llama']):>10} "
+            nd = 2 if r["unit"] in ("s", "x") else 1
+            lines.append(f"{r['case']:<11} {r['what']:<34} {r['unit']:<7} {f(r['ours'], nd):>9} {f(r['llama'], nd):>10} "
                          f"{f(r['ratio'], 2):>6} {f(r['ours_pct_bw']):>8} {f(r['llama_pct_bw']):>9}"
                          + (f"  {r['note']}" if r["note"] else ""))
         return "\n".join(lines)
@@ -237,6 +238,31 @@ def machine_info(bw_bin):
     except OSError:
         pass
     return info
+
+
+def cpu_snapshot():
+    """(wall s, busy CPU s of the whole machine, CPU s of this process and its waited-for children)."""
+    import resource
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = (v[0] + v[1] + v[2] + v[5] + v[6]) / hz  # user nice system irq softirq
+    steal = (v[7] if len(v) > 7 else 0) / hz
+    ours = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        ru = resource.getrusage(who)
+        ours += ru.ru_utime + ru.ru_stime
+    return time.time(), busy, ours, steal
+
+
+def foreign_share(a, b):
+    """Share of the machine's CPU time that processes other than the benchmark used between two
+    snapshots (every engine the benchmark starts is its child and waited for)."""
+    wall = b[0] - a[0]
+    other = (b[1] - a[1]) - (b[2] - a[2])
+    cap = wall * (os.cpu_count() or 1)
+    return {"other_cpu_s": other, "steal_s": b[3] - a[3], "wall_s": wall,
+            "share": max(0.0, other) / cap if cap > 0 else None}
 
 
 def measure_bw(bw_bin):
@@ -299,6 +325,7 @@ def main():
         while os.getloadavg()[0] >= 1.0 and time.time() < t_end:
             time.sleep(10)
     load0 = os.getloadavg()
+    snap0 = cpu_snapshot()
     if load0[0] >= 1.0:
         log(f"bench: WARNING: load average {load0[0]:.1f} on {os.cpu_count()} CPUs: other work will skew "
             "every number (llama.cpp's spinning OpenMP threads most); see docs/bench.md")
@@ -534,15 +561,15 @@ def main():
     # -------------------------------------------------------- report
     res["table"] = table.rows
     res["elapsed_s"] = time.time() - t_start
+    res["machine"]["foreign_cpu"] = fs = foreign_share(snap0, cpu_snapshot())
     try:
         res["machine"]["loadavg_end"] = os.getloadavg()
     except OSError:
         pass
     title = (f"nxd vs llama.cpp (llama-cpp-python {llama_info.get('llama_cpp_python')}), {THREADS} threads, "
              f"bandwidth {bw_gbs:.1f} GB/s" + ("" if ours.ok else " — nxd side NOT RUN"))
-    busy = max(res["machine"].get("loadavg_start", [0])[0], res["machine"].get("loadavg_end", [0])[0])
-    if busy >= 1.0:
-        title += f"\nmachine NOT idle (load average up to {busy:.1f}): numbers skewed"
+    if fs["share"] is not None and fs["share"] >= 0.05:
+        title += f"\nmachine NOT idle: other processes used {100 * fs['share']:.0f}% of the CPU time; numbers skewed"
     with open(os.path.join(a.out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     plot(table.rows, os.path.join(a.out, "results.png"), title)
@@ -560,10 +587,10 @@ def main():
     if ours.ok and res["raw"].get("memory", {}).get("ours"):
         for line in res["raw"]["memory"]["ours"].get("arena_log", []):
             print(f"nxd {line}")
-    la, lb = res["machine"].get("loadavg_start"), res["machine"].get("loadavg_end")
-    if la and lb:
-        print(f"load average (1 min) at start {la[0]:.2f}, at end {lb[0]:.2f}"
-              + ("  -- NOT an idle machine: numbers are skewed" if max(la[0], lb[0]) >= 1.0 else ""))
+    if fs["share"] is not None:
+        print(f"other processes used {fs['other_cpu_s']:.0f} CPU s of {fs['wall_s'] * (os.cpu_count() or 1):.0f} "
+              f"({100 * fs['share']:.1f}%) during the run; steal {fs['steal_s']:.1f} s"
+              + ("  -- NOT an idle machine: numbers are skewed" if fs["share"] >= 0.05 else ""))
     for e in res["raw"].get("errors", []):
         print(f"error: {e}")
     print(f"\nratio = nxd / llama.cpp (higher is better for tok/s, lower for MiB and s); "
