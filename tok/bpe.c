@@ -197,37 +197,7 @@ static bool cand_before(const struct bpe_cand *a, const struct bpe_cand *b)
 	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static void heap_push(struct bpe_cand *h, size_t *n, struct bpe_cand c)
-{
-	size_t i = (*n)++;
-	while (i > 0) {
-		size_t p = (i - 1) / 2;
-		if (!cand_before(&c, &h[p]))
-			break;
-		h[i] = h[p];
-		i = p;
-	}
-	h[i] = c;
-}
-
-static struct bpe_cand heap_pop(struct bpe_cand *h, size_t *n)
-{
-	struct bpe_cand top = h[0], last = h[--(*n)];
-	size_t i = 0;
-	for (;;) {
-		size_t c = 2 * i + 1;
-		if (c >= *n)
-			break;
-		if (c + 1 < *n && cand_before(&h[c + 1], &h[c]))
-			c++;
-		if (!cand_before(&h[c], &last))
-			break;
-		h[i] = h[c];
-		i = c;
-	}
-	h[i] = last;
-	return top;
-}
+NX_TOK_DEFINE_HEAP(struct bpe_cand, cand_before)
 
 static void try_pair(const struct nx_tok *t, struct bpe_sym *sym, int32_t l, int32_t r, struct bpe_cand *h, size_t *nh)
 {

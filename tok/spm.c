@@ -22,37 +22,7 @@ static bool cand_before(const struct spm_cand *a, const struct spm_cand *b)
 	return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static void heap_push(struct spm_cand *h, size_t *n, struct spm_cand c)
-{
-	size_t i = (*n)++;
-	while (i > 0) {
-		size_t p = (i - 1) / 2;
-		if (!cand_before(&c, &h[p]))
-			break;
-		h[i] = h[p];
-		i = p;
-	}
-	h[i] = c;
-}
-
-static struct spm_cand heap_pop(struct spm_cand *h, size_t *n)
-{
-	struct spm_cand top = h[0], last = h[--(*n)];
-	size_t i = 0;
-	for (;;) {
-		size_t c = 2 * i + 1;
-		if (c >= *n)
-			break;
-		if (c + 1 < *n && cand_before(&h[c + 1], &h[c]))
-			c++;
-		if (!cand_before(&h[c], &last))
-			break;
-		h[i] = h[c];
-		i = c;
-	}
-	h[i] = last;
-	return top;
-}
+NX_TOK_DEFINE_HEAP(struct spm_cand, cand_before)
 
 /* Only normal pieces come out of merging: "<s>" or "<0x41>" typed as text stay text. */
 static int32_t normal_tok(const struct nx_tok *t, const char *s, size_t n)

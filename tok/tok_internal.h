@@ -128,4 +128,40 @@ size_t nx_bpe_unmap(const char *text, size_t len, char *out);
 int nx_spm_encode(const struct nx_tok *t, const char *text, size_t len, bool space_prefix,
 		  struct nx_scratch *s, struct nx_emit *e, struct nx_err *err);
 
+
+/* A binary min-heap of merge candidates, shared by BPE (lowest rank first) and
+ * SentencePiece (highest score first): BEFORE(a, b) says a merges first.
+ * Defines static heap_push / heap_pop over an array of TYPE. */
+#define NX_TOK_DEFINE_HEAP(TYPE, BEFORE)                                      \
+	static void heap_push(TYPE *h, size_t *n, TYPE c)                     \
+	{                                                                     \
+		size_t i = (*n)++;                                            \
+		while (i > 0) {                                               \
+			size_t p = (i - 1) / 2;                               \
+			if (!BEFORE(&c, &h[p]))                               \
+				break;                                        \
+			h[i] = h[p];                                          \
+			i = p;                                                \
+		}                                                             \
+		h[i] = c;                                                     \
+	}                                                                     \
+	static TYPE heap_pop(TYPE *h, size_t *n)                              \
+	{                                                                     \
+		TYPE top = h[0], last = h[--(*n)];                            \
+		size_t i = 0;                                                 \
+		for (;;) {                                                    \
+			size_t c = 2 * i + 1;                                 \
+			if (c >= *n)                                          \
+				break;                                        \
+			if (c + 1 < *n && BEFORE(&h[c + 1], &h[c]))           \
+				c++;                                          \
+			if (!BEFORE(&h[c], &last))                            \
+				break;                                        \
+			h[i] = h[c];                                          \
+			i = c;                                                \
+		}                                                             \
+		h[i] = last;                                                  \
+		return top;                                                   \
+	}
+
 #endif
