@@ -231,6 +231,10 @@ int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out)
 			return NXC_EXIT_USAGE;
 		}
 		ctx->socket = ctx->socket_buf;
+		/* A user without a daemon of their own talks to the system one (members
+		 * of its socket group may): the per-user path only wins when it exists. */
+		if (!getenv("NXD_SOCKET") && access(ctx->socket, F_OK) != 0 && access(NXP_SYSTEM_SOCKET, F_OK) == 0)
+			ctx->socket = NXP_SYSTEM_SOCKET;
 	}
 	c->path = ctx->socket;
 	int rc = dial(c);

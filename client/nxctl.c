@@ -37,6 +37,7 @@ static void main_usage(FILE *f)
 	fprintf(f, "\noptions:\n"
 		   "  --socket PATH  the daemon's socket; default $NXD_SOCKET, else\n"
 		   "                 /run/nxd/nxd.sock as root, else $XDG_RUNTIME_DIR/nxd.sock\n"
+		   "                 when it exists, else /run/nxd/nxd.sock\n"
 		   "  --help         this text\n\n"
 		   "exit status: 0 done, 1 error reported by nxd (or the connection broke),\n"
 		   "2 bad command line, 3 cannot connect (nxd not running), 130 interrupted.\n");

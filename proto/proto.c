@@ -1273,7 +1273,7 @@ int nxp_default_socket_path(char *buf, size_t cap)
 	if (env && *env)
 		n = snprintf(buf, cap, "%s", env);
 	else if (geteuid() == 0)
-		n = snprintf(buf, cap, "/run/nxd/nxd.sock");
+		n = snprintf(buf, cap, "%s", NXP_SYSTEM_SOCKET);
 	else if ((env = getenv("XDG_RUNTIME_DIR")) && *env)
 		n = snprintf(buf, cap, "%s/nxd.sock", env);
 	else

@@ -284,6 +284,9 @@ size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
 
 // --- socket path
 
+/* Where the system daemon listens (systemd/nxd.socket). */
+#define NXP_SYSTEM_SOCKET "/run/nxd/nxd.sock"
+
 /* The socket both nxd and nxctl use when none is given on the command line:
  * $NXD_SOCKET, else /run/nxd/nxd.sock for root (euid 0), else
  * $XDG_RUNTIME_DIR/nxd.sock, else /run/user/<uid>/nxd.sock.
