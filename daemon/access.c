@@ -233,7 +233,7 @@ int nxd_access_check_path(const struct nxd_conn *c, const char *path, struct nx_
 no:
 	if (fd >= 0)
 		close(fd);
-	return nx_errf(err, "cannot use '%s': not a readable regular file", path ? path : "");
+	return nx_errf(err, NXD_PATH_REFUSED, path ? path : "");
 }
 
 int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, struct nx_err *err)
@@ -260,7 +260,7 @@ int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, st
 		goto no;
 	return 0;
 no:
-	return nx_errf(err, "cannot use '%s': not a readable regular file", path ? path : "");
+	return nx_errf(err, NXD_PATH_REFUSED, path ? path : "");
 }
 
 /* ---------------------------------------------------------------- limits */

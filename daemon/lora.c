@@ -416,10 +416,8 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 			       NXD_LORA_MAX);
 		return;
 	}
-	/* access.c's words, so every "not an adapter file" answer is the same. */
-	static const char no_open[] = "cannot use '%s': not a readable regular file";
 	if (!adapter_path_ok(o->path)) {
-		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, no_open, o->path);
+		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, NXD_PATH_REFUSED, o->path);
 		return;
 	}
 	struct nx_lora_src src;
@@ -430,7 +428,7 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 		/* Opening raced with a change of the file: still one message. */
 		if (strstr(err.msg, "cannot open") || strstr(err.msg, "not a regular file") || strstr(err.msg, "fstat") ||
 		    strstr(err.msg, "mmap"))
-			nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, no_open, o->path);
+			nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, NXD_PATH_REFUSED, o->path);
 		else
 			nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "adapter '%s': %s", o->name, err.msg);
 		return;

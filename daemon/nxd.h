@@ -394,6 +394,9 @@ int nxd_access_check_path(const struct nxd_conn *c, const char *path, struct nx_
 /* The same for an adapter: a file (plus adapter_config.json beside it, if
  * there is one) or a PEFT directory (its two files). */
 int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, struct nx_err *err);
+/* The one answer for every path nxd will not use (missing, unreadable, not a
+ * regular file, not an adapter): it must not tell these apart (RELIABILITY 17). */
+#define NXD_PATH_REFUSED "cannot use '%s': not a readable regular file"
 /* 0 when one more adapter of bytes_new fits --max-adapters and
  * --max-adapter-mb beside n_loaded adapters of bytes_loaded; else -1, err. */
 int nxd_limits_check_adapter(int n_loaded, size_t bytes_loaded, size_t bytes_new, struct nx_err *err);
