@@ -416,6 +416,48 @@ static void rope_head(float *h, const float *cs, int rope_dim, bool neox)
 	}
 }
 
+/* One llama pair (p[0], p[1]) rotated by angle (cos c, sin s): as rope_head. */
+static inline void rope_head_pair(float *p, float c, float s)
+{
+	const float a = p[0], b = p[1];
+	p[0] = a * c - b * s;
+	p[1] = a * s + b * c;
+}
+
+/* RoPE on rows [r0, r1) of n token rows (row t at y + t * ld) of Q or K, in the
+ * band that computed them, so no barrier is needed between the matmul and the
+ * rotation. The band must hold whole rotation pairs: rope_grain(). */
+static void rope_rows(float *y, size_t ld, int n, int r0, int r1, const float *rope, const struct nx_hparams *hp)
+{
+	const int hd = hp->head_dim, rd = hp->rope_dim;
+	for (int t = 0; t < n; t++) {
+		float *row = y + (size_t)t * ld;
+		const float *cs = rope + (size_t)t * rd;
+		if (hp->rope_neox) {
+			for (int h0 = r0; h0 < r1; h0 += hd)
+				rope_head(row + h0, cs, rd, true);
+			continue;
+		}
+		for (int r = r0; r < r1; r += 2) {
+			const int j = r % hd;
+			if (j < rd)
+				rope_head_pair(row + r, cs[j], cs[j + 1]);
+		}
+	}
+}
+
+/* Band granularity of the Q and K rows: whole pairs (2i, 2i+1) for llama, whole
+ * heads for NeoX (pairs i, i + rope_dim/2), and a multiple of ROW_GRAIN. */
+static int rope_grain(const struct nx_hparams *hp)
+{
+	if (!hp->rope_neox)
+		return ROW_GRAIN;
+	int g = hp->head_dim;
+	while (g % ROW_GRAIN)
+		g += hp->head_dim;
+	return g;
+}
+
 static inline void sync_barrier(const struct nx_sync *sync)
 {
 	if (sync && sync->barrier)
@@ -610,6 +652,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const float eps = hp->norm_eps;
 	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
 	const bool attn_fast = nx_attn_fast(hd);
+	const int rgrain = rope_grain(hp);
 	int lo, hi;
 
 	if (sc->prof) {
@@ -641,17 +684,21 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		nx_f16 *kc = s->k_cache + (size_t)il * n_ctx * kv_dim;
 		nx_f16 *vc = s->v_cache + (size_t)il * n_ctx * kv_dim;
 
-		/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band; V to the cache. */
+		/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
+		 * its Q and K rows; K and V rows to the cache. */
 		for (int t = 0; t < n; t++)
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
-		band_range(q_dim, ROW_GRAIN, band, n_bands, &lo, &hi);
+		band_range(q_dim, rgrain, band, n_bands, &lo, &hi);
 		matmul(&L->wq, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wq.type)->vec_dot_type, toks, false), n, lo,
 		       hi, s->q, q_dim, L->bq, MM_STORE);
 		if (lora)
 			lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
-		band_range(kv_dim, ROW_GRAIN, band, n_bands, &lo, &hi);
+		prof_to(sc, NX_PROF_OTHER);
+		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
+		prof_to(sc, NX_PROF_MATMUL);
+		band_range(kv_dim, rgrain, band, n_bands, &lo, &hi);
 		matmul(&L->wk, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wk.type)->vec_dot_type, toks, false), n, lo,
 		       hi, s->k, kv_dim, L->bk, MM_STORE);
 		matmul(&L->wv, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wv.type)->vec_dot_type, toks, false), n, lo,
@@ -660,33 +707,19 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
 			lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
 		}
+		prof_to(sc, NX_PROF_OTHER);
+		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 		for (int t = 0; t < n; t++) {
-			nx_f16 *dst = vc + toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
-			const float *src = s->v + (size_t)t * kv_dim;
-			for (int r = lo; r < hi; r++)
-				dst[r] = nx_f32_to_f16(src[r]);
-		}
-		band_sync(sync, sc, NX_PROF_OTHER);
-
-		/* [B] RoPE: queries in place per (token, head); keys per (token, kv head) into the cache. */
-		band_range(n * n_head, 1, band, n_bands, &lo, &hi);
-		for (int u = lo; u < hi; u++) {
-			int t = u / n_head, h = u % n_head;
-			rope_head(s->q + (size_t)t * q_dim + (size_t)h * hd, sc->rope + (size_t)t * hp->rope_dim,
-				  hp->rope_dim, hp->rope_neox);
-		}
-		band_range(n * n_head_kv, 1, band, n_bands, &lo, &hi);
-		for (int u = lo; u < hi; u++) {
-			int t = u / n_head_kv, h = u % n_head_kv;
-			float *k = s->k + (size_t)t * kv_dim + (size_t)h * hd;
-			rope_head(k, sc->rope + (size_t)t * hp->rope_dim, hp->rope_dim, hp->rope_neox);
-			nx_f16 *dst = kc + toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim + (size_t)h * hd;
-			for (int i = 0; i < hd; i++)
-				dst[i] = nx_f32_to_f16(k[i]);
+			const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
+			const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
+			for (int r = lo; r < hi; r++) {
+				kc[at + r] = nx_f32_to_f16(k[r]);
+				vc[at + r] = nx_f32_to_f16(v[r]);
+			}
 		}
 		band_sync(sync, sc, NX_PROF_ATTN);
 
-		/* [C] attention per (token, head) over positions 0..pos of the token's slot. */
+		/* [B] attention per (token, head) over positions 0..pos of the token's slot. */
 		band_range(n * n_head, 1, band, n_bands, &lo, &hi);
 		for (int u = lo; u < hi; u++) {
 			int t = u / n_head, h = u % n_head;
@@ -702,7 +735,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
-		/* [D] x += Wo att_out: this band's rows of x. */
+		/* [C] x += Wo att_out: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_ATTN_OUT, s->att_out, band);
 		sc->xq_src = NULL;
 		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
@@ -712,7 +745,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
 		band_sync(sync, sc, NX_PROF_QUANT);
 
-		/* [E] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
+		/* [D] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
 		for (int t = 0; t < n; t++)
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
@@ -731,7 +764,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
 		band_sync(sync, sc, NX_PROF_QUANT);
 
-		/* [F] x += Wdown hb: this band's rows of x. */
+		/* [E] x += Wdown hb: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
 		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
