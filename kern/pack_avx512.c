@@ -3,7 +3,10 @@
  * Per block, the group's weights are loaded (and for q4_1 split into nibbles)
  * once; each activation row then costs 8 vpdpbusd whose activation operand is
  * a broadcast 4-byte word of its Q8_0 block, and 3-4 float ops for the scales.
- * Every lane follows kern/pack.c's reference arithmetic exactly. Built without
+ * Every lane follows kern/pack.c's reference arithmetic exactly. The loops over
+ * activation rows and vectors are unrolled by pragma: at -O2 GCC leaves them
+ * rolled, keeps the accumulators in stack arrays and the kernel runs at half
+ * speed (store-forwarding chains). Built without
  * -m flags (target attributes), used only when nx_pack_avx512_usable(). */
 #include "kern/pack.h"
 
@@ -28,6 +31,7 @@ INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA,
 	const int64_t nb = n_in / 32;
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -35,11 +39,13 @@ INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
 		__m512i lo[4], hi[4];
+		#pragma GCC unroll 8
 		for (int c = 0; c < 4; c++) {
 			const __m512i v = _mm512_loadu_si512((const void *)(o + 64 + 64 * c));
 			lo[c] = _mm512_and_si512(v, m4);
 			hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 		}
+		#pragma GCC unroll 8
 		for (int i = 0; i < NA; i++) {
 			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
 			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast32(y));
@@ -56,6 +62,7 @@ INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
 		}
 	}
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, _mm512_add_ps(acc_d[i], acc_m[i]));
 }
@@ -64,14 +71,17 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 {
 	const int64_t nb = n_in / 32;
 	__m512 acc[NX_PACK_ACT_MAX];
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
 	for (int64_t b = 0; b < nb; b++, o += 544) {
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		__m512i w[8];
+		#pragma GCC unroll 8
 		for (int c = 0; c < 8; c++)
 			w[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * c));
+		#pragma GCC unroll 8
 		for (int i = 0; i < NA; i++) {
 			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
 			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(y));
@@ -87,6 +97,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			acc[i] = _mm512_fmadd_ps(dw, t, acc[i]);
 		}
 	}
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
