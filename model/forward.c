@@ -284,6 +284,31 @@ enum mm_op {
 	MM_SWIGLU, /* y = silu(y) * (W a), y holding the gate */
 };
 
+/* y[k] op= d[k] for k < n; one loop per op so each vectorizes (the SwiGLU
+ * one only around expf). */
+static inline void mm_epilogue(enum mm_op op, float *restrict y, const float *restrict d, const float *restrict bias,
+			       int n)
+{
+	switch (op) {
+	case MM_STORE:
+		if (bias)
+			for (int k = 0; k < n; k++)
+				y[k] = d[k] + bias[k];
+		else
+			for (int k = 0; k < n; k++)
+				y[k] = d[k];
+		break;
+	case MM_ADD:
+		for (int k = 0; k < n; k++)
+			y[k] += d[k];
+		break;
+	case MM_SWIGLU:
+		for (int k = 0; k < n; k++)
+			y[k] = y[k] / (1.0f + expf(-y[k])) * d[k];
+		break;
+	}
+}
+
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
 
@@ -326,20 +351,10 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			for (int t = 0; t < cnt; t++) {
 				float *yr = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r;
 				const float *o = out + (size_t)parts * t * NX_PACK_ROWS;
-				for (int k = 0; k < NX_PACK_ROWS; k++) {
-					const float d = parts == 2 ? o[k] + o[NX_PACK_ROWS + k] : o[k];
-					switch (op) {
-					case MM_STORE:
-						yr[k] = bias ? d + bias[r + k] : d;
-						break;
-					case MM_ADD:
-						yr[k] += d;
-						break;
-					case MM_SWIGLU:
-						yr[k] = yr[k] / (1.0f + expf(-yr[k])) * d;
-						break;
-					}
-				}
+				float d[NX_PACK_ROWS];
+				for (int k = 0; k < NX_PACK_ROWS; k++)
+					d[k] = parts == 2 ? o[k] + o[NX_PACK_ROWS + k] : o[k];
+				mm_epilogue(op, yr, d, bias ? bias + r : NULL, NX_PACK_ROWS);
 			}
 		}
 		t0 += cnt;
