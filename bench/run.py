@@ -508,7 +508,8 @@ def main():
                         st = c.status()
                         c.close()
                         pss = d.pss()
-                        arena = [l.split("info: ", 1)[-1].strip() for l in d.tail(60).splitlines() if "arena:" in l]
+                        arena = [l.split("info: ", 1)[-1].strip() for l in d.tail(60).splitlines()
+                                 if "arena:" in l or " pages" in l]  # and what pages the weights got
             return {"ready_s": readies, "pss_kib": pss, "status": st, "arena_log": arena}
 
         def mem_llama():

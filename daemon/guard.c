@@ -1,6 +1,7 @@
 /* guard.c - the supervisor's distrust of shared memory: control block and descriptor validation, repair after a scribbling worker, the step watchdog.
  *
- * Workers can write the whole arena but the weights and the model struct.
+ * Workers can write the whole arena but the model struct (the weights are
+ * outside it, read-only in every process).
  * Whatever the supervisor reads back from it is checked against its own
  * copies on every look (nx_ctl_check, plus the descriptor, the workers' state
  * and scratch structs). An inconsistency means some worker wrote where it

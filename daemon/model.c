@@ -1,4 +1,4 @@
-/* model.c - puts the model file in shared memory (io_uring reads into the arena, or a read-only MAP_SHARED mapping) and validates it. */
+/* model.c - puts the model file where the workers will find it (io_uring reads into private huge pages, or a read-only MAP_SHARED mapping) and validates it. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 #include "model/repack.h"
@@ -133,6 +133,26 @@ static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, s
 	return ret;
 }
 
+/* One line on the pages the weights got: on 4 KiB ones decode is 10-20% slower
+ * (TLB misses while streaming them), and the cause is the system's setting. */
+static void log_pages(const struct nx_huge *h)
+{
+	long long huge = nx_huge_resident(h->p, h->len);
+	double mib = (double)h->len / 1048576;
+	if (h->advise_errno)
+		nxd_info("model: madvise(MADV_HUGEPAGE) failed: %s; the weights are on 4 KiB pages",
+			 strerror(h->advise_errno));
+	else if (!h->advised)
+		nxd_info("model: the weights are on 4 KiB pages (NX_HUGE=0)");
+	else if (huge < 0)
+		nxd_info("model: /proc/self/smaps unreadable: cannot tell whether the weights are on 2 MiB pages");
+	else if (huge == 0)
+		nxd_info("model: the kernel gave the weights 4 KiB pages, no 2 MiB ones "
+			 "(/sys/kernel/mm/transparent_hugepage/enabled); decode is slower");
+	else
+		nxd_info("model: %.1f of %.1f MiB of weights on 2 MiB pages", (double)huge / 1048576, mib);
+}
+
 static void pick_type(struct nxd_model *mo)
 {
 	uint64_t bytes[NX_TYPE_COUNT] = { 0 };
@@ -171,18 +191,18 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		mo->map = p;
 		mo->bytes = p;
 	} else {
-		uint8_t *dst = nx_arena_alloc(&d->shm.arena, size, err);
-		if (!dst) {
+		/* Private memory, not the arena: shared memory gets no huge pages
+		 * unless sysfs says so (shm/hugemem.h). NX_HUGE=0: 4 KiB pages. */
+		const char *hg = getenv("NX_HUGE");
+		if (nx_huge_map(&mo->copy, size, !(hg && !strcmp(hg, "0")), err) < 0) {
 			close(fd);
-			return nx_err_prefix(err, "model: no room for %s", path);
+			return nx_err_prefix(err, "model: no memory for %s", path);
 		}
-		if (uring_read_all(fd, dst, size, path, err) < 0) {
+		if (uring_read_all(fd, mo->copy.p, size, path, err) < 0) {
 			close(fd);
 			return -1;
 		}
-		d->shm.weights = dst;
-		d->shm.weights_size = size;
-		mo->bytes = dst;
+		mo->bytes = mo->copy.p;
 		/* The plain rows of the matrices packed below stay readable (the
 		 * embedding lookup, a LoRA fold) through a read-only mapping of the
 		 * file: page cache, paged in only where read. NX_PACK=0: no packing. */
@@ -199,7 +219,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	close(fd);
 	mo->size = size;
 	nxd_info("model: %s: %zu bytes %s in %.0f ms", path, size,
-		 d->o.use_mmap ? "mapped (MAP_SHARED, read-only)" : "read into the shared arena (io_uring)",
+		 d->o.use_mmap ? "mapped (MAP_SHARED, read-only)" : "read into private memory (io_uring)",
 		 (nxd_now() - t0) * 1e3);
 
 	/* Parse and bind the bytes the workers will use, not a second view of
@@ -215,6 +235,17 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		if (k < 0)
 			return nx_err_prefix(err, "model %s", path);
 		nxd_info("model: %d matrices packed for the tile kernels in %.0f ms", k, (nxd_now() - t1) * 1e3);
+	}
+	if (mo->copy.p) {
+		/* Nothing writes the weights from here on, and nothing may: after
+		 * fork a write by the supervisor would copy the page for it alone,
+		 * and the workers would go on computing with the old bytes.
+		 * Read-only, such a write faults instead. (A LoRA fold writes new
+		 * arena blocks and swaps pointers: daemon/lora.c.) */
+		if (mprotect(mo->copy.p, mo->copy.len, PROT_READ) < 0)
+			return nx_errf(err, "model: mprotect(%zu bytes, PROT_READ) failed: %s", mo->copy.len,
+				       strerror(errno));
+		log_pages(&mo->copy);
 	}
 	if (nx_tok_load(&mo->tok, &mo->g, err) < 0)
 		return nx_err_prefix(err, "model %s: tokenizer", path);
@@ -251,5 +282,6 @@ void nxd_model_free(struct nxd *d)
 	free(mo->jinja);
 	if (mo->map)
 		munmap(mo->map, mo->size);
+	nx_huge_unmap(&mo->copy);
 	memset(mo, 0, sizeof(*mo));
 }

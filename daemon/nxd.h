@@ -2,7 +2,7 @@
  *
  * One struct nxd holds everything; the files of daemon/ each own a part:
  *   main.c    options, start-up and shutdown order
- *   model.c   model file -> arena (io_uring reads) or MAP_SHARED mapping, validation
+ *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
  *   shmem.c   arena layout (size / init per region)
  *   procs.c   worker process table: spawn, pidfds, deaths, back-off
  *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
@@ -34,6 +34,7 @@
 #include "sample/stop.h"
 #include "shm/arena.h"
 #include "shm/ctl.h"
+#include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
 #include "worker/sandbox.h"
@@ -70,9 +71,13 @@ struct nxd_opts {
 /* ---------------------------------------------------------------- model */
 
 struct nxd_model {
-	const uint8_t *bytes;   /* the whole file: in the arena, or the read-only mapping */
+	const uint8_t *bytes;   /* the whole file: in `copy`, or the read-only mapping */
 	size_t size;
-	void *map;              /* --mmap: the MAP_SHARED mapping (bytes == map) */
+	void *map;              /* --mmap: the MAP_SHARED mapping (bytes == map); else the plain rows' mapping */
+	/* Copy mode: the file read into private memory on 2 MiB pages (shm/hugemem.h),
+	 * packed, then read-only from the end of nxd_model_load on, before the first
+	 * fork: the workers share its pages (copy-on-write that never copies). */
+	struct nx_huge copy;
 	struct gguf_file g;     /* parsed from bytes */
 	struct nx_model m;      /* the supervisor's own copy; workers use the arena's */
 	struct nx_tok *tok;
@@ -94,12 +99,11 @@ struct nxd_shm {
 	struct nx_state *state_shared; /* workers' copy of the state struct */
 	struct nx_scratch *scratch; /* (n_workers) per-worker scratch structs */
 	struct nx_prof *prof;       /* (n_workers) NXD_PROFILE=1: each worker's time split; else NULL */
-	uint8_t *weights;           /* copy mode: the model file, read with io_uring */
-	size_t weights_size;
 	struct nx_state state;      /* the supervisor's own copy: logits it reads */
 	struct nx_state_cfg cfg;
-	/* page ranges a worker maps read-only before its first step */
-	struct { void *p; size_t len; } ro[2];
+	/* page ranges a worker maps read-only before its first step (the weights
+	 * are read-only already: nxd_model.copy or the --mmap mapping) */
+	struct { void *p; size_t len; } ro[1];
 	int n_ro;
 };
 

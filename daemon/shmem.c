@@ -51,7 +51,7 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 	for (int i = 0; i < d->n_workers; i++)
 		if (add(&total, scratch_size, "worker scratch", err))
 			return -1;
-	nxd_info("arena: %.1f MiB besides the weights (KV cache and activations %.1f MiB, scratch %.1f MiB x %d)",
+	nxd_info("arena: %.1f MiB (KV cache and activations %.1f MiB, scratch %.1f MiB x %d)",
 		 (double)total / 1048576, (double)state_size / 1048576, (double)scratch_size / 1048576,
 		 d->n_workers);
 
@@ -93,13 +93,9 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 		nxd_info("profile: on (NXD_PROFILE=1): per-phase times in status");
 	}
 
-	/* What workers only read: the weights (copy mode; a mapping is read-only
-	 * already) and the model struct. Regions are page-aligned. */
+	/* What workers only read: the model struct (page-aligned). The weights
+	 * are not in the arena and read-only already (daemon/model.c). */
 	sh->n_ro = 0;
-	if (sh->weights) {
-		sh->ro[sh->n_ro].p = sh->weights;
-		sh->ro[sh->n_ro++].len = sh->weights_size;
-	}
 	sh->ro[sh->n_ro].p = sh->model;
 	sh->ro[sh->n_ro++].len = sizeof(struct nx_model);
 	nxd_info("arena: %.1f MiB in use of %.0f GiB reserved", (double)sh->arena.size / 1048576,

@@ -2,9 +2,11 @@
 
 PSS (proportional set size) splits every shared page between the processes
 that map it, so the sum over all nxd processes counts each page once. One
-copy of everything is:
-    copy mode (default): the arena (its memfd holds the weights too)
-    --mmap:              the model file (page cache, mapped shared) + the arena
+copy of everything is the arena + the model file, which is
+    copy mode (default): read into the supervisor's private memory before the
+                         workers are forked, shared with them copy-on-write and
+                         never written (on 2 MiB pages where the kernel allows)
+    --mmap:              the page cache, mapped shared
 The bound: sum(PSS) <= 1.15 x one copy + 48 MiB (code, libc, the
 tokenizer's tables and the sampler's per-slot buffers in the supervisor). A
 design that copied the weights per worker would be over it by a whole model
@@ -12,10 +14,11 @@ per worker (~94 MiB each here). Each worker's own dirty anonymous memory
 (what fork's copy-on-write gave it) must also stay small: < 16 MiB."""
 import os
 import re
+import signal
 
 import pytest
 
-from nxd_helpers import Client, Daemon
+from nxd_helpers import Client, Daemon, pid_alive, wait_until
 
 MIB = 1 << 20
 
@@ -67,7 +70,7 @@ def test_pss_is_one_copy(model_path, tmp_path, mode, report):
         pss = {p: rollup(p)["Pss"] for p in pids}
         arena = arena_size(d.pid)
         fsize = os.path.getsize(model_path)
-        one_copy = arena + (fsize if mode == "mmap" else 0)
+        one_copy = arena + fsize
         bound = 1.15 * one_copy + 48 * MIB
         total = sum(pss.values())
         dirty = {p: anon_dirty(p) for p in pids[1:]}
@@ -82,3 +85,40 @@ def test_pss_is_one_copy(model_path, tmp_path, mode, report):
         # The model is not in the workers' private memory: their PSS is at most about half of it.
         for p in pids[1:]:
             assert pss[p] < 0.75 * one_copy, (p, pss[p], one_copy)
+
+
+def test_weights_on_huge_pages(model_path, tmp_path, report):
+    """Copy mode: the weights are on 2 MiB pages (shm/hugemem.h) in every worker, one respawned after a kill
+    too, and the answer is the one NX_HUGE=0 (4 KiB pages) gives. Where the kernel gives no huge pages the
+    daemon says so in its log and runs on 4 KiB ones: skipped then."""
+    args = ["--ctx", "512", "--slots", "2"]
+    ask = dict(prompt="The capital of France is", raw=True, temperature=0, max_tokens=8)
+    with Daemon(model_path, tmp_path, workers=2, args=args, env={"NX_HUGE": "0"}, name="small") as d:
+        assert "the weights are on 4 KiB pages (NX_HUGE=0)" in d.log()
+        with Client(d.sock) as c:
+            want = c.generate(**ask)
+        assert want[2]["event"] == "done" and "Paris" in want[1]
+
+    with Daemon(model_path, tmp_path, workers=2, args=args) as d:
+        m = re.search(r"model: ([0-9.]+) of ([0-9.]+) MiB of weights on 2 MiB pages", d.log())
+        if not m:
+            line = [l for l in d.log().splitlines() if "4 KiB pages" in l]
+            assert line, d.log()  # the fallback is logged
+            pytest.skip(line[0])
+        huge = float(m.group(1)) * MIB
+        assert huge > 0
+        with Client(d.sock) as c:
+            assert c.generate(**ask)[:2] == want[:2]
+        old = d.worker_pids()
+        os.kill(old[1], signal.SIGKILL)
+        d.wait_log("killed by signal 9")
+        pids = wait_until(lambda: (p := d.worker_pids())[1] != old[1] and pid_alive(p[1]) and p, what="respawn")
+        with Client(d.sock) as c:
+            assert c.generate(**ask)[:2] == want[:2]
+        got = {p: rollup(p) for p in pids}
+        report("huge pages: supervisor %.1f MiB of weights on 2 MiB pages; workers (one respawned) map "
+               % (huge / MIB) + ", ".join(f"{r['AnonHugePages'] / MIB:.1f}" for r in got.values()) + " MiB")
+        for p, r in got.items():
+            # The supervisor's huge pages, not copies: shared, so nothing private to this worker.
+            assert r["AnonHugePages"] >= huge, (p, r, huge)
+            assert anon_dirty(p) < 16 * MIB, (p, anon_dirty(p))

@@ -229,11 +229,12 @@ def unit_allowed_syscalls():
 def test_syscall_filter_keeps_what_nxd_needs():
     """The unit's seccomp allow list must keep what the daemon and workers use:
     io_uring (not in @system-service on newer systemd), seccomp (workers stack
-    their own filter), memfd_create + mmap (arena), sched_setaffinity (pinning)."""
+    their own filter), memfd_create + mmap (arena), madvise + mprotect (weights on
+    huge pages, read-only), sched_setaffinity (pinning)."""
     need("systemd-analyze")
     allowed = unit_allowed_syscalls()
     for sc in ("io_uring_setup", "io_uring_enter", "io_uring_register", "seccomp", "prctl", "memfd_create",
-               "mmap", "ftruncate", "sched_setaffinity", "sched_getaffinity", "futex", "clone", "clone3",
+               "mmap", "madvise", "mprotect", "ftruncate", "sched_setaffinity", "sched_getaffinity", "futex", "clone", "clone3",
                "pidfd_open", "pidfd_send_signal", "signalfd4", "prlimit64", "accept4", "sendmsg", "recvmsg"):
         assert sc in allowed, f"SystemCallFilter= blocks {sc}"
     for sc in ("ptrace", "mount", "init_module", "reboot", "setuid", "kexec_load"):
