@@ -127,6 +127,13 @@ typedef float (*nx_dot_fn)(const void *w, const void *a, int64_t n);
  * Each out[r] is bit-identical to the same table's dot on that row, so a token's
  * result does not depend on what it was batched with. */
 typedef void (*nx_dot_rows_fn)(const void *w, const void *a, size_t a_stride, int n_act, float *out, int64_t n);
+/* Two-part quantization of n elements (n a multiple of the block size):
+ * hi = quant(x), lo = quant(x - dequant(hi)), so that hi + lo carries about 15
+ * bits per value (model/forward.c: prep_act_q says why). Bit-identical to that
+ * composition of the reference quant and dequant, in one pass over x; except
+ * where hi's scale overflows (a Q8_0 block with |x| > 127 * 65504, where the
+ * f16 scale is inf and x - dequant(hi) is inf or NaN): there lo is a zero block. */
+typedef void (*nx_quant2_fn)(const float *src, void *hi, void *lo, int64_t n);
 
 struct nx_type_traits {
 	const char *name;       /* GGUF's name, e.g. "q4_1" */
@@ -137,6 +144,7 @@ struct nx_type_traits {
 	enum nx_type vec_dot_type; /* what activations are quantized to before dot */
 	nx_dot_fn dot;          /* weight (this type) . activation (vec_dot_type) */
 	nx_dot_rows_fn dot_rows; /* one weight row . several activation rows; NULL iff dot is */
+	nx_quant2_fn quant2;    /* NULL: no fused two-part quantizer (activation types have one) */
 };
 
 /* Scalar reference traits: always available, the ground truth for SIMD kernels. */

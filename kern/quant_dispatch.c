@@ -7,7 +7,7 @@
  *       true when this CPU and OS can run it (e.g. __builtin_cpu_supports("avx2")
  *       && __builtin_cpu_supports("fma"));
  *   void nx_kern_<set>_install(struct nx_type_traits *tab, size_t n);
- *       replaces the dequant / quant / dot / dot_rows pointers it implements in
+ *       replaces the dequant / quant / quant2 / dot / dot_rows pointers it implements in
  *       tab, indexed by type id (n entries). It must not change a block layout or
  *       a vec_dot_type: a SIMD kernel computes the same thing as the reference.
  *       dot and dot_rows are swapped together (dot_rows is bit-identical to dot).
@@ -87,7 +87,7 @@ static void table_init(void)
 		if (table[t].blck != ref->blck || table[t].type_size != ref->type_size ||
 		    table[t].vec_dot_type != ref->vec_dot_type || !table[t].dequant != !ref->dequant ||
 		    !table[t].quant != !ref->quant || !table[t].dot != !ref->dot ||
-		    !table[t].dot_rows != !ref->dot_rows)
+		    !table[t].dot_rows != !ref->dot_rows || !table[t].quant2 != !ref->quant2)
 			abort();
 	}
 }

@@ -156,6 +156,24 @@ static void quant_q8_0(const float *src, void *dst, int64_t n)
 	}
 }
 
+/* By its definition (kern/quant.h): quant, dequant, subtract, quant, block by block. */
+static void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_0 *h = hi, *l = lo;
+	float r[QK8_0];
+	for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
+		quant_q8_0(src, &h[i], QK8_0);
+		if (!isfinite(fp16(h[i].d))) {
+			memset(&l[i], 0, sizeof(l[i]));
+			continue;
+		}
+		dequant_q8_0(&h[i], r, QK8_0);
+		for (int j = 0; j < QK8_0; j++)
+			r[j] = src[j] - r[j];
+		quant_q8_0(r, &l[i], QK8_0);
+	}
+}
+
 static float dot_q8_0(const void *w, const void *a, int64_t n)
 {
 	const struct nx_block_q8_0 *x = w, *y = a;
@@ -458,6 +476,20 @@ static void quant_q8_k(const float *src, void *dst, int64_t n)
 			b[i].bsums[g] = (int16_t)s;
 		}
 		b[i].d = 1 / iscale;
+	}
+}
+
+/* By its definition, as quant2_q8_0; the float scale never overflows. */
+static void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_k *h = hi, *l = lo;
+	float r[QK_K];
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		quant_q8_k(src, &h[i], QK_K);
+		dequant_q8_k(&h[i], r, QK_K);
+		for (int j = 0; j < QK_K; j++)
+			r[j] = src[j] - r[j];
+		quant_q8_k(r, &l[i], QK_K);
 	}
 }
 
@@ -918,7 +950,7 @@ static const struct nx_type_traits ref_traits[] = {
 	[NX_Q4_1] = { "q4_1", QK4_1, sizeof(struct nx_block_q4_1), dequant_q4_1, quant_q4_1, NX_Q8_0, dot_q4_1, dot_rows_q4_1 },
 	[NX_Q5_0] = { "q5_0", QK5_0, sizeof(struct nx_block_q5_0), dequant_q5_0, quant_q5_0, NX_Q8_0, dot_q5_0, dot_rows_q5_0 },
 	[NX_Q5_1] = { "q5_1", QK5_1, sizeof(struct nx_block_q5_1), dequant_q5_1, quant_q5_1, NX_Q8_0, dot_q5_1, dot_rows_q5_1 },
-	[NX_Q8_0] = { "q8_0", QK8_0, sizeof(struct nx_block_q8_0), dequant_q8_0, quant_q8_0, NX_Q8_0, dot_q8_0, dot_rows_q8_0 },
+	[NX_Q8_0] = { "q8_0", QK8_0, sizeof(struct nx_block_q8_0), dequant_q8_0, quant_q8_0, NX_Q8_0, dot_q8_0, dot_rows_q8_0, quant2_q8_0 },
 	[NX_Q8_1] = { "q8_1", 32, 36, NULL, NULL, NX_Q8_1, NULL },
 	[NX_Q2_K] = { "q2_k", QK_K, 84, NULL, NULL, NX_Q8_K, NULL },
 	[NX_Q3_K] = { "q3_k", QK_K, 110, NULL, NULL, NX_Q8_K, NULL },
@@ -926,7 +958,7 @@ static const struct nx_type_traits ref_traits[] = {
 	[NX_Q5_K] = { "q5_k", QK_K, sizeof(struct nx_block_q5_k), dequant_q5_k, quant_q5_k, NX_Q8_K, dot_q5_k, dot_rows_q5_k },
 	[NX_Q6_K] = { "q6_k", QK_K, sizeof(struct nx_block_q6_k), dequant_q6_k, quant_q6_k, NX_Q8_K, dot_q6_k, dot_rows_q6_k },
 	/* Activation type only: no dot of its own, so not a supported weight type. */
-	[NX_Q8_K] = { "q8_k", QK_K, sizeof(struct nx_block_q8_k), dequant_q8_k, quant_q8_k, NX_Q8_K, NULL },
+	[NX_Q8_K] = { "q8_k", QK_K, sizeof(struct nx_block_q8_k), dequant_q8_k, quant_q8_k, NX_Q8_K, NULL, NULL, quant2_q8_k },
 	[16] = { "iq2_xxs", QK_K, 66, NULL, NULL, NX_Q8_K, NULL },
 	[17] = { "iq2_xs", QK_K, 74, NULL, NULL, NX_Q8_K, NULL },
 	[18] = { "iq3_xxs", QK_K, 98, NULL, NULL, NX_Q8_K, NULL },

@@ -1,6 +1,6 @@
 /* x86_avx2.c - AVX2/FMA/F16C kernels: the dot of every weight type with its activation
  * type (one or several activation rows per weight row), and the Q8_0 / Q8_K activation
- * quantizers (bit-identical to the reference).
+ * quantizers, one- and two-part (bit-identical to the reference).
  *
  * Built without -m flags: every function carries target("avx2,fma,f16c"), and the
  * dispatcher installs the set only when nx_kern_avx2_usable() says the CPU and OS
@@ -501,70 +501,133 @@ INL float hmax8(__m256 v)
 	return _mm_cvtss_f32(m);
 }
 
-/* As the reference: d = amax / 127 (stored f16), q = roundf(x / d) using id = 1/d. */
+/* The compiler may not fuse what it is given through this into a multiply-add:
+ * the two-part quantizers must round x - d * q as the reference does. */
+INL __m256 opaque(__m256 v)
+{
+	__asm__("" : "+x"(v));
+	return v;
+}
+
+/* One Q8_0 block from its 32 values v[0..3], as the reference: d = amax / 127
+ * (stored f16), q = roundf(x / d) using id = 1/d. Returns the stored levels. */
+INL __m256i q8_0_block(const __m256 *v, struct nx_block_q8_0 *b)
+{
+	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+				       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+	const float amax = hmax8(m);
+	const float d = amax / 127;
+	const float id = d ? 1.0f / d : 0.0f;
+	b->d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+	const __m256 idv = _mm256_set1_ps(id);
+	__m256i q[4];
+	for (int k = 0; k < 4; k++)
+		q[k] = fix_indefinite(_mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], idv))));
+	const __m256i p = pack32(q[0], q[1], q[2], q[3]);
+	_mm256_storeu_si256((__m256i *)b->qs, p);
+	return p;
+}
+
 static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 {
 	struct nx_block_q8_0 *b = dst;
-	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
 	for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
 		__m256 v[4];
 		for (int k = 0; k < 4; k++)
 			v[k] = _mm256_loadu_ps(src + 8 * k);
-		const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-					       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-		const float amax = hmax8(m);
-		const float d = amax / 127;
-		const float id = d ? 1.0f / d : 0.0f;
-		b[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-		const __m256 idv = _mm256_set1_ps(id);
-		__m256i q[4];
-		for (int k = 0; k < 4; k++)
-			q[k] = fix_indefinite(_mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], idv))));
-		_mm256_storeu_si256((__m256i *)b[i].qs, pack32(q[0], q[1], q[2], q[3]));
+		q8_0_block(v, &b[i]);
 	}
 }
 
-/* As the reference: max = the first value of largest magnitude, iscale = -127/max,
- * q = min(127, round-to-even(iscale * x)), d = 1/iscale, bsums over 16-groups. */
+/* hi and lo of each block with x and x - hi in registers. q * d is exact (8-bit
+ * q, 11-bit d), so x - q * d here is the reference's dequant and subtraction. */
+static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_0 *h = hi, *l = lo;
+	for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
+		__m256 v[4], r[4];
+		for (int k = 0; k < 4; k++)
+			v[k] = _mm256_loadu_ps(src + 8 * k);
+		const __m256i p = q8_0_block(v, &h[i]);
+		const float dh = f16(h[i].d);
+		if (dh > 65504.0f) { /* inf: the f16 scale overflowed (kern/quant.h) */
+			memset(&l[i], 0, sizeof(l[i]));
+			continue;
+		}
+		const __m256 dv = _mm256_set1_ps(dh);
+		const __m128i p0 = _mm256_castsi256_si128(p), p1 = _mm256_extracti128_si256(p, 1);
+		const __m128i q8[4] = { p0, _mm_srli_si128(p0, 8), p1, _mm_srli_si128(p1, 8) };
+		for (int k = 0; k < 4; k++) {
+			const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8[k]));
+			r[k] = _mm256_sub_ps(v[k], opaque(_mm256_mul_ps(q, dv)));
+		}
+		q8_0_block(r, &l[i]);
+	}
+}
+
+/* One Q8_K block from src[0..256), as the reference: max = the first value of
+ * largest magnitude, iscale = -127/max, q = min(127, round-to-even(iscale * x)),
+ * d = 1/iscale, bsums over 16-groups. */
+INL void q8_k_block(const float *src, struct nx_block_q8_k *b)
+{
+	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	__m256 m = _mm256_setzero_ps();
+	for (int j = 0; j < QK_K; j += 8)
+		m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(src + j), abs_mask));
+	const float amax = hmax8(m);
+	if (!amax) {
+		memset(b, 0, sizeof(*b));
+		return;
+	}
+	const __m256 amv = _mm256_set1_ps(amax);
+	int first = 0;
+	for (int j = 0; j < QK_K; j += 8) {
+		const __m256 eq = _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(src + j), abs_mask), amv, _CMP_EQ_OQ);
+		const int bits = _mm256_movemask_ps(eq);
+		if (bits) {
+			first = j + __builtin_ctz((unsigned)bits);
+			break;
+		}
+	}
+	const float iscale = -127.f / src[first];
+	const __m256 isv = _mm256_set1_ps(iscale);
+	for (int j = 0; j < QK_K; j += 32) {
+		__m256i q[4];
+		for (int k = 0; k < 4; k++)
+			q[k] = fix_indefinite(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + j + 8 * k), isv)));
+		_mm256_storeu_si256((__m256i *)(b->qs + j), pack32(q[0], q[1], q[2], q[3]));
+	}
+	/* sum of 16 int8 = sad of (q + 128) against 0, less 16 * 128 */
+	for (int g = 0; g < QK_K / 16; g++) {
+		const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(b->qs + 16 * g)),
+						_mm_set1_epi8((char)0x80));
+		const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());
+		b->bsums[g] = (int16_t)(_mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128);
+	}
+	b->d = 1 / iscale;
+}
+
 static TGT void quant_q8_k(const float *src, void *dst, int64_t n)
 {
 	struct nx_block_q8_k *b = dst;
-	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K)
+		q8_k_block(src, &b[i]);
+}
+
+/* x - d * q (d a float: the product is rounded, then subtracted, as in the reference). */
+static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_k *h = hi, *l = lo;
+	float r[QK_K];
 	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
-		__m256 m = _mm256_setzero_ps();
-		for (int j = 0; j < QK_K; j += 8)
-			m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(src + j), abs_mask));
-		const float amax = hmax8(m);
-		if (!amax) {
-			memset(&b[i], 0, sizeof(b[i]));
-			continue;
-		}
-		const __m256 amv = _mm256_set1_ps(amax);
-		int first = 0;
+		q8_k_block(src, &h[i]);
+		const __m256 dv = _mm256_set1_ps(h[i].d);
 		for (int j = 0; j < QK_K; j += 8) {
-			const __m256 eq = _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(src + j), abs_mask), amv, _CMP_EQ_OQ);
-			const int bits = _mm256_movemask_ps(eq);
-			if (bits) {
-				first = j + __builtin_ctz((unsigned)bits);
-				break;
-			}
+			const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(h[i].qs + j))));
+			_mm256_storeu_ps(r + j, _mm256_sub_ps(_mm256_loadu_ps(src + j), opaque(_mm256_mul_ps(dv, q))));
 		}
-		const float iscale = -127.f / src[first];
-		const __m256 isv = _mm256_set1_ps(iscale);
-		for (int j = 0; j < QK_K; j += 32) {
-			__m256i q[4];
-			for (int k = 0; k < 4; k++)
-				q[k] = fix_indefinite(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(src + j + 8 * k), isv)));
-			_mm256_storeu_si256((__m256i *)(b[i].qs + j), pack32(q[0], q[1], q[2], q[3]));
-		}
-		/* sum of 16 int8 = sad of (q + 128) against 0, less 16 * 128 */
-		for (int g = 0; g < QK_K / 16; g++) {
-			const __m128i v = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(b[i].qs + 16 * g)),
-							_mm_set1_epi8((char)0x80));
-			const __m128i s = _mm_sad_epu8(v, _mm_setzero_si128());
-			b[i].bsums[g] = (int16_t)(_mm_cvtsi128_si32(s) + _mm_extract_epi16(s, 4) - 16 * 128);
-		}
-		b[i].d = 1 / iscale;
+		q8_k_block(r, &l[i]);
 	}
 }
 
@@ -601,5 +664,7 @@ void nx_kern_avx2_install(struct nx_type_traits *tab, size_t n)
 	if ((size_t)NX_Q8_K < n) {
 		tab[NX_Q8_0].quant = quant_q8_0;
 		tab[NX_Q8_K].quant = quant_q8_k;
+		tab[NX_Q8_0].quant2 = quant2_q8_0;
+		tab[NX_Q8_K].quant2 = quant2_q8_k;
 	}
 }

@@ -1,6 +1,6 @@
 /* x86_avx512.c - AVX-512 (F, BW, VL, VNNI) kernels: the dot of every weight type with its
  * activation type (one or several activation rows per weight row), and the Q8_0 / Q8_K
- * activation quantizers (bit-identical to the reference).
+ * activation quantizers, one- and two-part (bit-identical to the reference).
  *
  * Built without -m flags (target attributes); installed over the AVX2 set when
  * nx_kern_avx512_usable() says the CPU and OS can run it. VNNI is required: without
@@ -21,6 +21,7 @@
  * per-row accumulators, so dot_rows is bit-identical to dot. */
 #include "kern/quant.h"
 
+#include <float.h>
 #include <immintrin.h>
 #include <string.h>
 
@@ -562,6 +563,14 @@ INL __m512i fix_indefinite(__m512i q)
 	return _mm512_maskz_mov_epi32(_mm512_cmpneq_epi32_mask(q, _mm512_set1_epi32(INT32_MIN)), q);
 }
 
+/* The compiler may not fuse what it is given through this into a multiply-add:
+ * the two-part quantizers must round x - d * q as the reference does. */
+INL __m512 opaque(__m512 v)
+{
+	__asm__("" : "+v"(v));
+	return v;
+}
+
 /* As the reference: d = amax / 127 (stored f16), q = roundf(x / d) using id = 1/d. */
 static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 {
@@ -580,38 +589,159 @@ static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 	}
 }
 
-/* As the reference: max = the first value of largest magnitude, iscale = -127/max,
- * q = min(127, round-to-even(iscale * x)), d = 1/iscale, bsums over 16-groups. */
+/* Two-part Q8_0, 16 blocks at a time: the per-block scalar steps (the largest
+ * magnitude, d, 1/d, the f16 rounding) are done for 16 blocks in one vector,
+ * so no block waits on its own horizontal reduction and divisions. */
+
+/* Where block b's vector goes among max16's inputs: lane b of the result is its largest lane. */
+#define MSLOT(b) (4 * ((b) % 4) + (b) / 4)
+
+/* Lane i of the result = the largest lane of m[MSLOT(i)]: a 16 x 16 transpose
+ * and max in four levels of pairwise shuffles (lane 4k + s ends up with m[4s + k]). */
+INL __m512 max16(const __m512 *m)
+{
+	__m512 c[8], e[4], g[2];
+	for (int j = 0; j < 8; j++) /* 256-bit halves */
+		c[j] = _mm512_max_ps(_mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0x44),
+				     _mm512_shuffle_f32x4(m[2 * j], m[2 * j + 1], 0xee));
+	for (int j = 0; j < 4; j++) /* 128-bit quarters */
+		e[j] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0x88),
+				     _mm512_shuffle_f32x4(c[2 * j], c[2 * j + 1], 0xdd));
+	for (int j = 0; j < 2; j++) /* pairs within quarters */
+		g[j] = _mm512_max_ps(_mm512_shuffle_ps(e[2 * j], e[2 * j + 1], 0x44),
+				     _mm512_shuffle_ps(e[2 * j], e[2 * j + 1], 0xee));
+	return _mm512_max_ps(_mm512_shuffle_ps(g[0], g[1], 0x88), _mm512_shuffle_ps(g[0], g[1], 0xdd));
+}
+
+INL __m512 absmax2(__m512 v0, __m512 v1)
+{
+	return _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+}
+
+/* The scales of 16 blocks from their largest magnitudes, as the reference:
+ * d = amax / 127 to f16 (d16), that f16 as a float (dh), id = 1/d, or 0 where
+ * 1/d is not finite (d = 0 or subnormal). */
+INL void q8_0_scales(__m512 amax, uint16_t *d16, float *dh, float *id)
+{
+	const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+	const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), d);
+	const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(inv), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
+	_mm512_storeu_ps(id, _mm512_maskz_mov_ps(finite, inv));
+	const __m256i h = _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT);
+	_mm256_storeu_si256((__m256i *)d16, h);
+	_mm512_storeu_ps(dh, _mm512_cvtph_ps(h));
+}
+
+/* One block's 32 levels roundf(x * id), stored at qs; q0, q1 get them as int32.
+ * roundf(y) = trunc(y + copysign(0.5 - 2^-25, y)) for every float |y| < 256
+ * (checked over all of them; here |y| <= 127 and a bit). A NaN y (inf * 0,
+ * only for an infinite x) converts to INT32_MIN, saturates to -128, and is
+ * stored as 0, as in the reference; finite input never gives -128. */
+INL void q8_0_levels(__m512 v0, __m512 v1, __m512 idv, int8_t *qs, __m512i *q0, __m512i *q1)
+{
+	const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0x1.fffffep-2f);
+	const __m512 y0 = opaque(_mm512_mul_ps(v0, idv)), y1 = opaque(_mm512_mul_ps(v1, idv));
+	*q0 = _mm512_cvttps_epi32(_mm512_add_ps(y0, _mm512_or_ps(_mm512_and_ps(y0, sign), half)));
+	*q1 = _mm512_cvttps_epi32(_mm512_add_ps(y1, _mm512_or_ps(_mm512_and_ps(y1, sign), half)));
+	__m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtsepi32_epi8(*q0)),
+					    _mm512_cvtsepi32_epi8(*q1), 1);
+	b = _mm256_maskz_mov_epi8(_mm256_cmpneq_epi8_mask(b, _mm256_set1_epi8(-128)), b);
+	_mm256_storeu_si256((__m256i *)qs, b);
+}
+
+static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_0 *h = hi, *l = lo;
+	const int64_t nb = n / QK8_0;
+	float r[16 * QK8_0]; /* x - dequant(hi) of the 16 blocks */
+	uint16_t d16[16];
+	float dh[16], id[16];
+	for (int64_t b0 = 0; b0 < nb; b0 += 16, src += 16 * QK8_0) {
+		const int k = nb - b0 < 16 ? (int)(nb - b0) : 16;
+		__m512 m[16];
+		for (int b = 0; b < 16; b++)
+			m[b] = _mm512_setzero_ps();
+		for (int b = 0; b < k; b++)
+			m[MSLOT(b)] = absmax2(_mm512_loadu_ps(src + 32 * b), _mm512_loadu_ps(src + 32 * b + 16));
+		q8_0_scales(max16(m), d16, dh, id);
+		for (int b = 0; b < k; b++) {
+			const __m512 v0 = _mm512_loadu_ps(src + 32 * b), v1 = _mm512_loadu_ps(src + 32 * b + 16);
+			__m512i q0, q1;
+			q8_0_levels(v0, v1, _mm512_set1_ps(id[b]), h[b0 + b].qs, &q0, &q1);
+			memcpy(&h[b0 + b].d, &d16[b], 2);
+			/* q * dh is exact (8-bit q, 11-bit dh): fused or not, this is x - dequant(hi) */
+			const __m512 dv = _mm512_set1_ps(dh[b]);
+			const __m512 r0 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), dv, v0);
+			const __m512 r1 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), dv, v1);
+			_mm512_storeu_ps(r + 32 * b, r0);
+			_mm512_storeu_ps(r + 32 * b + 16, r1);
+			m[MSLOT(b)] = absmax2(r0, r1);
+		}
+		/* where hi's f16 scale overflowed (inf), lo is a zero block (kern/quant.h) */
+		const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_loadu_ps(dh), _mm512_set1_ps(65504.0f), _CMP_LE_OQ);
+		q8_0_scales(_mm512_maskz_mov_ps(ok, max16(m)), d16, dh, id);
+		for (int b = 0; b < k; b++) {
+			__m512i q0, q1;
+			q8_0_levels(_mm512_loadu_ps(r + 32 * b), _mm512_loadu_ps(r + 32 * b + 16), _mm512_set1_ps(id[b]),
+				    l[b0 + b].qs, &q0, &q1);
+			memcpy(&l[b0 + b].d, &d16[b], 2);
+		}
+	}
+}
+
+/* One Q8_K block from src[0..256), as the reference: max = the first value of
+ * largest magnitude, iscale = -127/max, q = min(127, round-to-even(iscale * x)),
+ * d = 1/iscale, bsums over 16-groups. */
+INL void q8_k_block(const float *src, struct nx_block_q8_k *b)
+{
+	__m512 m = _mm512_setzero_ps();
+	for (int j = 0; j < QK_K; j += 16)
+		m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(src + j)));
+	const float amax = _mm512_reduce_max_ps(m);
+	if (!amax) {
+		memset(b, 0, sizeof(*b));
+		return;
+	}
+	const __m512 amv = _mm512_set1_ps(amax);
+	int first = 0;
+	for (int j = 0; j < QK_K; j += 16) {
+		const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(src + j)), amv, _CMP_EQ_OQ);
+		if (eq) {
+			first = j + __builtin_ctz((unsigned)eq);
+			break;
+		}
+	}
+	const float iscale = -127.f / src[first];
+	const __m512 isv = _mm512_set1_ps(iscale);
+	for (int g = 0; g < QK_K / 16; g++) {
+		__m512i q = fix_indefinite(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + 16 * g), isv)));
+		q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
+		_mm_storeu_si128((__m128i *)(b->qs + 16 * g), _mm512_cvtsepi32_epi8(q));
+		b->bsums[g] = (int16_t)_mm512_reduce_add_epi32(q);
+	}
+	b->d = 1 / iscale;
+}
+
 static TGT void quant_q8_k(const float *src, void *dst, int64_t n)
 {
 	struct nx_block_q8_k *b = dst;
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K)
+		q8_k_block(src, &b[i]);
+}
+
+/* x - d * q (d a float: the product is rounded, then subtracted, as in the reference). */
+static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
+{
+	struct nx_block_q8_k *h = hi, *l = lo;
+	float r[QK_K];
 	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
-		__m512 m = _mm512_setzero_ps();
-		for (int j = 0; j < QK_K; j += 16)
-			m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(src + j)));
-		const float amax = _mm512_reduce_max_ps(m);
-		if (!amax) {
-			memset(&b[i], 0, sizeof(b[i]));
-			continue;
-		}
-		const __m512 amv = _mm512_set1_ps(amax);
-		int first = 0;
+		q8_k_block(src, &h[i]);
+		const __m512 dv = _mm512_set1_ps(h[i].d);
 		for (int j = 0; j < QK_K; j += 16) {
-			const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(src + j)), amv, _CMP_EQ_OQ);
-			if (eq) {
-				first = j + __builtin_ctz((unsigned)eq);
-				break;
-			}
+			const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h[i].qs + j))));
+			_mm512_storeu_ps(r + j, _mm512_sub_ps(_mm512_loadu_ps(src + j), opaque(_mm512_mul_ps(dv, q))));
 		}
-		const float iscale = -127.f / src[first];
-		const __m512 isv = _mm512_set1_ps(iscale);
-		for (int g = 0; g < QK_K / 16; g++) {
-			__m512i q = fix_indefinite(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(src + 16 * g), isv)));
-			q = _mm512_min_epi32(q, _mm512_set1_epi32(127));
-			_mm_storeu_si128((__m128i *)(b[i].qs + 16 * g), _mm512_cvtsepi32_epi8(q));
-			b[i].bsums[g] = (int16_t)_mm512_reduce_add_epi32(q);
-		}
-		b[i].d = 1 / iscale;
+		q8_k_block(r, &l[i]);
 	}
 }
 
@@ -651,5 +781,7 @@ void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n)
 	if ((size_t)NX_Q8_K < n) {
 		tab[NX_Q8_0].quant = quant_q8_0;
 		tab[NX_Q8_K].quant = quant_q8_k;
+		tab[NX_Q8_0].quant2 = quant2_q8_0;
+		tab[NX_Q8_K].quant2 = quant2_q8_k;
 	}
 }

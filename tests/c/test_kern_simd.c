@@ -1,6 +1,7 @@
 /* test_kern_simd.c - every SIMD kernel set this CPU can run, against the scalar reference:
  * dots within a float-summation bound, dot_rows bit-identical to dot, activation
- * quantizers bit-identical to the reference blocks.
+ * quantizers (one- and two-part) bit-identical to the reference blocks, rmsnorm
+ * and the packed kernels' activation side values bit-identical to their references.
  *
  * The bound: |simd - ref| <= 1e-5 * T, T = sum over the dot's addends of their
  * magnitudes (sum_i |w_i a_i| over dequantized values, with a block's scale part
@@ -26,6 +27,9 @@
 
 #include <cmocka.h>
 
+#include "kern/norm.h"
+#include "kern/pack.h"
+#include "kern/pack_act.h"
 #include "kern/quant.h"
 
 /* The kernel sets (kern/x86_*.c), as kern/quant_dispatch.c declares them. */
@@ -238,6 +242,8 @@ static void test_installed(void **state)
 	}
 	assert_true(tab[NX_Q8_0].quant != nx_type_ref(NX_Q8_0)->quant);
 	assert_true(tab[NX_Q8_K].quant != nx_type_ref(NX_Q8_K)->quant);
+	assert_true(tab[NX_Q8_0].quant2 != nx_type_ref(NX_Q8_0)->quant2);
+	assert_true(tab[NX_Q8_K].quant2 != nx_type_ref(NX_Q8_K)->quant2);
 	/* layouts untouched */
 	for (uint32_t t = 0; t < N_IDS; t++) {
 		const struct nx_type_traits *ref = nx_type_ref((enum nx_type)t);
@@ -472,6 +478,223 @@ static void test_quant_act(void **state)
 	}
 }
 
+/* Inputs for the two-part quantizers: the cases above, and three more. */
+static void fill_act2_case(float *x, int64_t n, int blk, int kind)
+{
+	if (kind < 6) {
+		fill_act_case(x, n, blk, kind);
+		return;
+	}
+	switch (kind) {
+	case 6: /* huge: around the largest Q8_0 block whose f16 scale is finite, 127 * 65504 */
+		for (int64_t b = 0; b < n / blk; b++) {
+			const float top = 127.0f * 65504.0f * (float)(1.0 + ldexp((double)(rng_next() % 65) - 32, -14));
+			for (int64_t i = b * blk; i < (b + 1) * blk; i++)
+				x[i] = top * (float)(2 * rng_uniform() - 1);
+			x[b * blk + (int64_t)(rng_next() % (uint64_t)blk)] = rng_next() & 1 ? top : -top;
+		}
+		break;
+	case 7: /* exact levels (scale 1/8): x - hi is 0, lo a zero block */
+		for (int64_t i = 0; i < n; i++)
+			x[i] = (float)((int)(rng_next() % 255) - 127) / 8;
+		for (int64_t b = 0; b < n / blk; b++)
+			x[b * blk] = 127.0f / 8;
+		break;
+	default: /* activation-like */
+		fill_data(x, n);
+		break;
+	}
+}
+
+/* What quant2 replaces: quant, dequant, subtract, quant with table tr's kernels. */
+static void compose2(const struct nx_type_traits *tr, const float *x, uint8_t *hi, uint8_t *lo, int64_t n)
+{
+	float *r = xmalloc((size_t)n * sizeof(float));
+	tr->quant(x, hi, n);
+	tr->dequant(hi, r, n);
+	for (int64_t i = 0; i < n; i++)
+		r[i] = x[i] - r[i];
+	tr->quant(r, lo, n);
+	free(r);
+}
+
+/* lo's blocks against the composition's; where hi's f16 scale overflowed, lo must be a zero block. */
+static int check_lo(const char *what, enum nx_type t, const uint8_t *hi, const uint8_t *lo, const uint8_t *clo,
+		    int64_t n, int kind)
+{
+	const struct nx_type_traits *ref = nx_type_ref(t);
+	const size_t bs = ref->type_size;
+	int overflowed = 0;
+	for (int64_t b = 0; b < n / ref->blck; b++) {
+		const uint8_t *l = lo + (size_t)b * bs, *c = clo + (size_t)b * bs;
+		nx_f16 dh;
+		memcpy(&dh, hi + (size_t)b * bs, 2);
+		if (t == NX_Q8_0 && (dh & 0x7fff) == 0x7c00) {
+			overflowed++;
+			for (size_t i = 0; i < bs; i++)
+				if (l[i])
+					fail_msg("%s %s, case %d: block %lld overflowed, lo byte %zu is %02x, want 0", what,
+						 nx_type_name(t), kind, (long long)b, i, l[i]);
+			continue;
+		}
+		for (size_t i = 0; i < bs; i++)
+			if (l[i] != c[i])
+				fail_msg("%s %s, case %d, n=%lld: lo byte %zu (block %lld) is %02x, composition %02x", what,
+					 nx_type_name(t), kind, (long long)n, i, (long long)b, l[i], c[i]);
+	}
+	return overflowed;
+}
+
+static void check_bytes(const char *what, enum nx_type t, const char *part, const uint8_t *got, const uint8_t *want,
+			size_t bytes, int kind)
+{
+	for (size_t i = 0; i < bytes; i++)
+		if (got[i] != want[i])
+			fail_msg("%s %s %s, case %d: byte %zu (block %zu) is %02x, want %02x", what, nx_type_name(t), part,
+				 kind, i, i / nx_type_ref(t)->type_size, got[i], want[i]);
+}
+
+/* quant2, the set's and the reference's, against each other (all bytes) and
+ * against the composition it replaces, with the set's and the reference's kernels. */
+static void test_quant2(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	rng_state = 0x5eed0004;
+	static const enum nx_type ats[] = { NX_Q8_0, NX_Q8_K };
+	int overflowed = 0, lo_zero = 0, lo_blocks = 0;
+	for (size_t k = 0; k < 2; k++) {
+		const enum nx_type t = ats[k];
+		const struct nx_type_traits *ref = nx_type_ref(t);
+		const int blk = (int)ref->blck;
+		assert_non_null(ref->quant2);
+		assert_non_null(tab[t].quant2);
+		for (int kind = 0; kind < 9; kind++) {
+			for (int rep = 0; rep < 20; rep++) {
+				/* the model's 1536 and 576; up to 40 blocks: the Q8_0 SIMD kernels go 16 at a time */
+				const int64_t n = rep < 2 && blk == QK8_0 ? (rep ? 576 : 1536)
+									  : blk * (1 + (int64_t)(rng_next() % 40));
+				float *x = xmalloc((size_t)n * sizeof(float));
+				fill_act2_case(x, n, blk, kind);
+				const size_t bytes = (size_t)nx_row_size(t, n);
+				uint8_t *buf = xmalloc(6 * bytes);
+				uint8_t *hi = buf, *lo = buf + bytes, *rhi = buf + 2 * bytes, *rlo = buf + 3 * bytes;
+				uint8_t *chi = buf + 4 * bytes, *clo = buf + 5 * bytes;
+				memset(buf, 0xaa, 6 * bytes);
+				tab[t].quant2(x, hi, lo, n);
+				ref->quant2(x, rhi, rlo, n);
+				check_bytes(ks->name, t, "quant2 hi", hi, rhi, bytes, kind);
+				check_bytes(ks->name, t, "quant2 lo", lo, rlo, bytes, kind);
+				compose2(ref, x, chi, clo, n);
+				check_bytes("ref", t, "quant2 hi", rhi, chi, bytes, kind);
+				overflowed += check_lo("ref", t, rhi, rlo, clo, n, kind);
+				compose2(&tab[t], x, chi, clo, n);
+				check_bytes(ks->name, t, "quant2 hi", hi, chi, bytes, kind);
+				check_lo(ks->name, t, hi, lo, clo, n, kind);
+				for (size_t b = 0; b < bytes / ref->type_size; b++) {
+					const uint8_t *l = lo + b * ref->type_size;
+					size_t z = 0;
+					while (z < ref->type_size && !l[z])
+						z++;
+					lo_zero += z == ref->type_size;
+					lo_blocks++;
+				}
+				free(x);
+				free(buf);
+			}
+		}
+	}
+	/* the cases reach what they are for: overflowed Q8_0 scales, zero and non-zero lo blocks */
+	assert_true(overflowed > 0);
+	assert_true(lo_zero > 0 && lo_zero < lo_blocks / 2);
+}
+
+/* rmsnorm: every set's kernel bit-identical to the reference (also in place), the
+ * reference within float rounding of the exact value; lengths with and without a
+ * tail. (A kernel summing in another order would still pass almost always: the
+ * double sum's last bits rarely reach the float result. The order is kept by
+ * construction, kern/norm.h; what this catches is a wrong lane, tail or product.) */
+static void test_rmsnorm(void **state)
+{
+	rng_state = 0x5eed0005;
+	static const char *const sets[] = { "avx2", "avx512" };
+	const nx_rmsnorm_fn ref = nx_rmsnorm_kernel("ref");
+	assert_non_null(ref);
+	static const int ns[] = { 1, 7, 15, 16, 17, 31, 33, 100, 576, 896, 1536 };
+	static const float scales[] = { 1, 1e-3f, 1e3f, 1e-30f, 1e30f, 0 };
+	for (int c = 0; c < 11 * 6 * 3; c++) {
+		const int n = ns[c % 11];
+		const float sc = scales[c / 11 % 6];
+		float *x = xmalloc((size_t)n * sizeof(float)), *w = xmalloc((size_t)n * sizeof(float));
+		float *r = xmalloc((size_t)n * sizeof(float)), *o = xmalloc((size_t)n * sizeof(float));
+		fill_data(x, n);
+		for (int i = 0; i < n; i++) {
+			x[i] *= sc;
+			w[i] = 1 + 0.5f * rng_gauss();
+		}
+		const float eps = c % 2 ? 1e-5f : 1e-6f;
+		ref(r, x, w, n, eps);
+		double ss = 0;
+		for (int i = 0; i < n; i++)
+			ss += (double)x[i] * x[i];
+		const double inv = 1.0 / sqrt(ss / n + eps);
+		for (int i = 0; i < n; i++) {
+			const double want = (double)x[i] * inv * w[i];
+			if (fabs(r[i] - want) > 4e-7 * fabs(want) + 1e-45)
+				fail_msg("ref rmsnorm n=%d scale %g: out[%d] = %.9g, exact %.9g", n, sc, i, r[i], want);
+		}
+		for (size_t k = 0; k < 2; k++) {
+			const nx_rmsnorm_fn f = nx_rmsnorm_kernel(sets[k]);
+			if (!f)
+				continue;
+			memcpy(o, x, (size_t)n * sizeof(float));
+			f(o, o, w, n, eps);
+			if (memcmp(o, r, (size_t)n * sizeof(float)))
+				fail_msg("%s rmsnorm n=%d scale %g differs from the reference", sets[k], n, sc);
+		}
+		nx_rmsnorm(o, x, w, n, eps);
+		assert_memory_equal(o, r, (size_t)n * sizeof(float));
+		free(x);
+		free(w);
+		free(r);
+		free(o);
+	}
+}
+
+/* nx_pack_act_prep_rows bit-identical to nx_pack_act_prep row by row: random
+ * levels (-128 too), scales of every kind (0, subnormal, inf, negative). */
+static void test_pack_act_rows(void **state)
+{
+	rng_state = 0x5eed0006;
+	static const nx_f16 odd[] = { 0x0000, 0x8000, 0x0001, 0x03ff, 0x7c00, 0xfc00, 0x7bff, 0x3c00 };
+	for (int rep = 0; rep < 50; rep++) {
+		const int64_t n = 32 * (1 + (int64_t)(rng_next() % 50));
+		const int rows = 1 + (int)(rng_next() % 4), nb = (int)(n / 32);
+		const size_t rs = (size_t)nx_row_size(NX_Q8_0, n), stride = rs + 34 * (rng_next() % 3);
+		uint8_t *q = xmalloc(stride * (size_t)rows);
+		for (int i = 0; i < rows; i++) {
+			uint8_t *row = q + (size_t)i * stride;
+			randomize_blocks(NX_Q8_0, row, n);
+			for (int b = 0; b < nb; b++)
+				if (rng_next() % 4 == 0)
+					memcpy(row + 34 * b, &odd[rng_next() % 8], 2);
+		}
+		float *d = xmalloc(4 * sizeof(float) * (size_t)rows * nb), *s = d + rows * nb;
+		float *rd = s + rows * nb, *rsum = rd + rows * nb;
+		int32_t *c = xmalloc(2 * sizeof(int32_t) * (size_t)rows * nb), *rc = c + rows * nb;
+		nx_pack_act_prep_rows(q, stride, rows, n, d, s, c);
+		for (int i = 0; i < rows; i++)
+			nx_pack_act_prep(q + (size_t)i * stride, n, rd + i * nb, rsum + i * nb, rc + i * nb);
+		if (memcmp(d, rd, sizeof(float) * (size_t)rows * nb) || memcmp(c, rc, sizeof(int32_t) * (size_t)rows * nb) ||
+		    memcmp(s, rsum, sizeof(float) * (size_t)rows * nb))
+			fail_msg("nx_pack_act_prep_rows differs from nx_pack_act_prep (n=%lld, rows %d)", (long long)n, rows);
+		free(q);
+		free(d);
+		free(c);
+	}
+}
+
 /* The engine's table takes the strongest usable set's kernels, and has dot_rows everywhere. */
 static void test_engine_table(void **state)
 {
@@ -501,10 +724,13 @@ int main(void)
 	{ name " dots", test_dots, NULL, NULL, (void *)&ksets[i] },                        \
 	{ name " dot extremes", test_dot_extremes, NULL, NULL, (void *)&ksets[i] },        \
 	{ name " dot_rows", test_dot_rows, NULL, NULL, (void *)&ksets[i] },                \
-	{ name " activation quantizers", test_quant_act, NULL, NULL, (void *)&ksets[i] }
+	{ name " activation quantizers", test_quant_act, NULL, NULL, (void *)&ksets[i] },  \
+	{ name " two-part quantizers", test_quant2, NULL, NULL, (void *)&ksets[i] }
 	const struct CMUnitTest tests[] = {
 		SET_TESTS(0, "avx2"),
 		SET_TESTS(1, "avx512"),
+		cmocka_unit_test(test_rmsnorm),
+		cmocka_unit_test(test_pack_act_rows),
 		cmocka_unit_test(test_engine_table),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
