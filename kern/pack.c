@@ -1,5 +1,6 @@
 /* pack.c - packed layouts (kern/pack.h): packing, unpacking, activation side values, the reference kernels and the choice of kernel. */
 #include "kern/pack.h"
+#include "kern/pack_k.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -12,29 +13,86 @@ nx_pack_fn nx_pack_avx512_kernel(enum nx_type t);
 
 bool nx_pack_layout(enum nx_type t)
 {
-	return t == NX_Q4_1 || t == NX_Q8_0;
+	if (nx_pack_k_type(t)) return true;
+	return t == NX_Q4_0 || t == NX_Q4_1 || t == NX_Q5_0 || t == NX_Q5_1 || t == NX_Q8_0;
 }
 
 /* Bytes of one block of a group (16 blocks of the plain type). */
 static size_t group_block(enum nx_type t)
 {
-	return t == NX_Q4_1 ? 16 * sizeof(struct nx_block_q4_1) : 16 * sizeof(struct nx_block_q8_0);
+	return NX_PACK_ROWS * nx_type_ref(t)->type_size;
+}
+
+/* Offsets in a group block of the 4-bit types: scales d, mins m, fifth-bit masks h, nibble vectors qs. */
+struct nib_layout {
+	int d, m, h, qs;
+};
+
+static struct nib_layout nib_layout(enum nx_type t)
+{
+	switch (t) {
+	case NX_Q4_0: return (struct nib_layout){0, -1, -1, 32};
+	case NX_Q4_1: return (struct nib_layout){0, 32, -1, 64};
+	case NX_Q5_0: return (struct nib_layout){0, -1, 32, 96};
+	default: return (struct nib_layout){0, 32, 64, 128}; /* q5_1 */
+	}
+}
+
+/* Plain block x (any of the 4-bit types) into lane r of group block o. */
+static void pack_nib_block(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
+{
+	const struct nib_layout L = nib_layout(t);
+	const uint8_t *qs, *qh = NULL;
+	switch (t) {
+	case NX_Q4_0: qs = ((const struct nx_block_q4_0 *)x)->qs; break;
+	case NX_Q4_1: qs = ((const struct nx_block_q4_1 *)x)->qs; break;
+	case NX_Q5_0: qs = ((const struct nx_block_q5_0 *)x)->qs, qh = ((const struct nx_block_q5_0 *)x)->qh; break;
+	default: qs = ((const struct nx_block_q5_1 *)x)->qs, qh = ((const struct nx_block_q5_1 *)x)->qh; break;
+	}
+	memcpy(o + L.d + 2 * r, x, 2); /* d leads every block */
+	if (L.m >= 0)
+		memcpy(o + L.m + 2 * r, x + 2, 2); /* m follows it */
+	for (int c = 0; c < 4; c++)
+		memcpy(o + L.qs + 64 * c + 4 * r, qs + 4 * c, 4);
+	for (int j = 0; qh && j < 8; j++) { /* nibble j of qh to bits 4r..4r+3 of mask j */
+		uint8_t *h = o + L.h + 8 * j + r / 2;
+		const int sh = 4 * (r % 2);
+		*h = (uint8_t)((*h & ~(15 << sh)) | ((qh[j / 2] >> (4 * (j % 2)) & 15) << sh));
+	}
+}
+
+static void unpack_nib_block(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
+{
+	const struct nib_layout L = nib_layout(t);
+	uint8_t *qs, *qh = NULL;
+	switch (t) {
+	case NX_Q4_0: qs = ((struct nx_block_q4_0 *)x)->qs; break;
+	case NX_Q4_1: qs = ((struct nx_block_q4_1 *)x)->qs; break;
+	case NX_Q5_0: qs = ((struct nx_block_q5_0 *)x)->qs, qh = ((struct nx_block_q5_0 *)x)->qh; break;
+	default: qs = ((struct nx_block_q5_1 *)x)->qs, qh = ((struct nx_block_q5_1 *)x)->qh; break;
+	}
+	memcpy(x, o + L.d + 2 * r, 2);
+	if (L.m >= 0)
+		memcpy(x + 2, o + L.m + 2 * r, 2);
+	for (int c = 0; c < 4; c++)
+		memcpy(qs + 4 * c, o + L.qs + 64 * c + 4 * r, 4);
+	if (qh)
+		memset(qh, 0, 4);
+	for (int j = 0; qh && j < 8; j++)
+		qh[j / 2] |= (uint8_t)((o[L.h + 8 * j + r / 2] >> (4 * (r % 2)) & 15) << (4 * (j % 2)));
 }
 
 void nx_pack_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in)
 {
+	if (nx_pack_k_type(t)) { nx_pack_k_group(t, rows, row_bytes, dst, n_in); return; }
 	const int64_t nb = n_in / 32;
 	const size_t gb = group_block(t);
 	for (int64_t b = 0; b < nb; b++) {
 		uint8_t *o = (uint8_t *)dst + (size_t)b * gb;
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			const uint8_t *row = (const uint8_t *)rows + (size_t)r * row_bytes;
-			if (t == NX_Q4_1) {
-				const struct nx_block_q4_1 *x = (const struct nx_block_q4_1 *)row + b;
-				memcpy(o + 2 * r, &x->d, 2);
-				memcpy(o + 32 + 2 * r, &x->m, 2);
-				for (int c = 0; c < 4; c++)
-					memcpy(o + 64 + 64 * c + 4 * r, x->qs + 4 * c, 4);
+			if (t != NX_Q8_0) {
+				pack_nib_block(t, row + (size_t)b * (gb / NX_PACK_ROWS), r, o);
 			} else {
 				const struct nx_block_q8_0 *x = (const struct nx_block_q8_0 *)row + b;
 				memcpy(o + 2 * r, &x->d, 2);
@@ -48,16 +106,13 @@ void nx_pack_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst
 
 void nx_unpack_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in)
 {
+	if (nx_pack_k_type(t)) { nx_unpack_k_row(t, group, r, dst, n_in); return; }
 	const int64_t nb = n_in / 32;
 	const size_t gb = group_block(t);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *o = (const uint8_t *)group + (size_t)b * gb;
-		if (t == NX_Q4_1) {
-			struct nx_block_q4_1 *x = (struct nx_block_q4_1 *)dst + b;
-			memcpy(&x->d, o + 2 * r, 2);
-			memcpy(&x->m, o + 32 + 2 * r, 2);
-			for (int c = 0; c < 4; c++)
-				memcpy(x->qs + 4 * c, o + 64 + 64 * c + 4 * r, 4);
+		if (t != NX_Q8_0) {
+			unpack_nib_block(t, o, r, (uint8_t *)dst + (size_t)b * (gb / NX_PACK_ROWS));
 		} else {
 			struct nx_block_q8_0 *x = (struct nx_block_q8_0 *)dst + b;
 			memcpy(&x->d, o + 2 * r, 2);
@@ -85,33 +140,59 @@ void nx_pack_act_prep(const void *q8_0_row, int64_t n_in, float *d, float *s, in
  * Per (row, activation row) and block b, with isum the exact integer block dot:
  *   q4_1: acc_d = fma(d_w, (float)isum * d_a, acc_d); acc_m = fma(m_w, s_a, acc_m)
  *   q8_0: acc_d = fma(d_w, (float)(isum_u - c_a) * d_a, acc_d), isum_u against q + 128
- * and the result is acc_d + acc_m (q8_0: acc_d). The SIMD kernels do exactly this per lane. */
+ *   q5_1: as q4_1, q 0..31
+ *   q4_0: acc_d = fma(d_w, (float)(isum_u - c_a / 16) * d_a, acc_d), isum_u against q 0..15
+ *   q5_0: acc_d = fma(d_w, (float)(isum_u - c_a / 8) * d_a, acc_d), isum_u against q 0..31
+ * (c_a / 16 = 8 * sum(q_a) and c_a / 8 = 16 * sum(q_a): the offsets, exactly)
+ * and the result is acc_d + acc_m (others: acc_d). The SIMD kernels do exactly this per lane. */
 
-static void ref_q4_1(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
+/* The 4-bit types: q4_0, q4_1, q5_0, q5_1. */
+static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
 	const int64_t nb = n_in / 32;
+	const size_t gb = group_block(t);
+	const struct nib_layout L = nib_layout(t);
+	const int off_shift = t == NX_Q4_0 ? 4 : t == NX_Q5_0 ? 3 : 0; /* offset = c_a / 2^shift, 0: none */
 	for (int i = 0; i < n_act; i++) {
 		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc_d = 0, acc_m = 0;
 			for (int64_t b = 0; b < nb; b++) {
-				const uint8_t *o = (const uint8_t *)group + (size_t)b * 320;
+				const uint8_t *o = (const uint8_t *)group + (size_t)b * gb;
 				nx_f16 dh, mh;
-				memcpy(&dh, o + 2 * r, 2);
-				memcpy(&mh, o + 32 + 2 * r, 2);
+				memcpy(&dh, o + L.d + 2 * r, 2);
 				int32_t isum = 0;
 				for (int c = 0; c < 4; c++)
 					for (int k = 0; k < 4; k++) {
-						const uint8_t v = o[64 + 64 * c + 4 * r + k];
-						isum += (v & 15) * y[b].qs[4 * c + k] + (v >> 4) * y[b].qs[16 + 4 * c + k];
+						const uint8_t v = o[L.qs + 64 * c + 4 * r + k];
+						const int bit = 4 * r + k; /* of masks c (low nibbles) and 4 + c (high) */
+						const int h_lo = L.h < 0 ? 0 : o[L.h + 8 * c + bit / 8] >> (bit % 8) & 1;
+						const int h_hi = L.h < 0 ? 0 : o[L.h + 8 * (4 + c) + bit / 8] >> (bit % 8) & 1;
+						isum += ((v & 15) | h_lo << 4) * y[b].qs[4 * c + k] +
+							((v >> 4) | h_hi << 4) * y[b].qs[16 + 4 * c + k];
 					}
+				if (off_shift)
+					isum -= a->c[i * nb + b] / (1 << off_shift);
 				acc_d = fmaf(nx_f16_to_f32(dh), (float)isum * a->d[i * nb + b], acc_d);
-				acc_m = fmaf(nx_f16_to_f32(mh), a->s[i * nb + b], acc_m);
+				if (L.m >= 0) {
+					memcpy(&mh, o + L.m + 2 * r, 2);
+					acc_m = fmaf(nx_f16_to_f32(mh), a->s[i * nb + b], acc_m);
+				}
 			}
-			out[i * NX_PACK_ROWS + r] = acc_d + acc_m;
+			out[i * NX_PACK_ROWS + r] = L.m >= 0 ? acc_d + acc_m : acc_d;
 		}
 	}
 }
+
+#define REF_NIB(name, T)                                                                                  \
+	static void ref_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
+	{                                                                                                 \
+		ref_nib(T, g, a, n_act, out, n);                                                          \
+	}
+REF_NIB(q4_0, NX_Q4_0)
+REF_NIB(q4_1, NX_Q4_1)
+REF_NIB(q5_0, NX_Q5_0)
+REF_NIB(q5_1, NX_Q5_1)
 
 static void ref_q8_0(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
@@ -137,7 +218,15 @@ static void ref_q8_0(const void *group, const struct nx_pack_act *a, int n_act, 
 
 nx_pack_fn nx_pack_kernel_ref(enum nx_type t)
 {
-	return t == NX_Q4_1 ? ref_q4_1 : t == NX_Q8_0 ? ref_q8_0 : NULL;
+	if (nx_pack_k_type(t)) return nx_pack_k_kernel_ref(t);
+	switch (t) {
+	case NX_Q4_0: return ref_q4_0;
+	case NX_Q4_1: return ref_q4_1;
+	case NX_Q5_0: return ref_q5_0;
+	case NX_Q5_1: return ref_q5_1;
+	case NX_Q8_0: return ref_q8_0;
+	default: return NULL;
+	}
 }
 
 /* ---------------------------------------------------------------- the choice */
@@ -154,12 +243,12 @@ bool nx_pack_fast(enum nx_type t)
 		/* NX_KERN names the strongest kernel set to use (kern/quant_dispatch.c). */
 		use_simd = nx_pack_avx512_usable() && !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2"))) ? 2 : 1;
 	}
-	return use_simd == 2 && nx_pack_layout(t) && nx_pack_avx512_kernel(t);
+	return use_simd == 2 && nx_pack_layout(t) && (nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t));
 }
 
 nx_pack_fn nx_pack_kernel(enum nx_type t)
 {
 	if (nx_pack_fast(t))
-		return nx_pack_avx512_kernel(t);
+		return nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t);
 	return nx_pack_kernel_ref(t);
 }

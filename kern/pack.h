@@ -14,10 +14,38 @@
  *         high nibbles: 16+4c .. 16+4c+3)
  *   q8_0 (544 bytes): d[16] f16, then for c = 0..7 a 64-byte vector whose lane r
  *         is qs[4c .. 4c+3] of row r, each byte ^ 0x80 (q + 128, unsigned for vpdpbusd)
+ *   q4_0 (288 bytes): d[16] f16, then the 4 nibble vectors of q4_1, q unsigned
+ *         0..15 (value q - 8)
+ *   q5_0 (352 bytes): d[16] f16, h[8] u64 little-endian, then the 4 nibble vectors of q4_1;
+ *         the low 4 bits of q (0..31, value q - 16) are in the nibbles and bit
+ *         4 * r + k of mask h[j] is bit 4 of the element in byte 4 * r + k of
+ *         the low (j < 4: vector j) or high (j >= 4: vector j - 4) nibbles, that
+ *         is nibble j of row r's qh
+ *   q5_1 (384 bytes): d[16] f16, m[16] f16, h[8] u64, the 4 nibble vectors, as q5_0
+ *         with q unsigned 0..31
+ * The k-quants (kern/pack_k.c) go super-block by super-block (256 elements),
+ * activation block b being sub-block b % 8 (q6_k: halves 2b, 2b + 1):
+ *   q4_k (2304 bytes): for c = 0..3, w = 0..7 a vector whose lane r is
+ *         qs[32c + 4w .. +3] of row r (low nibbles: sub-block 2c, high: 2c + 1,
+ *         elements 4w .. 4w+3); then sc[8][16] bytes, sc[j][r] = scale j of row r
+ *         | (min j >> 4) << 6; mlo[4][16], mlo[c][r] = low 4 bits of min 2c
+ *         | those of min 2c + 1 << 4; d[16] f16; dmin[16] f16
+ *   q5_k (2816 bytes): q4_k's 32 vectors, then for w = 0..7 a vector whose lane r
+ *         is qh[4w .. +3] of row r (bit j: bit 4 of sub-block j's q); then q4_k's
+ *         sc, mlo, d, dmin
+ *   q6_k (3360 bytes): for block j = 0..7 and half f = 0..1 three vectors X, Y, Z
+ *         holding words w = 4f .. 4f+3 (elements 4w .. 4w+3 of the block; lane r:
+ *         row r): q of word 4f, 4f+1, 4f+2 in the low 6 bits of X, Y, Z and q of
+ *         word 4f+3 in their top 2 bits (X: bits 0-1 of it, Y: 2-3, Z: 4-5);
+ *         then sc[16][16] int8, sc[g][r] = scale g of row r; d[16] f16. q is
+ *         ggml's, unsigned 0..63 (value q - 32), whole instead of split over ql, qh
+ * Their activations are Q8_0 rows too, not Q8_K (the plain kernels'): a 32-wide
+ * sub-block is one Q8_0 block; q6_k needs one more side value per 16 (c16).
+ * Their fixed arithmetic is in kern/pack_k.c.
  * A group takes exactly the bytes of its 16 plain rows (16 x row_bytes), so a
  * matrix packs in place and rows [16a, 16b) keep their byte range.
  *
- * Activations are Q8_0 rows (the vec_dot_type of both) plus per-block side
+ * Activations are Q8_0 rows (the vec_dot_type of all of these) plus per-block side
  * values (nx_pack_act_prep). The arithmetic per (row, activation row), block by
  * block, is fixed (see kern/pack.c): the integer block sums are exact and the
  * float steps are the same fused multiply-adds in the reference and the SIMD
@@ -56,9 +84,12 @@ struct nx_pack_act {
 	const float *d, *s;
 	const int32_t *c;
 	int64_t nb; /* blocks per row */
+	const int32_t *c16; /* q6_k: c16[2b + h] = -32 * sum(q) over half h (16 elements) of block b; row i's at c16 + 2 * i * nb */
 };
 /* Fills d, s, c (nb = n_in / 32 entries each) for one Q8_0 row. */
 void nx_pack_act_prep(const void *q8_0_row, int64_t n_in, float *d, float *s, int32_t *c);
+/* Fills c16 (2 * n_in / 32 entries) for one Q8_0 row. */
+void nx_pack_act_prep_c16(const void *q8_0_row, int64_t n_in, int32_t *c16);
 
 /* out[i * 16 + r] = row r of the group . activation row i, for i < n_act
  * (1 <= n_act <= NX_PACK_ACT_MAX) and r < 16. */

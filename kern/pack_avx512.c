@@ -1,8 +1,9 @@
 /* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 8 activation rows per call.
  *
- * Per block, the group's weights are loaded (and for q4_1 split into nibbles)
- * once; each activation row then costs 8 vpdpbusd whose activation operand is
- * a broadcast 4-byte word of its Q8_0 block, and 3-4 float ops for the scales.
+ * Per block, the group's weights are loaded (and for the 4-bit types split into
+ * nibbles, q5's fifth bits added under a mask) once; each activation row then
+ * costs 8 vpdpbusd whose activation operand is a broadcast 4-byte word of its
+ * Q8_0 block, and 3-4 float ops for the scales.
  * Every lane follows kern/pack.c's reference arithmetic exactly. The loops over
  * activation rows and vectors are unrolled by pragma: at -O2 GCC leaves them
  * rolled, keeps the accumulators in stack arrays and the kernel runs at half
@@ -24,31 +25,44 @@ INL __m512i bcast32(const int8_t *p)
 	return _mm512_set1_epi32(v);
 }
 
-/* NA activation rows (a compile-time constant in each instance, so the
- * accumulators live in registers). */
-INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+/* The 4-bit types, a group block of GB bytes laid out as in kern/pack.h: scales
+ * at 0, mins at M, fifth-bit masks at H (M, H < 0: none), nibble vectors at QS.
+ * SHIFT > 0: the weights are stored offset (q4_0: q + 8, q5_0: q + 16), so the
+ * block sum starts at -c / 2^SHIFT (= -8 or -16 times the activations' sum).
+ * NA activation rows. All arguments but the pointers and n_in are compile-time
+ * constants in each instance, so the accumulators live in registers. */
+INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
+		  const int GB, const int M, const int H, const int QS, const int SHIFT)
 {
 	const int64_t nb = n_in / 32;
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
 	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
-	for (int64_t b = 0; b < nb; b++, o += 320) {
+	for (int64_t b = 0; b < nb; b++, o += GB) {
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
-		const __m512 mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + 32)));
+		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		__m512i lo[4], hi[4];
-		#pragma GCC unroll 8
+		#pragma GCC unroll 4
 		for (int c = 0; c < 4; c++) {
-			const __m512i v = _mm512_loadu_si512((const void *)(o + 64 + 64 * c));
+			const __m512i v = _mm512_loadu_si512((const void *)(o + QS + 64 * c));
 			lo[c] = _mm512_and_si512(v, m4);
 			hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+			if (H >= 0) { /* the fifth bits: one mask bit per byte of the vector */
+				uint64_t hl, hh;
+				memcpy(&hl, o + H + 8 * c, 8);
+				memcpy(&hh, o + H + 8 * (4 + c), 8);
+				lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(hl), lo[c], bit4);
+				hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(hh), hi[c], bit4);
+			}
 		}
 		#pragma GCC unroll 8
 		for (int i = 0; i < NA; i++) {
 			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
-			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast32(y));
+			const int32_t off = SHIFT ? a->c[i * nb + b] / (1 << SHIFT) : 0;
+			__m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-off), lo[0], bcast32(y));
 			__m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast32(y + 16));
 			s0 = _mm512_dpbusd_epi32(s0, lo[1], bcast32(y + 4));
 			s1 = _mm512_dpbusd_epi32(s1, hi[1], bcast32(y + 20));
@@ -59,12 +73,34 @@ INL void q4_1_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
 						       _mm512_set1_ps(a->d[i * nb + b]));
 			acc_d[i] = _mm512_fmadd_ps(dw, t, acc_d[i]);
-			acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
+			if (M >= 0)
+				acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
 		}
 	}
 	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
-		_mm512_storeu_ps(out + i * NX_PACK_ROWS, _mm512_add_ps(acc_d[i], acc_m[i]));
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, M >= 0 ? _mm512_add_ps(acc_d[i], acc_m[i]) : acc_d[i]);
+}
+
+/* Block bytes and offsets: kern/pack.h (tests/c/test_pack.c holds them to kern/pack.c's reference). */
+INL void q4_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 4);
+}
+
+INL void q4_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	nib_tile(g, a, NA, out, n, 320, 32, -1, 64, 0);
+}
+
+INL void q5_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	nib_tile(g, a, NA, out, n, 352, -1, 32, 96, 3);
+}
+
+INL void q5_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	nib_tile(g, a, NA, out, n, 384, 32, 64, 128, 0);
 }
 
 INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
@@ -117,7 +153,10 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		}                                                                                             \
 	}
 
+TILE_FN(q4_0)
 TILE_FN(q4_1)
+TILE_FN(q5_0)
+TILE_FN(q5_1)
 TILE_FN(q8_0)
 
 bool nx_pack_avx512_usable(void)
@@ -131,5 +170,12 @@ bool nx_pack_avx512_usable(void)
 
 nx_pack_fn nx_pack_avx512_kernel(enum nx_type t)
 {
-	return t == NX_Q4_1 ? pk_q4_1 : t == NX_Q8_0 ? pk_q8_0 : NULL;
+	switch (t) {
+	case NX_Q4_0: return pk_q4_0;
+	case NX_Q4_1: return pk_q4_1;
+	case NX_Q5_0: return pk_q5_0;
+	case NX_Q5_1: return pk_q5_1;
+	case NX_Q8_0: return pk_q8_0;
+	default: return NULL;
+	}
 }

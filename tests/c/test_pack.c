@@ -96,7 +96,7 @@ static void acts_make(struct acts *x, int n, int64_t n_in)
 		nx_pack_act_prep(x->q + i * x->stride, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
 	}
 	free(f);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->d, x->s, x->c, x->nb};
+	x->a = (struct nx_pack_act){x->q, x->stride, x->d, x->s, x->c, x->nb, NULL};
 }
 
 static void acts_free(struct acts *x)
@@ -119,14 +119,26 @@ static struct nx_pack_act acts_from(const struct acts *x, int i0)
 	return a;
 }
 
-static const enum nx_type types[] = {NX_Q4_1, NX_Q8_0};
-static const int64_t lens[] = {32, 64, 96, 576, 1536};
+static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0};
+static const int64_t lens[] = {32, 64, 96, 224, 576, 1536}; /* 1, 2, 3, 7, 18, 48 blocks */
+#define N_TYPES (sizeof(types) / sizeof(types[0]))
+#define N_LENS (sizeof(lens) / sizeof(lens[0]))
+
+/* The min of block k / 32 of a plain row of a type with mins (q4_1, q5_1), else 0. */
+static float block_min(enum nx_type t, const uint8_t *row, int64_t k)
+{
+	if (t == NX_Q4_1)
+		return nx_f16_to_f32(((const struct nx_block_q4_1 *)row)[k / 32].m);
+	if (t == NX_Q5_1)
+		return nx_f16_to_f32(((const struct nx_block_q5_1 *)row)[k / 32].m);
+	return 0;
+}
 
 static void test_roundtrip(void **state)
 {
 	(void)state;
-	for (size_t ti = 0; ti < 2; ti++)
-		for (size_t li = 0; li < 5; li++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++)
+		for (size_t li = 0; li < N_LENS; li++) {
 			struct mat m;
 			mat_make(&m, types[ti], 32, lens[li]);
 			uint8_t *row = malloc(m.row_bytes);
@@ -143,8 +155,8 @@ static void test_roundtrip(void **state)
 static void test_ref_vs_plain(void **state)
 {
 	(void)state;
-	for (size_t ti = 0; ti < 2; ti++)
-		for (size_t li = 0; li < 5; li++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++)
+		for (size_t li = 0; li < N_LENS; li++) {
 			struct mat m;
 			struct acts x;
 			const int n_act = 5;
@@ -161,11 +173,10 @@ static void test_ref_vs_plain(void **state)
 						double mag = 0;
 						for (int64_t k = 0; k < m.n_in; k++)
 							mag += fabs((double)m.deq[row * m.n_in + k] * x.deq[i * m.n_in + k]);
-						if (m.t == NX_Q4_1) /* the min part apart, as in test_kern_simd.c */
-							for (int64_t k = 0; k < m.n_in; k++) {
-								const struct nx_block_q4_1 *b = (const struct nx_block_q4_1 *)(m.plain + row * m.row_bytes) + k / 32;
-								mag += fabs((double)nx_f16_to_f32(b->m) * x.deq[i * m.n_in + k]);
-							}
+						/* the min part apart, as in test_kern_simd.c */
+						for (int64_t k = 0; k < m.n_in; k++)
+							mag += fabs((double)block_min(m.t, m.plain + row * m.row_bytes, k) *
+								    x.deq[i * m.n_in + k]);
 						double err = fabs((double)out[i * 16 + r] - want);
 						if (err > 1e-5 * mag + 1e-30) {
 							print_error("%s n_in %lld row %d act %d: packed %.9g plain %.9g (bound %.3g)\n",
@@ -180,6 +191,18 @@ static void test_ref_vs_plain(void **state)
 		}
 }
 
+/* Every layout has its SIMD kernel wherever any has one (the CPU, NX_KERN). */
+static void test_every_layout_fast(void **state)
+{
+	(void)state;
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		assert_true(nx_pack_layout(types[ti]));
+		assert_non_null(nx_pack_kernel_ref(types[ti]));
+		assert_int_equal(nx_pack_fast(types[ti]), nx_pack_fast(NX_Q8_0));
+	}
+	assert_false(nx_pack_layout(NX_F16));
+}
+
 /* The engine's kernel against the packed reference, bit for bit, for every
  * count of activation rows per call and every starting row. */
 static void test_kernel_exact(void **state)
@@ -187,8 +210,8 @@ static void test_kernel_exact(void **state)
 	(void)state;
 	if (!nx_pack_fast(NX_Q4_1))
 		print_message("no SIMD packed kernel on this CPU: checking the reference against itself\n");
-	for (size_t ti = 0; ti < 2; ti++)
-		for (size_t li = 0; li < 5; li++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++)
+		for (size_t li = 0; li < N_LENS; li++) {
 			struct mat m;
 			struct acts x;
 			const int n_tot = 11;
@@ -218,6 +241,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_ref_vs_plain),
+		cmocka_unit_test(test_every_layout_fast),
 		cmocka_unit_test(test_kernel_exact),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

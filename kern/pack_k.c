@@ -1,0 +1,273 @@
+/* pack_k.c - the k-quants' packed layouts (kern/pack.h): packing, unpacking, the q6_k side values and the reference kernels.
+ *
+ * A group holds one super-block of 256 elements of its 16 rows after another,
+ * each in the bytes of the 16 plain super-blocks. What the kernels would
+ * otherwise decode per call is rearranged once here: q4_k/q5_k's 6-bit scales
+ * and mins become one byte per (sub-block, row) - but 16 six-bit values do not
+ * fit 16 bytes, so each scale byte carries the top 2 bits of its min and a
+ * nibble array holds the mins' low 4 bits - and q6_k's int8 scales become one
+ * 16-byte array per sub-block, ready for a widening load, and its 6-bit q,
+ * split 4 + 2 bits over ql and qh in ggml, are stored whole: three of every
+ * four in the low 6 bits of a byte, the fourth in the top 2 bits of those
+ * three bytes. */
+#include "kern/pack_k.h"
+
+#include <math.h>
+#include <string.h>
+
+bool nx_pack_k_type(enum nx_type t)
+{
+	return t == NX_Q4_K || t == NX_Q5_K || t == NX_Q6_K;
+}
+
+/* ggml's 12-byte scale field of q4_k/q5_k (as kern/quant_ref.c: k4_scale_min):
+ *   bytes 0..3:  scale j (low 6 bits) for j<4, top 2 bits of scale j+4
+ *   bytes 4..7:  min j (low 6 bits) for j<4,   top 2 bits of min j+4
+ *   bytes 8..11: low 4 bits of scale j+4 | low 4 bits of min j+4 << 4
+ * Every bit is used, so decoding and encoding are inverse. */
+static void k4_decode(const uint8_t q[K_SCALE_SIZE], uint8_t sc[8], uint8_t m[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = q[j] & 63;
+		m[j] = q[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((q[j + 8] & 15) | (q[j] >> 6) << 4);
+		m[j + 4] = (uint8_t)((q[j + 8] >> 4) | (q[j + 4] >> 6) << 4);
+	}
+}
+
+static void k4_encode(const uint8_t sc[8], const uint8_t m[8], uint8_t q[K_SCALE_SIZE])
+{
+	for (int j = 0; j < 4; j++) {
+		q[j] = (uint8_t)(sc[j] | (sc[j + 4] >> 4) << 6);
+		q[j + 4] = (uint8_t)(m[j] | (m[j + 4] >> 4) << 6);
+		q[j + 8] = (uint8_t)((sc[j + 4] & 15) | (m[j + 4] & 15) << 4);
+	}
+}
+
+/* Scale and min of sub-block j of row r from a q4_k/q5_k group header. */
+static void k4_lane(const uint8_t *hdr, int j, int r, int *sc, int *m)
+{
+	const uint8_t s = hdr[PK_K4_SC + 16 * j + r], ml = hdr[PK_K4_MLO + 16 * (j / 2) + r];
+	*sc = s & 63;
+	*m = (j % 2 ? ml >> 4 : ml & 15) | (s >> 6) << 4;
+}
+
+/* ggml's q6_k element e (= 128h + 32k + l): low 4 bits in ql[64h + 32(k & 1) + l]
+ * (low nibble for k < 2, high for k >= 2), high 2 bits at bit 2k of qh[32h + l]. */
+static int q6_get(const struct nx_block_q6_k *b, int e)
+{
+	const int h = e / 128, k = e % 128 / 32, l = e % 32;
+	return (b->ql[64 * h + 32 * (k & 1) + l] >> 4 * (k >> 1) & 15) | (b->qh[32 * h + l] >> 2 * k & 3) << 4;
+}
+
+/* Adds q to element e (ql, qh zeroed first). */
+static void q6_set(struct nx_block_q6_k *b, int e, int q)
+{
+	const int h = e / 128, k = e % 128 / 32, l = e % 32;
+	b->ql[64 * h + 32 * (k & 1) + l] |= (uint8_t)((q & 15) << 4 * (k >> 1));
+	b->qh[32 * h + l] |= (uint8_t)((q >> 4) << 2 * k);
+}
+
+/* q (0..63) of element 4w + k of block blk, row r, in a packed q6_k super-block:
+ * word w of the triple X, Y, Z (w % 4 = 0, 1, 2: their low 6 bits; 3: their top
+ * 2 bits, X's the lowest). */
+static int q6_lane(const uint8_t *o, int blk, int w, int r, int k)
+{
+	const uint8_t *v = o + PK_Q6_K_Q + 64 * (6 * blk + 3 * (w / 4)) + 4 * r + k;
+	if (w % 4 < 3)
+		return v[64 * (w % 4)] & 63;
+	return v[0] >> 6 | (v[64] >> 6) << 2 | (v[128] >> 6) << 4;
+}
+
+static size_t sb_bytes(enum nx_type t)
+{
+	return t == NX_Q4_K ? PK_Q4_K_SB : t == NX_Q5_K ? PK_Q5_K_SB : PK_Q6_K_SB;
+}
+
+/* One plain super-block x of row r into group super-block o. */
+static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
+{
+	if (t == NX_Q6_K) {
+		const struct nx_block_q6_k *b = (const struct nx_block_q6_k *)x;
+		for (int e = 0; e < QK_K; e++) {
+			const int q = q6_get(b, e), w = e % 32 / 4, m = w % 4, k = e % 4;
+			uint8_t *v = o + PK_Q6_K_Q + 64 * (6 * (e / 32) + 3 * (w / 4)) + 4 * r + k; /* byte k of X */
+			if (m < 3)
+				v[64 * m] = (uint8_t)((v[64 * m] & 0xc0) | q);
+			else
+				for (int i = 0; i < 3; i++)
+					v[64 * i] = (uint8_t)((v[64 * i] & 0x3f) | (q >> 2 * i & 3) << 6);
+		}
+		for (int g = 0; g < 16; g++)
+			o[PK_Q6_K_SC + 16 * g + r] = (uint8_t)b->scales[g];
+		memcpy(o + PK_Q6_K_D + 2 * r, &b->d, 2);
+		return;
+	}
+	const bool q5 = t == NX_Q5_K;
+	const struct nx_block_q4_k *b4 = (const struct nx_block_q4_k *)x;
+	const struct nx_block_q5_k *b5 = (const struct nx_block_q5_k *)x;
+	const uint8_t *qs = q5 ? b5->qs : b4->qs;
+	for (int c = 0; c < 4; c++)
+		for (int w = 0; w < 8; w++)
+			memcpy(o + PK_K4_QS + 64 * (8 * c + w) + 4 * r, qs + 32 * c + 4 * w, 4);
+	for (int w = 0; q5 && w < 8; w++)
+		memcpy(o + PK_K5_QH + 64 * w + 4 * r, b5->qh + 4 * w, 4);
+	uint8_t *hdr = o + PK_K4_HDR(q5), sc[8], m[8];
+	k4_decode(b4->scales, sc, m); /* d, dmin, scales: the same offsets in both */
+	for (int j = 0; j < 8; j++)
+		hdr[PK_K4_SC + 16 * j + r] = (uint8_t)(sc[j] | (m[j] >> 4) << 6);
+	for (int c = 0; c < 4; c++)
+		hdr[PK_K4_MLO + 16 * c + r] = (uint8_t)((m[2 * c] & 15) | (m[2 * c + 1] & 15) << 4);
+	memcpy(hdr + PK_K4_D + 2 * r, &b4->d, 2);
+	memcpy(hdr + PK_K4_DMIN + 2 * r, &b4->dmin, 2);
+}
+
+static void unpack_sb(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
+{
+	if (t == NX_Q6_K) {
+		struct nx_block_q6_k *b = (struct nx_block_q6_k *)x;
+		memset(b->ql, 0, sizeof(b->ql));
+		memset(b->qh, 0, sizeof(b->qh));
+		for (int e = 0; e < QK_K; e++)
+			q6_set(b, e, q6_lane(o, e / 32, e % 32 / 4, r, e % 4));
+		for (int g = 0; g < 16; g++)
+			b->scales[g] = (int8_t)o[PK_Q6_K_SC + 16 * g + r];
+		memcpy(&b->d, o + PK_Q6_K_D + 2 * r, 2);
+		return;
+	}
+	const bool q5 = t == NX_Q5_K;
+	struct nx_block_q4_k *b4 = (struct nx_block_q4_k *)x;
+	struct nx_block_q5_k *b5 = (struct nx_block_q5_k *)x;
+	uint8_t *qs = q5 ? b5->qs : b4->qs;
+	for (int c = 0; c < 4; c++)
+		for (int w = 0; w < 8; w++)
+			memcpy(qs + 32 * c + 4 * w, o + PK_K4_QS + 64 * (8 * c + w) + 4 * r, 4);
+	for (int w = 0; q5 && w < 8; w++)
+		memcpy(b5->qh + 4 * w, o + PK_K5_QH + 64 * w + 4 * r, 4);
+	const uint8_t *hdr = o + PK_K4_HDR(q5);
+	uint8_t sc[8], m[8];
+	for (int j = 0; j < 8; j++) {
+		int s, mm;
+		k4_lane(hdr, j, r, &s, &mm);
+		sc[j] = (uint8_t)s;
+		m[j] = (uint8_t)mm;
+	}
+	k4_encode(sc, m, b4->scales);
+	memcpy(&b4->d, hdr + PK_K4_D + 2 * r, 2);
+	memcpy(&b4->dmin, hdr + PK_K4_DMIN + 2 * r, 2);
+}
+
+void nx_pack_k_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in)
+{
+	const size_t sbb = sb_bytes(t), plain = sbb / NX_PACK_ROWS;
+	for (int64_t sb = 0; sb < n_in / QK_K; sb++)
+		for (int r = 0; r < NX_PACK_ROWS; r++)
+			pack_sb(t, (const uint8_t *)rows + (size_t)r * row_bytes + (size_t)sb * plain, r,
+				(uint8_t *)dst + (size_t)sb * sbb);
+}
+
+void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in)
+{
+	const size_t sbb = sb_bytes(t), plain = sbb / NX_PACK_ROWS;
+	for (int64_t sb = 0; sb < n_in / QK_K; sb++)
+		unpack_sb(t, (const uint8_t *)group + (size_t)sb * sbb, r, (uint8_t *)dst + (size_t)sb * plain);
+}
+
+void nx_pack_act_prep_c16(const void *q8_0_row, int64_t n_in, int32_t *c16)
+{
+	const struct nx_block_q8_0 *y = q8_0_row;
+	for (int64_t b = 0; b < n_in / 32; b++)
+		for (int h = 0; h < 2; h++) {
+			int32_t sum = 0;
+			for (int k = 0; k < 16; k++)
+				sum += y[b].qs[16 * h + k];
+			c16[2 * b + h] = -32 * sum;
+		}
+}
+
+/* ---------------------------------------------------------------- reference kernels
+ * Per (row, activation row), super-block by super-block, activation block b by
+ * block (block b is sub-block b % 8 of super-block b / 8), acc from 0:
+ *   q4_k, q5_k: isum = the exact integer dot of sub-block b's q (0..15, 0..31)
+ *       with block b;
+ *       acc = fma(d * sc, (float)isum * d_a, acc); acc = fma(-dmin * m, s_a, acc)
+ *   q6_k: i0, i1 = the exact integer dots of (q - 32) with halves 0 and 1 of
+ *       block b (scales sc0, sc1);
+ *       f = fma(d * sc1, (float)i1, (d * sc0) * (float)i0); acc = fma(f, d_a, acc)
+ * and the result is acc. d * sc and dmin * m are exact in float (11 x 8 bits at
+ * most), so it does not matter how a kernel forms them. The SIMD kernels do
+ * exactly these steps per lane; an integer dot stays below 2^17 in magnitude. */
+
+static void ref_k4(bool q5, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
+	for (int i = 0; i < n_act; i++) {
+		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+		for (int r = 0; r < NX_PACK_ROWS; r++) {
+			float acc = 0;
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * sbb, *hdr = o + PK_K4_HDR(q5);
+				const int j = (int)(b % 8);
+				nx_f16 dh, mh;
+				memcpy(&dh, hdr + PK_K4_D + 2 * r, 2);
+				memcpy(&mh, hdr + PK_K4_DMIN + 2 * r, 2);
+				int sc, m;
+				k4_lane(hdr, j, r, &sc, &m);
+				int32_t isum = 0;
+				for (int w = 0; w < 8; w++)
+					for (int k = 0; k < 4; k++) {
+						int q = o[PK_K4_QS + 64 * (8 * (j / 2) + w) + 4 * r + k] >> (4 * (j % 2)) & 15;
+						if (q5)
+							q |= (o[PK_K5_QH + 64 * w + 4 * r + k] >> j & 1) << 4;
+						isum += q * y[b].qs[4 * w + k];
+					}
+				const float d = nx_f16_to_f32(dh), dmin = nx_f16_to_f32(mh);
+				acc = fmaf(d * (float)sc, (float)isum * a->d[i * nb + b], acc);
+				acc = fmaf(-dmin * (float)m, a->s[i * nb + b], acc);
+			}
+			out[i * NX_PACK_ROWS + r] = acc;
+		}
+	}
+}
+
+static void ref_q4_k(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n)
+{
+	ref_k4(false, g, a, n_act, out, n);
+}
+
+static void ref_q5_k(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n)
+{
+	ref_k4(true, g, a, n_act, out, n);
+}
+
+static void ref_q6_k(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	for (int i = 0; i < n_act; i++) {
+		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+		for (int r = 0; r < NX_PACK_ROWS; r++) {
+			float acc = 0;
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * PK_Q6_K_SB;
+				nx_f16 dh;
+				memcpy(&dh, o + PK_Q6_K_D + 2 * r, 2);
+				int32_t is[2] = {0, 0};
+				for (int w = 0; w < 8; w++)
+					for (int k = 0; k < 4; k++)
+						is[w / 4] += (q6_lane(o, (int)(b % 8), w, r, k) - 32) * y[b].qs[4 * w + k];
+				const float d = nx_f16_to_f32(dh);
+				const int sc0 = (int8_t)o[PK_Q6_K_SC + 16 * (2 * (b % 8)) + r];
+				const int sc1 = (int8_t)o[PK_Q6_K_SC + 16 * (2 * (b % 8) + 1) + r];
+				const float f = fmaf(d * (float)sc1, (float)is[1], (d * (float)sc0) * (float)is[0]);
+				acc = fmaf(f, a->d[i * nb + b], acc);
+			}
+			out[i * NX_PACK_ROWS + r] = acc;
+		}
+	}
+}
+
+nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t)
+{
+	return t == NX_Q4_K ? ref_q4_k : t == NX_Q5_K ? ref_q5_k : t == NX_Q6_K ? ref_q6_k : NULL;
+}

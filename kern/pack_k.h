@@ -1,0 +1,30 @@
+/* pack_k.h - the k-quants' packed layouts (kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
+#ifndef NX_PACK_K_H
+#define NX_PACK_K_H
+
+#include "kern/pack.h"
+
+/* True for the k-quants with a packed layout: q4_k, q5_k, q6_k. */
+bool nx_pack_k_type(enum nx_type t);
+void nx_pack_k_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in);
+void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in);
+nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t);
+/* The AVX-512 VNNI kernels (kern/pack_k_avx512.c); call only when nx_pack_avx512_usable(). */
+nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t);
+
+/* Offsets inside one super-block of a group (kern/pack.h describes the layouts). */
+#define PK_K4_QS 0          /* q4_k, q5_k: 32 nibble vectors */
+#define PK_K5_QH 2048       /* q5_k: 8 fifth-bit vectors */
+#define PK_K4_HDR(q5) ((q5) ? 2560 : 2048) /* sc[8][16], mlo[4][16], d[16], dmin[16] */
+#define PK_K4_SC 0
+#define PK_K4_MLO 128
+#define PK_K4_D 192
+#define PK_K4_DMIN 224
+#define PK_Q4_K_SB 2304     /* 16 x 144 */
+#define PK_Q5_K_SB 2816     /* 16 x 176 */
+#define PK_Q6_K_Q 0         /* q6_k: 16 triples of q vectors */
+#define PK_Q6_K_SC 3072     /* sc[16][16] int8 */
+#define PK_Q6_K_D 3328      /* d[16] f16 */
+#define PK_Q6_K_SB 3360     /* 16 x 210 */
+
+#endif

@@ -1,0 +1,202 @@
+/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the k-quants' packed layouts (kern/pack.h): 16 weight rows x up to 8 activation rows per call.
+ *
+ * Per sub-block, the group's weights are decoded to bytes (nibbles split and
+ * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
+ * the scales to floats once; each activation row then costs 8 vpdpbusd against
+ * broadcast 4-byte words of its Q8_0 block and 4-5 float ops. q6_k's -32 offset comes in as
+ * the starting value of the integer sums (nx_pack_act.c16). Every lane follows
+ * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
+ * attributes), used only when nx_pack_avx512_usable(). */
+#include "kern/pack_k.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT_STR "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
+#define TGT __attribute__((target(TGT_STR)))
+#define INL static inline __attribute__((always_inline, target(TGT_STR)))
+
+INL __m512i bcast32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return _mm512_set1_epi32(v);
+}
+
+/* 16 bytes (one per row) widened to 16 int32 lanes. */
+INL __m512i lanes_u8(const uint8_t *p)
+{
+	return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+INL __m512i lanes_i8(const uint8_t *p)
+{
+	return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+INL __m512i load(const uint8_t *p)
+{
+	return _mm512_loadu_si512((const void *)p);
+}
+
+/* a | (b & c), bitwise */
+INL __m512i or_and(__m512i a, __m512i b, __m512i c)
+{
+	return _mm512_ternarylogic_epi32(a, b, c, 0xf8);
+}
+
+/* The Q8_0 quants of activation row i, block b. */
+#define ACT(a, i, b) ((const int8_t *)((a)->q + (size_t)(i) * (a)->stride + (size_t)(b) * sizeof(struct nx_block_q8_0) + 2))
+
+/* q4_k (q5 false) and q5_k; NA activation rows (a compile-time constant in each
+ * instance: with the loops unrolled the accumulators and decoded weights live
+ * in registers; without the pragmas GCC keeps some loops and spills them). */
+INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in, const bool q5)
+{
+	const int64_t nb = n_in / 32;
+	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m63 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30),
+		      bit4 = _mm512_set1_epi8(0x10);
+	__m512 acc[NX_PACK_ACT_MAX];
+#pragma GCC unroll 8
+	for (int i = 0; i < NA; i++)
+		acc[i] = _mm512_setzero_ps();
+	const uint8_t *o = group;
+	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += sbb) {
+		const uint8_t *hdr = o + PK_K4_HDR(q5);
+		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_D)));
+		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+			_mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_DMIN)))),
+			_mm512_set1_epi32((int)0x80000000)));
+#pragma GCC unroll 4
+		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
+			const __m512i s0 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c)), s1 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c + 1));
+			const __m512i ml = lanes_u8(hdr + PK_K4_MLO + 16 * c);
+			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d);
+			const __m512 dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s1, m63)), d);
+			const __m512i mn0 = or_and(_mm512_and_si512(ml, _mm512_set1_epi32(15)), _mm512_srli_epi32(s0, 2), m30);
+			const __m512i mn1 = or_and(_mm512_srli_epi32(ml, 4), _mm512_srli_epi32(s1, 2), m30);
+			const __m512 nm0 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn0), ndmin);
+			const __m512 nm1 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn1), ndmin);
+			__m512i lo[8], hi[8];
+#pragma GCC unroll 8
+			for (int w = 0; w < 8; w++) {
+				const __m512i v = load(o + PK_K4_QS + 64 * (8 * c + w));
+				lo[w] = _mm512_and_si512(v, m4);
+				hi[w] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+				if (q5) { /* bit 2c of qh to bit 4 of the low, bit 2c + 1 to bit 4 of the high nibbles */
+					const __m512i h = load(o + PK_K5_QH + 64 * w);
+					const __m512i h0 = c < 2 ? _mm512_slli_epi16(h, 4 - 2 * c) : c == 2 ? h : _mm512_srli_epi16(h, 2);
+					const __m512i h1 = c < 2 ? _mm512_slli_epi16(h, 3 - 2 * c) : _mm512_srli_epi16(h, 2 * c - 3);
+					lo[w] = or_and(lo[w], h0, bit4);
+					hi[w] = or_and(hi[w], h1, bit4);
+				}
+			}
+			const int64_t b = b0 + 2 * c;
+#pragma GCC unroll 8
+			for (int i = 0; i < NA; i++) {
+				const int8_t *y0 = ACT(a, i, b), *y1 = ACT(a, i, b + 1);
+				__m512i t0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast32(y0));
+				__m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast32(y1));
+#pragma GCC unroll 8
+				for (int w = 1; w < 8; w++) {
+					t0 = _mm512_dpbusd_epi32(t0, lo[w], bcast32(y0 + 4 * w));
+					t1 = _mm512_dpbusd_epi32(t1, hi[w], bcast32(y1 + 4 * w));
+				}
+				const int64_t k = i * nb + b;
+				acc[i] = _mm512_fmadd_ps(dsc0, _mm512_mul_ps(_mm512_cvtepi32_ps(t0), _mm512_set1_ps(a->d[k])), acc[i]);
+				acc[i] = _mm512_fmadd_ps(nm0, _mm512_set1_ps(a->s[k]), acc[i]);
+				acc[i] = _mm512_fmadd_ps(dsc1, _mm512_mul_ps(_mm512_cvtepi32_ps(t1), _mm512_set1_ps(a->d[k + 1])), acc[i]);
+				acc[i] = _mm512_fmadd_ps(nm1, _mm512_set1_ps(a->s[k + 1]), acc[i]);
+			}
+		}
+	}
+#pragma GCC unroll 8
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
+}
+
+INL void q4_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	k4_tile(g, a, NA, out, n, false);
+}
+
+INL void q5_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+{
+	k4_tile(g, a, NA, out, n, true);
+}
+
+INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	const __m512i m63 = _mm512_set1_epi8(0x3f), mc0 = _mm512_set1_epi8((char)0xc0), m03 = _mm512_set1_epi8(0x03),
+		      m0c = _mm512_set1_epi8(0x0c);
+	__m512 acc[NX_PACK_ACT_MAX];
+#pragma GCC unroll 8
+	for (int i = 0; i < NA; i++)
+		acc[i] = _mm512_setzero_ps();
+	const uint8_t *o = group;
+	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += PK_Q6_K_SB) {
+		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + PK_Q6_K_D)));
+#pragma GCC unroll 8
+		for (int blk = 0; blk < 8; blk++) {
+			__m512i q[8];
+#pragma GCC unroll 2
+			for (int half = 0; half < 2; half++) { /* words 4 half .. + 3 from X, Y, Z */
+				const uint8_t *v = o + PK_Q6_K_Q + 64 * (6 * blk + 3 * half);
+				const __m512i x = load(v), y = load(v + 64), z = load(v + 128);
+				q[4 * half] = _mm512_and_si512(x, m63);
+				q[4 * half + 1] = _mm512_and_si512(y, m63);
+				q[4 * half + 2] = _mm512_and_si512(z, m63);
+				/* top 2 bits of z, y, x to bits 4-5, 2-3, 0-1 (shifting a masked z
+				 * brings no bits in from the byte above) */
+				const __m512i zy = or_and(_mm512_srli_epi16(_mm512_and_si512(z, mc0), 2), _mm512_srli_epi16(y, 4), m0c);
+				q[4 * half + 3] = or_and(zy, _mm512_srli_epi16(x, 6), m03);
+			}
+			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk))), d);
+			const __m512 dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk + 1))), d);
+			const int64_t b = b0 + blk;
+#pragma GCC unroll 8
+			for (int i = 0; i < NA; i++) {
+				const int8_t *y = ACT(a, i, b);
+				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
+				__m512i t0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[0]), q[0], bcast32(y));
+				__m512i t1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[1]), q[4], bcast32(y + 16));
+#pragma GCC unroll 4
+				for (int w = 1; w < 4; w++) {
+					t0 = _mm512_dpbusd_epi32(t0, q[w], bcast32(y + 4 * w));
+					t1 = _mm512_dpbusd_epi32(t1, q[4 + w], bcast32(y + 16 + 4 * w));
+				}
+				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(t1), _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(t0)));
+				acc[i] = _mm512_fmadd_ps(f, _mm512_set1_ps(a->d[i * nb + b]), acc[i]);
+			}
+		}
+	}
+#pragma GCC unroll 8
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
+}
+
+#define TILE_FN(name)                                                                                         \
+	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
+	{                                                                                                     \
+		switch (n_act) {                                                                              \
+		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
+		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
+		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
+		case 4: name##_tile(g, a, 4, out, n); break;                                                  \
+		case 5: name##_tile(g, a, 5, out, n); break;                                                  \
+		case 6: name##_tile(g, a, 6, out, n); break;                                                  \
+		case 7: name##_tile(g, a, 7, out, n); break;                                                  \
+		default: name##_tile(g, a, 8, out, n); break;                                                 \
+		}                                                                                             \
+	}
+
+TILE_FN(q4_k)
+TILE_FN(q5_k)
+TILE_FN(q6_k)
+
+nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t)
+{
+	return t == NX_Q4_K ? pk_q4_k : t == NX_Q5_K ? pk_q5_k : t == NX_Q6_K ? pk_q6_k : NULL;
+}
