@@ -179,7 +179,7 @@ static void run_step(const struct nx_model *m)
 	if (nx_state_init(&st, smem, ss, &m->hp, &cfg, &err) == 0 && nx_scratch_init(&sc, cmem, cs, &m->hp, &cfg, &err) == 0) {
 		struct nx_tok_in toks[2] = { { .token = 0, .pos = 0, .slot = 0, .logits_row = 0 },
 					     { .token = m->hp.n_vocab - 1, .pos = 1, .slot = 0, .logits_row = 1 } };
-		struct nx_sync sync = { barrier_none, NULL };
+		struct nx_sync sync = { .barrier = barrier_none };
 		nx_forward(m, &st, toks, 2, 0, 1, &sc, &sync);
 		sink += fuzz_touch(st.logits, 2 * (size_t)m->hp.n_vocab * sizeof(float));
 	} else {

@@ -111,7 +111,7 @@ static void run_step(const struct nx_lora *l)
 	st.n_lora = 1;
 	struct nx_tok_in toks[2] = { { .token = 1, .pos = 0, .slot = 0, .logits_row = 0, .lora = 1 },
 				     { .token = 2, .pos = 1, .slot = 0, .logits_row = 1, .lora = 0 } };
-	struct nx_sync sync = { barrier_none, NULL };
+	struct nx_sync sync = { .barrier = barrier_none };
 	nx_forward(&model, &st, toks, 2, 0, 1, &sc, &sync);
 	sink += fuzz_touch(st.logits, 2 * (size_t)model.hp.n_vocab * sizeof(float));
 }

@@ -3,7 +3,9 @@
 
 #include "lora/delta.h"
 #include "kern/attn.h"
+#include "kern/norm.h"
 #include "kern/pack.h"
+#include "kern/pack_act.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -124,8 +126,10 @@ static size_t xq_stride(const struct nx_hparams *hp)
 static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_hparams *hp,
 			     const struct nx_state_cfg *c)
 {
-	size_t B = (size_t)c->max_batch, total = 0;
+	size_t B = (size_t)c->max_batch, total = 0, sides = 2 * B * (size_t)(max_in(hp) / 32);
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
+	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
+	    !add_buf(&total, sides, sizeof(int32_t)) ||
 	    !add_buf(&total, max_in(hp), sizeof(float)) || !add_buf(&total, (size_t)c->n_ctx, sizeof(float)) ||
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
@@ -135,6 +139,9 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->xn = take(&p, B * max_in(hp), sizeof(float));
 		sc->xq = take(&p, B, xq_stride(hp));
 		sc->xq_stride = xq_stride(hp);
+		sc->xq_d = take(&p, sides, sizeof(float));
+		sc->xq_s = take(&p, sides, sizeof(float));
+		sc->xq_c = take(&p, sides, sizeof(int32_t));
 		sc->resid = take(&p, max_in(hp), sizeof(float));
 		sc->att = take(&p, (size_t)c->n_ctx, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
@@ -194,14 +201,68 @@ static void band_range(int n, int g, int band, int n_bands, int *lo, int *hi)
 
 #define ROW_GRAIN 16
 
+/* Rows [0, n) of one op, in units of `grain` rows, shared out between the
+ * bands. Each band first does a fixed share (3/4 of the units, split evenly),
+ * then, when the sync has claim and the split is dynamic, takes the rest in
+ * chunks from a pool (claim tag `tag`) until it is empty: a band that the
+ * machine slows down leaves its part of the pool to the others instead of
+ * holding them at the next barrier. Otherwise each band does its band_range.
+ * Which band computes a row never changes the row's value. */
+struct split {
+	const struct nx_sync *sync;
+	uint32_t tag;
+	int n, grain, units;
+	int lo, hi;       /* the fixed share, in units */
+	int pool0, chunk; /* the pool: units [pool0, units), claimed chunk units at a time */
+	bool dynamic, fixed_done;
+};
+
+static void split_begin(struct split *sp, const struct nx_sync *sync, uint32_t tag, int n, int grain, int band,
+			int n_bands, bool dynamic)
+{
+	*sp = (struct split){.sync = sync, .tag = tag, .n = n, .grain = grain};
+	sp->units = (n + grain - 1) / grain;
+	sp->dynamic = dynamic && sync && sync->claim && n_bands > 1;
+	if (!sp->dynamic) {
+		sp->lo = (int)((int64_t)sp->units * band / n_bands);
+		sp->hi = (int)((int64_t)sp->units * (band + 1) / n_bands);
+		return;
+	}
+	const int share = sp->units * 3 / (4 * n_bands), pool = sp->units - share * n_bands;
+	sp->lo = share * band;
+	sp->hi = share * (band + 1);
+	sp->pool0 = share * n_bands;
+	sp->chunk = pool / (4 * n_bands) > 2 ? pool / (4 * n_bands) : 2;
+}
+
+/* This band's next rows [*r0, *r1); false when it has no more. */
+static bool split_next(struct split *sp, int *r0, int *r1)
+{
+	int u0, u1;
+	if (!sp->fixed_done && sp->lo < sp->hi) {
+		u0 = sp->lo;
+		u1 = sp->hi;
+	} else if (sp->dynamic) {
+		u0 = sp->pool0 + (int)sp->sync->claim(sp->sync->ctx, sp->tag, (uint32_t)sp->chunk);
+		if (u0 >= sp->units)
+			return false;
+		u1 = u0 + sp->chunk < sp->units ? u0 + sp->chunk : sp->units;
+	} else {
+		return false;
+	}
+	sp->fixed_done = true;
+	*r0 = u0 * sp->grain;
+	*r1 = u1 * sp->grain < sp->n ? u1 * sp->grain : sp->n;
+	return true;
+}
+
+#define FOR_ROWS(sp, tag, n, grain, lo, hi)                                                   \
+	for (split_begin(&(sp), sync, (tag), (n), (grain), band, n_bands, dyn); split_next(&(sp), &(lo), &(hi));)
+
+/* Sum of squares in double, in a fixed order whatever the kernel (kern/norm.h). */
 static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
 {
-	double ss = 0;
-	for (int i = 0; i < n; i++)
-		ss += (double)x[i] * x[i];
-	float r = (float)(1.0 / sqrt(ss / n + eps));
-	for (int i = 0; i < n; i++)
-		out[i] = x[i] * r * w[i];
+	nx_rmsnorm(out, x, w, n, eps);
 }
 
 /* Activation rows for a matmul: token t's row at data + t * stride. For a
@@ -211,7 +272,24 @@ struct act {
 	const uint8_t *data;
 	size_t stride;
 	size_t lo; /* 0: one row (F32) */
+	/* Q8_0 rows: their side values for the packed kernels (nx_pack_act_prep), of
+	 * activation row i (token t's hi 2t, lo 2t + 1) at i * n_in / 32; NULL: not at hand */
+	const float *pd, *ps;
+	const int32_t *pc;
 };
+
+/* Tokens t, t + 1, ... of a (rows of n_in elements). */
+static struct act act_from(struct act a, int t, int n_in)
+{
+	const size_t i = (size_t)(a.lo ? 2 : 1) * t * (size_t)(n_in / 32);
+	a.data += (size_t)t * a.stride;
+	if (a.pd) {
+		a.pd += i;
+		a.ps += i;
+		a.pc += i;
+	}
+	return a;
+}
 
 /* Brings rows src[t * n_in ...] (t < n, or only tokens with logits when
  * only_logits) into the weight's vec_dot_type in this band's private xq.
@@ -233,22 +311,36 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 			     const struct nx_tok_in *toks, bool only_logits)
 {
 	if (vt == NX_F32)
-		return (struct act){(const uint8_t *)src, (size_t)n_in * sizeof(float), 0};
+		return (struct act){.data = (const uint8_t *)src, .stride = (size_t)n_in * sizeof(float)};
 	const size_t rs = (size_t)nx_row_size(vt, n_in); /* model binding checked that n_in fits vt */
-	struct act a = {sc->xq, 2 * rs, rs};
+	struct act a = {.data = sc->xq, .stride = 2 * rs, .lo = rs};
+	if (vt == NX_Q8_0) {
+		a.pd = sc->xq_d;
+		a.ps = sc->xq_s;
+		a.pc = sc->xq_c;
+	}
 	if (sc->xq_src == src && sc->xq_type == vt)
 		return a;
 	const struct nx_type_traits *tr = nx_type_get(vt);
+	const int64_t nb = n_in / 32;
 	for (int t = 0; t < n; t++) {
 		if (only_logits && toks[t].logits_row < 0)
 			continue;
 		const float *x = src + (size_t)t * n_in;
 		uint8_t *hi = (uint8_t *)sc->xq + (size_t)t * a.stride;
-		tr->quant(x, hi, n_in);
-		tr->dequant(hi, sc->resid, n_in);
-		for (int i = 0; i < n_in; i++)
-			sc->resid[i] = x[i] - sc->resid[i];
-		tr->quant(sc->resid, hi + rs, n_in);
+		if (tr->quant2) {
+			tr->quant2(x, hi, hi + rs, n_in);
+		} else {
+			tr->quant(x, hi, n_in);
+			tr->dequant(hi, sc->resid, n_in);
+			for (int i = 0; i < n_in; i++)
+				sc->resid[i] = x[i] - sc->resid[i];
+			tr->quant(sc->resid, hi + rs, n_in);
+		}
+		if (a.pd) { /* once here rather than in every packed matmul of this input */
+			const size_t i = (size_t)(2 * t) * nb;
+			nx_pack_act_prep_rows(hi, rs, 2, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
+		}
 	}
 	sc->xq_src = src;
 	sc->xq_type = vt;
@@ -312,6 +404,17 @@ static inline void mm_epilogue(enum mm_op op, float *restrict y, const float *re
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
 
+/* Blocks per row at most for the packed path (its side values live on its stack). */
+#define PACK_NB_MAX 1024
+
+/* What a matmul's activations are quantized to: Q8_0 rows for a packed matrix
+ * (every tile kernel takes them, the k-quants' too: kern/pack.h), else the
+ * weight type's vec_dot_type (Q8_K for the plain k-quant kernels). */
+static enum nx_type act_type(const struct nx_wt *w)
+{
+	return w->packed && w->n_in / 32 <= PACK_NB_MAX ? NX_Q8_0 : nx_type_get(w->type)->vec_dot_type;
+}
+
 /* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
  * 16 weight rows with up to NX_PACK_ACT_MAX activation rows (both parts of a few
  * tokens) per call, each weight block unpacked once for all of them. With toks,
@@ -325,14 +428,14 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 	const int parts = a.lo ? 2 : 1;
 	const size_t rs = (size_t)nx_row_size(NX_Q8_0, w->n_in);
 	const int64_t nb = w->n_in / 32;
-	if (!w->packed || nx_type_get(w->type)->vec_dot_type != NX_Q8_0 || a.stride != (size_t)parts * rs ||
-	    (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS || nb > 1024)
+	if (!w->packed || act_type(w) != NX_Q8_0 || a.stride != (size_t)parts * rs ||
+	    (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS || nb > PACK_NB_MAX)
 		return false;
 	const nx_pack_fn kern = nx_pack_kernel(w->type);
 	const int chunk = NX_PACK_ACT_MAX / parts;
 	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
 	float sd[NX_PACK_ACT_MAX * nb], ss[NX_PACK_ACT_MAX * nb], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
-	int32_t sc[NX_PACK_ACT_MAX * nb];
+	int32_t sc[NX_PACK_ACT_MAX * nb], s16[2 * NX_PACK_ACT_MAX * nb];
 	for (int t0 = 0; t0 < n;) {
 		if (toks && toks[t0].logits_row < 0) {
 			t0++;
@@ -343,9 +446,21 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			cnt++;
 		const int na = parts * cnt;
 		const uint8_t *q = a.data + (size_t)t0 * a.stride;
-		for (int i = 0; i < na; i++)
-			nx_pack_act_prep(q + (size_t)i * rs, w->n_in, sd + i * nb, ss + i * nb, sc + i * nb);
-		const struct nx_pack_act pa = {q, rs, sd, ss, sc, nb};
+		struct nx_pack_act pa = {q, rs, sd, ss, sc, nb, NULL};
+		if (w->type == NX_Q6_K) { /* the one kernel with a side value per 16 (kern/pack.h) */
+			for (int i = 0; i < na; i++)
+				nx_pack_act_prep_c16(q + (size_t)i * rs, w->n_in, s16 + 2 * i * nb);
+			pa.c16 = s16;
+		}
+		if (a.pd) {
+			const size_t i0 = (size_t)parts * t0 * nb;
+			pa.d = a.pd + i0;
+			pa.s = a.ps + i0;
+			pa.c = a.pc + i0;
+		} else {
+			for (int i = 0; i < na; i++)
+				nx_pack_act_prep(q + (size_t)i * rs, w->n_in, sd + i * nb, ss + i * nb, sc + i * nb);
+		}
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
 			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, na, out, w->n_in);
 			for (int t = 0; t < cnt; t++) {
@@ -560,7 +675,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 		if (!tok_rank(s, &toks[t], il, NX_LORA_UP)) {
 			while (t1 < n && !tok_rank(s, &toks[t1], il, NX_LORA_UP))
 				t1++;
-			struct act at = {a.data + (size_t)t * a.stride, a.stride, a.lo};
+			struct act at = act_from(a, t, w->n_in);
 			matmul(w, at, t1 - t, r0, r1, hb + (size_t)t * n_ff, (size_t)n_ff, NULL, MM_SWIGLU);
 			t = t1;
 			continue;
@@ -581,7 +696,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 			}
 			t1++;
 		}
-		struct act at = {a.data + (size_t)t * a.stride, a.stride, a.lo};
+		struct act at = act_from(a, t, w->n_in);
 		for (int c0 = r0; c0 < r1; c0 += NX_LORA_Y_ROWS) {
 			const int c1 = c0 + NX_LORA_Y_ROWS < r1 ? c0 + NX_LORA_Y_ROWS : r1;
 			/* W_up rows [c0, c1) as a matrix of their own, written to lora_y (token, row - c0). */
@@ -669,6 +784,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const bool attn_fast = nx_attn_fast(hd);
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
+	/* Work claims (struct split) except with runtime LoRA deltas, which compute
+	 * A x once per range: there each band keeps one range per op. */
+	const bool dyn = !lora;
+	struct split sp;
 
 	if (sc->prof) {
 		sc->prof->mark = nx_prof_now();
@@ -705,37 +824,40 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
-		band_range(q_dim, rgrain, band, n_bands, &lo, &hi);
-		matmul(&L->wq, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wq.type)->vec_dot_type, toks, false), n, lo,
-		       hi, s->q, q_dim, L->bq, MM_STORE);
-		if (lora)
-			lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
-		prof_to(sc, NX_PROF_OTHER);
-		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
-		prof_to(sc, NX_PROF_MATMUL);
-		band_range(kv_dim, rgrain, band, n_bands, &lo, &hi);
-		matmul(&L->wk, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wk.type)->vec_dot_type, toks, false), n, lo,
-		       hi, s->k, kv_dim, L->bk, MM_STORE);
-		matmul(&L->wv, prep_act(sc, sc->xn, n, dim, nx_type_get(L->wv.type)->vec_dot_type, toks, false), n, lo,
-		       hi, s->v, kv_dim, L->bv, MM_STORE);
-		if (lora) {
-			lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
-			lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
+		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
+			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, act_type(&L->wq), toks, false), n, lo,
+			       hi, s->q, q_dim, L->bq, MM_STORE);
+			if (lora)
+				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
+			prof_to(sc, NX_PROF_OTHER);
+			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
+			prof_to(sc, NX_PROF_MATMUL);
 		}
-		prof_to(sc, NX_PROF_OTHER);
-		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
-		for (int t = 0; t < n; t++) {
-			const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
-			const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
-			for (int r = lo; r < hi; r++) {
-				kc[at + r] = nx_f32_to_f16(k[r]);
-				vc[at + r] = nx_f32_to_f16(v[r]);
+		FOR_ROWS(sp, 1, kv_dim, rgrain, lo, hi) {
+			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, act_type(&L->wk), toks, false), n, lo,
+			       hi, s->k, kv_dim, L->bk, MM_STORE);
+			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, act_type(&L->wv), toks, false), n, lo,
+			       hi, s->v, kv_dim, L->bv, MM_STORE);
+			if (lora) {
+				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
 			}
+			prof_to(sc, NX_PROF_OTHER);
+			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
+			for (int t = 0; t < n; t++) {
+				const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
+				const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
+				for (int r = lo; r < hi; r++) {
+					kc[at + r] = nx_f32_to_f16(k[r]);
+					vc[at + r] = nx_f32_to_f16(v[r]);
+				}
+			}
+			prof_to(sc, NX_PROF_MATMUL);
 		}
 		band_sync(sync, sc, NX_PROF_ATTN);
 
 		/* [B] attention per (token, head) over positions 0..pos of the token's slot. */
-		band_range(n * n_head, 1, band, n_bands, &lo, &hi);
+		FOR_ROWS(sp, 0, n * n_head, 1, lo, hi)
 		for (int u = lo; u < hi; u++) {
 			int t = u / n_head, h = u % n_head;
 			size_t off = toks[t].slot * slot_stride + (size_t)(h / group) * hd;
@@ -753,11 +875,12 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		/* [C] x += Wo att_out: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_ATTN_OUT, s->att_out, band);
 		sc->xq_src = NULL;
-		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
-		matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, nx_type_get(L->wo.type)->vec_dot_type, toks, false), n,
-		       lo, hi, s->x, dim, NULL, MM_ADD);
-		if (lora)
-			lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
+		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
+			matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, act_type(&L->wo), toks, false), n,
+			       lo, hi, s->x, dim, NULL, MM_ADD);
+			if (lora)
+				lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
+		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
 		/* [D] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
@@ -765,28 +888,30 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
-		band_range(n_ff, ROW_GRAIN, band, n_bands, &lo, &hi);
-		matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_gate.type)->vec_dot_type, toks, false),
-		       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
-		if (lora)
-			lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
-		if (lora)
-			lora_swiglu(s, sc, toks, n, il, &L->w_up,
-				    prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_up.type)->vec_dot_type, toks, false),
-				    sc->xn, dim, s->hb, n_ff, lo, hi);
-		else
-			matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, nx_type_get(L->w_up.type)->vec_dot_type, toks, false),
-			       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
+			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, act_type(&L->w_gate), toks, false),
+			       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
+			if (lora)
+				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
+			if (lora)
+				lora_swiglu(s, sc, toks, n, il, &L->w_up,
+					    prep_act(sc, sc->xn, n, dim, act_type(&L->w_up), toks, false),
+					    sc->xn, dim, s->hb, n_ff, lo, hi);
+			else
+				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, act_type(&L->w_up), toks, false),
+				       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
 		/* [E] x += Wdown hb: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
-		band_range(dim, ROW_GRAIN, band, n_bands, &lo, &hi);
-		matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, nx_type_get(L->w_down.type)->vec_dot_type, toks, false),
-		       n, lo, hi, s->x, dim, NULL, MM_ADD);
-		if (lora)
-			lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
+			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, act_type(&L->w_down), toks, false),
+			       n, lo, hi, s->x, dim, NULL, MM_ADD);
+			if (lora)
+				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 	}
 
@@ -795,9 +920,9 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		if (toks[t].logits_row >= 0)
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
 	sc->xq_src = NULL;
-	band_range(hp->n_vocab, ROW_GRAIN, band, n_bands, &lo, &hi);
-	matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, nx_type_get(m->output.type)->vec_dot_type, toks, true),
-		      toks, n, lo, hi, s->logits, hp->n_vocab);
+	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi)
+		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, act_type(&m->output), toks, true),
+			      toks, n, lo, hi, s->logits, hp->n_vocab);
 	band_sync(sync, sc, NX_PROF_OTHER);
 	prof_to(sc, NX_PROF_OTHER);
 }

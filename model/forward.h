@@ -105,7 +105,12 @@ struct nx_scratch {
 	void *xq;       /* (max_batch, xq_stride bytes) activations quantized to the weight's vec_dot_type,
 			 * two rows per token (hi and lo parts, see forward.c: prep_act) */
 	size_t xq_stride; /* bytes of xq per token: room for max(dim, n_ff, q_dim) floats, 64-aligned */
-	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo */
+	/* (max_batch * 2, max(dim, n_ff, q_dim) / 32) when xq holds Q8_0 rows: their per-block side
+	 * values for the packed kernels (kern/pack.h: nx_pack_act_prep), token t's hi row 2t, lo 2t + 1 */
+	float *xq_d, *xq_s;
+	int32_t *xq_c;
+	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo
+			 * (for a type without a fused quant2, kern/quant.h) */
 	float *att;     /* (n_ctx) attention scores of one (token, head) */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
 	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta, per token and adapter */
@@ -129,6 +134,10 @@ int nx_scratch_init(struct nx_scratch *sc, void *mem, size_t size, const struct 
 
 struct nx_sync {
 	void (*barrier)(void *ctx); /* returns when every band has arrived */
+	/* NULL, or hands out rows between two barriers (nx_barrier_claim): each band
+	 * then does a fixed share and takes the rest in chunks as it gets free, so
+	 * a band slowed by the machine does not hold the others at the barrier. */
+	uint32_t (*claim)(void *ctx, uint32_t tag, uint32_t units);
 	void *ctx;
 };
 

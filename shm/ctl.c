@@ -40,6 +40,12 @@ static void step_barrier(void *ctx)
 		__builtin_longjmp(r->jb, 1);
 }
 
+static uint32_t step_claim(void *ctx, uint32_t tag, uint32_t units)
+{
+	struct step_run *r = ctx;
+	return nx_barrier_claim(&r->c->barrier, tag, units);
+}
+
 /* Runs fn for one step; returns 1 if it was left because of an abort. Kept
  * out of line so __builtin_longjmp lands in a frame of its own. */
 static __attribute__((noinline)) int run_one(struct step_run *r, nx_ctl_step_fn fn, void *arg,
@@ -47,7 +53,7 @@ static __attribute__((noinline)) int run_one(struct step_run *r, nx_ctl_step_fn 
 {
 	if (__builtin_setjmp(r->jb))
 		return 1;
-	fn(arg, band, r->c->n_workers, n, step_barrier, r);
+	fn(arg, band, r->c->n_workers, n, step_barrier, step_claim, r);
 	return 0;
 }
 

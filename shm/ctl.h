@@ -75,9 +75,11 @@ struct nx_ctl *nx_ctl_shm_init(void *mem, uint32_t n_workers, uint32_t max_batch
 /* --- worker side */
 
 /* One band of one step. barrier(barrier_ctx) must be called between
- * dependent ops; it does not return if the step is aborted. */
+ * dependent ops; it does not return if the step is aborted. claim(barrier_ctx,
+ * tag, units) hands out work shared between two barriers (nx_barrier_claim). */
 typedef void (*nx_ctl_step_fn)(void *arg, uint32_t band, uint32_t n_bands, int32_t n,
-			       void (*barrier)(void *), void *barrier_ctx);
+			       void (*barrier)(void *), uint32_t (*claim)(void *, uint32_t, uint32_t),
+			       void *barrier_ctx);
 
 /* The worker's step loop: marks the worker ready, then runs fn for every
  * step_gen after seen_gen until quit. Returns 0 on quit. Issues no syscall but

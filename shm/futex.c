@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -107,6 +108,21 @@ int nx_barrier_wait(struct nx_barrier *b, const _Atomic uint32_t *abort, uint32_
 moved:
 	/* gen also moves on abort (nx_barrier_abort), so check which it was. */
 	return atomic_load(abort) ? -1 : 0;
+}
+
+uint32_t nx_barrier_claim(struct nx_barrier *b, uint32_t tag, uint32_t units)
+{
+	_Atomic uint64_t *w = &b->work[tag % NX_BARRIER_TAGS];
+	const uint64_t key = (uint64_t)atomic_load(&b->gen) << 32;
+	uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+	for (;;) {
+		const bool same = (v & ~(uint64_t)UINT32_MAX) == key;
+		const uint64_t next = same ? v + units : key | units;
+		/* Relaxed: claims only split the work; the barriers order the data. */
+		if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_relaxed,
+							  memory_order_relaxed))
+			return same ? (uint32_t)v : 0;
+	}
 }
 
 void nx_barrier_abort(struct nx_barrier *b)

@@ -39,11 +39,17 @@ uint32_t nx_spin_calibrate(void);
  * last arrival resets count and bumps gen; the others wait for gen to move.
  * `sleepers` lets the last arrival skip the FUTEX_WAKE syscall when everyone
  * is still spinning (the usual case). */
+#define NX_BARRIER_TAGS 8
+
 struct nx_barrier {
 	_Atomic uint32_t count;    /* arrivals in the current round */
 	_Atomic uint32_t gen;      /* round number; the futex word */
 	_Atomic uint32_t sleepers; /* processes in (or entering) FUTEX_WAIT on gen */
 	uint32_t n;                /* participants */
+	/* Work handed out between two rounds (nx_barrier_claim), one pool per
+	 * tag: round << 32 | units claimed so far. Their own line: claims do not
+	 * slow the spinners on gen. */
+	_Atomic uint64_t work[NX_BARRIER_TAGS] __attribute__((aligned(64)));
 };
 
 void nx_barrier_init(struct nx_barrier *b, uint32_t n);
@@ -57,5 +63,13 @@ int nx_barrier_wait(struct nx_barrier *b, const _Atomic uint32_t *abort, uint32_
  * gen (so a waiter between its abort check and FUTEX_WAIT does not sleep on a
  * stale value) and wakes all sleepers. Used by the supervisor only. */
 void nx_barrier_abort(struct nx_barrier *b);
+
+/* Claims the next `units` units of a pool of work shared by every participant
+ * between the same two rounds of b under the same tag (< NX_BARRIER_TAGS: several
+ * pools per round, in use at the same time). Returns the first claimed unit's index in the pool: 0 for the first
+ * claim of the round, then counting up; the caller stops once it is past the
+ * pool's end. No reset is needed: the round number (gen) is part of the key,
+ * and it cannot move while a participant is still between the two rounds. */
+uint32_t nx_barrier_claim(struct nx_barrier *b, uint32_t tag, uint32_t units);
 
 #endif

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "shm/futex.h"
 #include "lora/adapter.h"
 #include "model/forward.h"
 #include "model/gguf.h"
@@ -60,7 +61,8 @@ struct engine {
 	void *state_mem, **scratch_mem;
 	void *pack_mem; /* packed copies of the matrices (model/repack.h), or NULL */
 	int n_threads;
-	pthread_barrier_t bar;
+	struct nx_barrier bar; /* the daemon's barrier and work claims, so tests run them */
+	_Atomic uint32_t no_abort;
 	struct nx_lora_mix mix;   /* --lora adapters (heap: lora_l, lora_mem) */
 	struct nx_lora *lora_l[NX_LORA_MIX_MAX];
 	void *lora_mem[NX_LORA_MIX_MAX];
@@ -78,13 +80,20 @@ struct band_arg {
 
 static void barrier_wait(void *ctx)
 {
-	pthread_barrier_wait(ctx);
+	struct engine *e = ctx;
+	nx_barrier_wait(&e->bar, &e->no_abort, 1000);
+}
+
+static uint32_t claim_rows(void *ctx, uint32_t tag, uint32_t units)
+{
+	struct engine *e = ctx;
+	return nx_barrier_claim(&e->bar, tag, units);
 }
 
 static void *band_main(void *p)
 {
 	struct band_arg *a = p;
-	struct nx_sync sync = {barrier_wait, &a->e->bar};
+	struct nx_sync sync = {.barrier = barrier_wait, .claim = claim_rows, .ctx = a->e};
 	nx_forward(&a->e->m, &a->e->s, a->toks, a->n, a->band, a->e->n_threads, &a->e->sc[a->band], &sync);
 	return NULL;
 }
@@ -140,8 +149,7 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 		if (nx_scratch_init(&e->sc[b], e->scratch_mem[b], sz, &e->m.hp, &cfg, &err))
 			die("%s", err.msg);
 	}
-	if (pthread_barrier_init(&e->bar, NULL, n_threads))
-		die("pthread_barrier_init failed");
+	nx_barrier_init(&e->bar, n_threads);
 	memset(&e->mix, 0, sizeof(e->mix));
 	for (int i = 0; i < n_lora_args; i++) {
 		char path[4096];
@@ -178,7 +186,6 @@ static void engine_free(struct engine *e)
 		free(e->lora_l[i]);
 		free(e->lora_mem[i]);
 	}
-	pthread_barrier_destroy(&e->bar);
 }
 
 /* ---------------------------------------------------------------- plan */

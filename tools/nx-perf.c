@@ -1,11 +1,14 @@
 /* nx-perf.c - throughput benchmark of the forward pass: decode and prefill tokens/s with persistent bands.
  *
  *   nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C...]
- *                      [--prompt P] [--spin-us U] [--profile] [--plain] [--cpu-time]
+ *                      [--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--cpu-time]
  *
  * Runs the pass the way the daemon does: N bands on N threads pinned one per
  * CPU, started once, meeting at the daemon's spin-then-futex barrier
- * (shm/futex.h), the weights in private memory (read, not mapped).
+ * (shm/futex.h), the weights in private memory (read, not mapped) on 2 MiB
+ * pages like the daemon's (shm/hugemem.h; --small-pages: 4 KiB pages, what
+ * NX_HUGE=0 gives the daemon), activations and KV cache on 4 KiB pages like
+ * the daemon's arena.
  *   decode  - S sequences (one KV slot each) prefilled with P tokens, then G
  *             steps of one token per sequence (greedy): S*G / seconds.
  *   prefill - for each chunk size C: a prompt of 512 tokens (at least C) fed in
@@ -31,6 +34,7 @@
 #include "model/model.h"
 #include "model/repack.h"
 #include "shm/futex.h"
+#include "shm/hugemem.h"
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -84,6 +88,15 @@ static void barrier_wait(void *ctx)
 	nx_barrier_wait(&e->bar, &e->abort, e->spin);
 }
 
+/* --static-bands: no work claims, each band computes its fixed rows. */
+static bool static_bands;
+
+static uint32_t claim_rows(void *ctx, uint32_t tag, uint32_t units)
+{
+	struct engine *e = ctx;
+	return nx_barrier_claim(&e->bar, tag, units);
+}
+
 static void pin(int cpu)
 {
 	cpu_set_t set;
@@ -96,7 +109,7 @@ static void *band_main(void *p)
 {
 	struct band_arg *a = p;
 	struct engine *e = a->e;
-	struct nx_sync sync = {barrier_wait, e};
+	struct nx_sync sync = {.barrier = barrier_wait, .claim = static_bands ? NULL : claim_rows, .ctx = e};
 	pin(a->band);
 	uint32_t seen = 0;
 	for (;;) {
@@ -115,12 +128,26 @@ static void run_step(struct engine *e, const struct nx_tok_in *toks, int n)
 	atomic_store(&e->done, 0);
 	atomic_fetch_add(&e->step_gen, 1);
 	nx_futex_wake(&e->step_gen, 1 << 30);
-	struct nx_sync sync = {barrier_wait, e};
+	struct nx_sync sync = {.barrier = barrier_wait, .claim = static_bands ? NULL : claim_rows, .ctx = e};
 	nx_forward(&e->m, &e->s, toks, n, 0, e->n_threads, &e->sc[0], &sync);
 	/* The pass ends with a barrier (every band is past its last write); wait
 	 * for the others to leave it too, so their profile counters are final. */
 	while (atomic_load(&e->done) < (uint32_t)e->n_threads - 1)
 		__builtin_ia32_pause();
+}
+
+/* The weights: the file and the packed copy, each on its own huge-page
+ * mapping (never freed). */
+static bool small_pages;
+static struct nx_huge weights[2];
+static int n_weights;
+
+static void *alloc_weights(size_t n)
+{
+	struct nx_err err = {{0}};
+	if (n_weights == 2 || nx_huge_map(&weights[n_weights], n, !small_pages, &err))
+		die("weights: %s", n_weights == 2 ? "more than two blocks" : err.msg);
+	return weights[n_weights++].p;
 }
 
 static void *alloc64(size_t n)
@@ -140,9 +167,17 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	if (nx_model_bind(&e->m, g, &err))
 		die("%s", err.msg);
 	size_t ps = nx_model_repack_size(&e->m);
-	if (!plain && ps && nx_model_repack(&e->m, alloc64(ps), ps, &err))
+	if (!plain && ps && nx_model_repack(&e->m, alloc_weights(ps), ps, &err))
 		die("%s", err.msg);
 	printf("packed for the tile kernels: %.1f MiB%s\n", plain ? 0.0 : ps / 1048576.0, plain ? " (--plain)" : "");
+	long long huge = 0, len = 0;
+	for (int i = 0; i < n_weights; i++) {
+		long long r = nx_huge_resident(weights[i].p, weights[i].len);
+		huge += r > 0 ? r : 0;
+		len += (long long)weights[i].len;
+	}
+	printf("weights on 2 MiB pages: %.1f of %.1f MiB%s\n", huge / 1048576.0, len / 1048576.0,
+	       small_pages ? " (--small-pages)" : "");
 	e->n_threads = n_threads;
 	e->spin = spin;
 	size_t ss = nx_state_size(&e->m.hp, &cfg), sz = nx_scratch_size(&e->m.hp, &cfg);
@@ -302,15 +337,19 @@ int main(int argc, char **argv)
 			spin_us = parse_long(argv[++i], a);
 		else if (!strcmp(a, "--profile"))
 			profile = true;
+		else if (!strcmp(a, "--static-bands"))
+			static_bands = true;
 		else if (!strcmp(a, "--plain"))
 			plain = true;
+		else if (!strcmp(a, "--small-pages"))
+			small_pages = true;
 		else if (!strcmp(a, "--cpu-time"))
 			clk = CLOCK_PROCESS_CPUTIME_ID;
 		else if (a[0] != '-' && !path)
 			path = a;
 		else
 			die("usage: nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C] "
-			    "[--prompt P] [--spin-us U] [--profile] [--plain] [--cpu-time]");
+			    "[--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--static-bands] [--cpu-time]");
 	}
 	if (!path || n_threads < 1 || n_threads > 64 || reps < 1 || reps > 100 || G < 0 || S < 1 || S > 64 ||
 	    P < 1 || P > 4096)
@@ -318,14 +357,14 @@ int main(int argc, char **argv)
 
 	if (clk != CLOCK_MONOTONIC)
 		cpu_scale = n_threads;
-	/* The weights in private memory, like the daemon's arena (not a file mapping). */
+	/* The weights in private memory, like the daemon's copy mode (not a file mapping). */
 	FILE *f = fopen(path, "rb");
 	if (!f)
 		die("cannot open %s: %s", path, strerror(errno));
 	fseek(f, 0, SEEK_END);
 	size_t size = (size_t)ftell(f);
 	fseek(f, 0, SEEK_SET);
-	void *bytes = alloc64(size);
+	void *bytes = alloc_weights(size);
 	if (fread(bytes, 1, size, f) != size)
 		die("reading %s failed", path);
 	fclose(f);

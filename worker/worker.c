@@ -113,7 +113,8 @@ static void scribble(struct nxw *w)
 		nx_futex_wait(&never, 0, NULL);
 }
 
-static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *), void *bctx)
+static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *),
+		 uint32_t (*claim)(void *, uint32_t, uint32_t), void *bctx)
 {
 	struct nxw *w = arg;
 	w->steps++;
@@ -121,7 +122,7 @@ static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*b
 		forbidden(w);
 	if (w->scribble && w->steps == w->scribble_step)
 		scribble(w);
-	struct nx_sync sync = { .barrier = barrier, .ctx = bctx };
+	struct nx_sync sync = { .barrier = barrier, .claim = claim, .ctx = bctx };
 	nx_forward(w->model, w->state, w->toks, n, (int)band, (int)n_bands, w->scratch, &sync);
 }
 
@@ -195,8 +196,9 @@ _Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen)
 	if (sched_setaffinity(0, sizeof(set), &set) < 0)
 		wlog(&w, "sched_setaffinity(cpu %d) failed: %s; running unpinned", p->cpu, strerror(errno));
 
-	/* Weights and the model struct are read-only from here on: a stray
-	 * write faults in this worker instead of corrupting every step. */
+	/* The model struct is read-only from here on (the weights are already,
+	 * daemon/model.c): a stray write faults in this worker instead of
+	 * corrupting every step. */
 	for (int i = 0; i < d->shm.n_ro; i++) {
 		uintptr_t a = (uintptr_t)d->shm.ro[i].p & ~(uintptr_t)(NX_ARENA_ALIGN - 1);
 		size_t len = d->shm.ro[i].len + ((uintptr_t)d->shm.ro[i].p - a);

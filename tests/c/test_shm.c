@@ -175,21 +175,31 @@ static void test_abort_wakes_waiters(void **state)
 
 struct step_shared {
 	int64_t in[VEC];
-	int64_t part[NW];
-	int64_t out;
+	int64_t part[NW], part2[NW];
+	int64_t out, out2;
 	_Atomic uint32_t slow; /* > 0: the step spins through this many extra barriers */
 	_Atomic uint32_t entered;
 };
 
-/* Each band sums its share of in[], barrier, band 0 adds the partial sums. */
-static void sum_step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *), void *bctx)
+/* Each band sums its share of in[], barrier, band 0 adds the partial sums.
+ * The sum is done twice: shares claimed in chunks of 7 (tag 0) and of 5 (tag
+ * 1) from the round's pools, so each element must be handed out exactly once
+ * per pool, every step, with no reset between steps. */
+static void sum_step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *),
+		     uint32_t (*claim)(void *, uint32_t, uint32_t), void *bctx)
 {
 	struct step_shared *s = arg;
 	atomic_fetch_add(&s->entered, 1);
-	int64_t acc = 0;
-	for (int i = (int)band; i < n && i < VEC; i += (int)n_bands)
-		acc += s->in[i];
+	const int m = n < VEC ? n : VEC;
+	int64_t acc = 0, acc2 = 0;
+	for (int i0; (i0 = (int)claim(bctx, 0, 7)) < m;)
+		for (int i = i0; i < i0 + 7 && i < m; i++)
+			acc += s->in[i];
+	for (int i0; (i0 = (int)claim(bctx, 1, 5)) < m;)
+		for (int i = i0; i < i0 + 5 && i < m; i++)
+			acc2 += s->in[i];
 	s->part[band] = acc;
+	s->part2[band] = acc2;
 	barrier(bctx);
 	for (uint32_t k = 0; k < atomic_load(&s->slow); k++) {
 		usleep(100);
@@ -197,9 +207,13 @@ static void sum_step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void
 	}
 	if (band == 0) {
 		int64_t t = 0;
-		for (uint32_t b = 0; b < n_bands; b++)
+		int64_t t2 = 0;
+		for (uint32_t b = 0; b < n_bands; b++) {
 			t += s->part[b];
+			t2 += s->part2[b];
+		}
 		s->out = t;
+		s->out2 = t2;
 	}
 	barrier(bctx);
 }
@@ -270,6 +284,7 @@ static void test_step_protocol_and_retry(void **state)
 		uint32_t g = nx_ctl_launch(e.c, n);
 		assert_int_equal(wait_acked(&e, g, 10), 0);
 		assert_true(e.s->out == want);
+		assert_true(e.s->out2 == want);
 	}
 	assert_true(atomic_load(&e.c->w[0].steps) == 300);
 

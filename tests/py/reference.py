@@ -8,7 +8,8 @@ alone, all positions at once under a causal mask.
 Reference(path, emulate=True) additionally rounds values where the engine's
 design stores them in a narrower format - the input of every matmul with a
 quantized weight to that weight's activation type (Q8_0 for the 32-blocks,
-Q8_K for the k-quants: GGUF's block formats), in two parts as the engine does
+Q8_K for the k-quants: GGUF's block formats; Q8_0 for a k-quant matrix the
+engine packs for its tile kernels, named in `packed`), in two parts as the engine does
 (hi = Q(x), lo = Q(x - hi) in float32; the matmul sees hi + lo), and K/V to
 f16 - so the remaining difference to the engine is float32 arithmetic only,
 and a tight tolerance can catch small mistakes that the rounding noise would
@@ -59,8 +60,9 @@ def _field(reader, key, default=None):
 
 
 class Reference:
-    def __init__(self, path, emulate=False):
+    def __init__(self, path, emulate=False, packed=()):
         self.emulate = emulate
+        self.packed = set(packed)
         r = gguf.GGUFReader(str(path))
         self.arch = _field(r, "general.architecture")
         a = self.arch
@@ -87,7 +89,7 @@ class Reference:
         """x @ W.T for weight `name` (n_out, n_in)."""
         if self.emulate:
             ty = self.types[name]
-            if ty in _Q8_0_ACT:
+            if ty in _Q8_0_ACT or name in self.packed:
                 x = round_hi_lo(x, round_q8_0)
             elif ty in _Q8_K_ACT:
                 x = round_hi_lo(x, round_q8_k)

@@ -13,6 +13,8 @@ with other sequences; decode steps mixing sequences at different positions) on
 - and the reference with the engine's rounding points emulated (two-part Q8_0 /
   Q8_K activations, f16 K/V) closer still (see EMULATED).
 """
+import ctypes
+import os
 import subprocess
 import zlib
 
@@ -20,7 +22,7 @@ import numpy as np
 import pytest
 
 import make_tiny
-from conftest import tool
+from conftest import build_dir, tool
 from reference import Reference
 
 VARIANTS = dict(make_tiny.VARIANTS)
@@ -102,6 +104,32 @@ def tiny(tmp_path_factory):
     return {name: make_tiny.build(d / f"{name}.gguf", **kw) for name, kw in VARIANTS.items()}
 
 
+class _Wt(ctypes.Structure):  # struct nx_wt (model/model.h)
+    _fields_ = [("type", ctypes.c_int), ("n_in", ctypes.c_int64), ("n_out", ctypes.c_int64),
+                ("row_bytes", ctypes.c_size_t), ("data", ctypes.c_void_p), ("packed", ctypes.c_void_p)]
+
+
+def packed_matrices(ref):
+    """Names of the matrices nx-eval packs for the tile kernels (model/repack.c:
+    nx_wt_packable on this CPU, asked through libnx.so; none with NX_PACK=0). A
+    packed k-quant matrix takes Q8_0 activations (kern/pack.h), not Q8_K."""
+    if os.environ.get("NX_PACK") == "0":
+        return set()
+    so = ctypes.CDLL(str(build_dir() / "libnx.so"))
+    so.nx_row_size.restype = ctypes.c_int64
+    so.nx_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    so.nx_wt_packable.restype = ctypes.c_bool
+    so.nx_wt_packable.argtypes = [ctypes.POINTER(_Wt)]
+    out = set()
+    for name, w in ref.t.items():
+        if w.ndim == 2:
+            (n_out, n_in), ty = w.shape, int(ref.types[name])
+            wt = _Wt(ty, n_in, n_out, so.nx_row_size(ty, n_in), 1, None)  # data: any non-NULL pointer
+            if so.nx_wt_packable(ctypes.byref(wt)):
+                out.add(name)
+    return out
+
+
 def family(kw):
     types = [kw.get("wtype", "Q8_0"), *kw.get("types", {}).values()]
     return max((FAMILY[t] for t in types), key=ORDER.index)
@@ -124,7 +152,7 @@ def test_logits_match_reference(tiny, name, report):
 
     # Against the float64 reference, and the one emulating our rounding points.
     ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
-    emu = Reference(model, emulate=True)
+    emu = Reference(model, emulate=True, packed=packed_matrices(ref))
     errs, close, top1, n_pos = [], [], 0, 0
     for (s, toks), got in zip(seqs.items(), ours):
         want = ref.logits(toks)
