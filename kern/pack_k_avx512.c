@@ -8,20 +8,7 @@
  * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
  * attributes), used only when nx_pack_avx512_usable(). */
 #include "kern/pack_k.h"
-
-#include <immintrin.h>
-#include <string.h>
-
-#define TGT_STR "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
-#define TGT __attribute__((target(TGT_STR)))
-#define INL static inline __attribute__((always_inline, target(TGT_STR)))
-
-INL __m512i bcast32(const int8_t *p)
-{
-	int32_t v;
-	memcpy(&v, p, 4);
-	return _mm512_set1_epi32(v);
-}
+#include "kern/pack_tile_avx512.h"
 
 /* 16 bytes (one per row) widened to 16 int32 lanes. */
 INL __m512i lanes_u8(const uint8_t *p)
@@ -176,21 +163,6 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
-
-#define TILE_FN(name)                                                                                         \
-	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
-	{                                                                                                     \
-		switch (n_act) {                                                                              \
-		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
-		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
-		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
-		case 4: name##_tile(g, a, 4, out, n); break;                                                  \
-		case 5: name##_tile(g, a, 5, out, n); break;                                                  \
-		case 6: name##_tile(g, a, 6, out, n); break;                                                  \
-		case 7: name##_tile(g, a, 7, out, n); break;                                                  \
-		default: name##_tile(g, a, 8, out, n); break;                                                 \
-		}                                                                                             \
-	}
 
 TILE_FN(q4_k)
 TILE_FN(q5_k)

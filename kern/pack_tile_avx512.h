@@ -1,0 +1,41 @@
+/* pack_tile_avx512.h - what the AVX-512 tile kernel files (pack_avx512.c, pack_k_avx512.c) share:
+ * their target attributes, the broadcast of an activation word, and the
+ * per-NA instancing of a kernel. Include only from those files. */
+#ifndef NX_PACK_TILE_AVX512_H
+#define NX_PACK_TILE_AVX512_H
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "kern/pack.h"
+
+#define TGT_STR "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
+#define TGT __attribute__((target(TGT_STR)))
+#define INL static inline __attribute__((always_inline, target(TGT_STR)))
+
+/* The 4 activation bytes at p in every int32 lane. */
+INL __m512i bcast32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return _mm512_set1_epi32(v);
+}
+
+/* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA a compile-time
+ * constant per case, so its accumulators live in registers. */
+#define TILE_FN(name)                                                                                         \
+	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
+	{                                                                                                     \
+		switch (n_act) {                                                                              \
+		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
+		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
+		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
+		case 4: name##_tile(g, a, 4, out, n); break;                                                  \
+		case 5: name##_tile(g, a, 5, out, n); break;                                                  \
+		case 6: name##_tile(g, a, 6, out, n); break;                                                  \
+		case 7: name##_tile(g, a, 7, out, n); break;                                                  \
+		default: name##_tile(g, a, 8, out, n); break;                                                 \
+		}                                                                                             \
+	}
+
+#endif
