@@ -13,8 +13,9 @@ LDLIBS     := -lm -lpcre2-8 -ljansson -luring -lseccomp -lsystemd
 LIB_DIRS   := common model kern tok sample shm proto lora
 LIB_SRC    := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_OBJ    := $(LIB_SRC:%.c=$(B)/obj/%.o)
-# SIMD files: those with target(...) attributes, which pick instruction sets at run time.
-SIMD_PAT   := [(, ]target[(]
+# SIMD files: those with target(...) attributes, which pick instruction sets at run time
+# (directly, or through kern/pack_tile_avx512.h's TGT macros).
+SIMD_PAT   := [(, ]target[(]|pack_tile_avx512[.]h
 PLAIN_SRC  := $(shell grep -l -E '$(SIMD_PAT)' $(LIB_SRC) /dev/null 2>/dev/null)
 PLAIN_OBJ  := $(PLAIN_SRC:%.c=$(B)/obj/%.o)
 PLAIN_CC   ?= gcc
