@@ -129,7 +129,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	size_t B = (size_t)c->max_batch, total = 0, sides = 2 * B * (size_t)(max_in(hp) / 32);
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
-	    !add_buf(&total, sides, sizeof(int32_t)) ||
+	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
 	    !add_buf(&total, max_in(hp), sizeof(float)) || !add_buf(&total, (size_t)c->n_ctx, sizeof(float)) ||
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
@@ -142,6 +142,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->xq_d = take(&p, sides, sizeof(float));
 		sc->xq_s = take(&p, sides, sizeof(float));
 		sc->xq_c = take(&p, sides, sizeof(int32_t));
+		sc->xq_c16 = take(&p, 2 * sides, sizeof(int32_t));
 		sc->resid = take(&p, max_in(hp), sizeof(float));
 		sc->att = take(&p, (size_t)c->n_ctx, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
@@ -265,6 +266,14 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
 	nx_rmsnorm(out, x, w, n, eps);
 }
 
+/* What a matmul's activations are quantized to: Q8_0 rows for a packed matrix
+ * (every tile kernel takes them, the k-quants' too: kern/pack.h), else the
+ * weight type's vec_dot_type (Q8_K for the plain k-quant kernels). */
+static enum nx_type act_type(const struct nx_wt *w)
+{
+	return w->packed ? NX_Q8_0 : nx_type_get(w->type)->vec_dot_type;
+}
+
 /* Activation rows for a matmul: token t's row at data + t * stride. For a
  * quantized vec_dot_type the row is two rows of that type, hi at data + t * stride
  * and lo at lo bytes after it, and the activation is their sum (prep_act). */
@@ -276,6 +285,7 @@ struct act {
 	 * activation row i (token t's hi 2t, lo 2t + 1) at i * n_in / 32; NULL: not at hand */
 	const float *pd, *ps;
 	const int32_t *pc;
+	const int32_t *pc16; /* q6_k's per-16 sums (kern/pack.h c16), row i's at 2 * i * n_in / 32; NULL: not needed */
 };
 
 /* Tokens t, t + 1, ... of a (rows of n_in elements). */
@@ -288,6 +298,8 @@ static struct act act_from(struct act a, int t, int n_in)
 		a.ps += i;
 		a.pc += i;
 	}
+	if (a.pc16)
+		a.pc16 += 2 * i;
 	return a;
 }
 
@@ -344,6 +356,7 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 	}
 	sc->xq_src = src;
 	sc->xq_type = vt;
+	sc->xq_c16_ok = false;
 	return a;
 }
 
@@ -361,11 +374,19 @@ static inline void prof_to(struct nx_scratch *sc, enum nx_prof_phase phase)
 }
 
 /* prep_act_q, timed as norm+quant; what follows it is a matmul. */
-static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n_in, enum nx_type vt,
+static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n_in, const struct nx_wt *w,
 			   const struct nx_tok_in *toks, bool only_logits)
 {
 	prof_to(sc, NX_PROF_QUANT);
-	const struct act a = prep_act_q(sc, src, n, n_in, vt, toks, only_logits);
+	struct act a = prep_act_q(sc, src, n, n_in, act_type(w), toks, only_logits);
+	if (a.pd && w->packed && w->type == NX_Q6_K) { /* the one tile kernel with a side value per 16 */
+		const int64_t nb = n_in / 32;
+		if (!sc->xq_c16_ok) /* row i (token t's hi 2t, lo 2t + 1) at data + i * lo */
+			for (int i = 0; i < 2 * n; i++)
+				nx_pack_act_prep_c16(a.data + (size_t)i * a.lo, n_in, sc->xq_c16 + 2 * i * nb);
+		sc->xq_c16_ok = true;
+		a.pc16 = sc->xq_c16;
+	}
 	prof_to(sc, only_logits ? NX_PROF_LOGITS : NX_PROF_MATMUL);
 	return a;
 }
@@ -404,16 +425,6 @@ static inline void mm_epilogue(enum mm_op op, float *restrict y, const float *re
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
 
-/* Blocks per row at most for the packed path (its side values live on its stack). */
-#define PACK_NB_MAX 1024
-
-/* What a matmul's activations are quantized to: Q8_0 rows for a packed matrix
- * (every tile kernel takes them, the k-quants' too: kern/pack.h), else the
- * weight type's vec_dot_type (Q8_K for the plain k-quant kernels). */
-static enum nx_type act_type(const struct nx_wt *w)
-{
-	return w->packed && w->n_in / 32 <= PACK_NB_MAX ? NX_Q8_0 : nx_type_get(w->type)->vec_dot_type;
-}
 
 /* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
  * 16 weight rows with up to NX_PACK_ACT_MAX activation rows (both parts of a few
@@ -421,21 +432,21 @@ static enum nx_type act_type(const struct nx_wt *w)
  * only tokens that want logits, written to row toks[t].logits_row of y. Each
  * (row, token) result does not depend on the chunk it was computed in, as in
  * matmul. Returns false, having done nothing, when it does not apply: no packed
- * copy, or activations that are not Q8_0 rows (a type without a tile kernel). */
+ * copy, or activations that are not Q8_0 rows with the side values prep_act
+ * computes for the tile kernels (once per input, not per call). */
 static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, int r1, float *y, size_t ldy,
 			  const float *bias, enum mm_op op, const struct nx_tok_in *toks)
 {
 	const int parts = a.lo ? 2 : 1;
 	const size_t rs = (size_t)nx_row_size(NX_Q8_0, w->n_in);
 	const int64_t nb = w->n_in / 32;
-	if (!w->packed || act_type(w) != NX_Q8_0 || a.stride != (size_t)parts * rs ||
-	    (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS || nb > PACK_NB_MAX)
+	if (!w->packed || !a.pd || (w->type == NX_Q6_K && !a.pc16) ||
+	    a.stride != (size_t)parts * rs || (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
 		return false;
 	const nx_pack_fn kern = nx_pack_kernel(w->type);
 	const int chunk = NX_PACK_ACT_MAX / parts;
 	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
-	float sd[NX_PACK_ACT_MAX * nb], ss[NX_PACK_ACT_MAX * nb], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
-	int32_t sc[NX_PACK_ACT_MAX * nb], s16[2 * NX_PACK_ACT_MAX * nb];
+	float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 	for (int t0 = 0; t0 < n;) {
 		if (toks && toks[t0].logits_row < 0) {
 			t0++;
@@ -446,21 +457,8 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			cnt++;
 		const int na = parts * cnt;
 		const uint8_t *q = a.data + (size_t)t0 * a.stride;
-		struct nx_pack_act pa = {q, rs, sd, ss, sc, nb, NULL};
-		if (w->type == NX_Q6_K) { /* the one kernel with a side value per 16 (kern/pack.h) */
-			for (int i = 0; i < na; i++)
-				nx_pack_act_prep_c16(q + (size_t)i * rs, w->n_in, s16 + 2 * i * nb);
-			pa.c16 = s16;
-		}
-		if (a.pd) {
-			const size_t i0 = (size_t)parts * t0 * nb;
-			pa.d = a.pd + i0;
-			pa.s = a.ps + i0;
-			pa.c = a.pc + i0;
-		} else {
-			for (int i = 0; i < na; i++)
-				nx_pack_act_prep(q + (size_t)i * rs, w->n_in, sd + i * nb, ss + i * nb, sc + i * nb);
-		}
+		const size_t i0 = (size_t)parts * t0 * nb;
+		const struct nx_pack_act pa = {q, rs, a.pd + i0, a.ps + i0, a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL};
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
 			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, na, out, w->n_in);
 			for (int t = 0; t < cnt; t++) {
@@ -825,7 +823,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
-			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, act_type(&L->wq), toks, false), n, lo,
+			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo,
 			       hi, s->q, q_dim, L->bq, MM_STORE);
 			if (lora)
 				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
@@ -834,9 +832,9 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			prof_to(sc, NX_PROF_MATMUL);
 		}
 		FOR_ROWS(sp, 1, kv_dim, rgrain, lo, hi) {
-			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, act_type(&L->wk), toks, false), n, lo,
+			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo,
 			       hi, s->k, kv_dim, L->bk, MM_STORE);
-			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, act_type(&L->wv), toks, false), n, lo,
+			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo,
 			       hi, s->v, kv_dim, L->bv, MM_STORE);
 			if (lora) {
 				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
@@ -876,7 +874,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		capture(s, hp, n, il, NX_CAP_ATTN_OUT, s->att_out, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
-			matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, act_type(&L->wo), toks, false), n,
+			matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, &L->wo, toks, false), n,
 			       lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
 				lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
@@ -889,16 +887,16 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
-			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, act_type(&L->w_gate), toks, false),
+			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, &L->w_gate, toks, false),
 			       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
 			if (lora)
 				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
 			if (lora)
 				lora_swiglu(s, sc, toks, n, il, &L->w_up,
-					    prep_act(sc, sc->xn, n, dim, act_type(&L->w_up), toks, false),
+					    prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
 					    sc->xn, dim, s->hb, n_ff, lo, hi);
 			else
-				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, act_type(&L->w_up), toks, false),
+				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
 				       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
@@ -907,7 +905,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
-			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, act_type(&L->w_down), toks, false),
+			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, toks, false),
 			       n, lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
 				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
@@ -921,7 +919,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
 	sc->xq_src = NULL;
 	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi)
-		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, act_type(&m->output), toks, true),
+		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, &m->output, toks, true),
 			      toks, n, lo, hi, s->logits, hp->n_vocab);
 	band_sync(sync, sc, NX_PROF_OTHER);
 	prof_to(sc, NX_PROF_OTHER);

@@ -109,6 +109,9 @@ struct nx_scratch {
 	 * values for the packed kernels (kern/pack.h: nx_pack_act_prep), token t's hi row 2t, lo 2t + 1 */
 	float *xq_d, *xq_s;
 	int32_t *xq_c;
+	int32_t *xq_c16; /* (max_batch * 2, 2 * max(...) / 32): per-16 sums for q6_k (nx_pack_act_prep_c16),
+			  * filled when a packed q6_k matrix first reads the current xq */
+	bool xq_c16_ok;
 	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo
 			 * (for a type without a fused quant2, kern/quant.h) */
 	float *att;     /* (n_ctx) attention scores of one (token, head) */
