@@ -203,55 +203,56 @@ static void band_range(int n, int g, int band, int n_bands, int *lo, int *hi)
 #define ROW_GRAIN 16
 
 /* Rows [0, n) of one op, in units of `grain` rows, shared out between the
- * bands. Each band first does a fixed share (3/4 of the units, split evenly),
- * then, when the sync has claim and the split is dynamic, takes the rest in
- * chunks from a pool (claim tag `tag`) until it is empty: a band that the
- * machine slows down leaves its part of the pool to the others instead of
- * holding them at the next barrier. Otherwise each band does its band_range.
- * Which band computes a row never changes the row's value. */
+ * bands. With the sync's take (and a dynamic split), band b has the b-th of
+ * n_bands contiguous ranges and takes it front to back, half of what is left
+ * at a time, then helps with the backs of the other ranges (nx_barrier_take,
+ * tag `tag`): on an idle machine each band streams its rows in order, one
+ * stream per band for the hardware prefetcher (handing out small chunks from
+ * a shared pool instead cost 15% of decode speed), within a few percent of
+ * fixed bands; a band that runs slower than the others (a smaller core, a
+ * busy sibling) leaves the end of its range to them instead of holding them
+ * at the next barrier. (A band that is preempted holds everyone at the
+ * barrier whatever the split.) Otherwise each band does its band_range in one
+ * piece. Which band computes a row never changes the row's value. */
 struct split {
 	const struct nx_sync *sync;
-	uint32_t tag;
+	uint32_t tag, band, chunk; /* chunk: the smallest piece taken, in units */
 	int n, grain, units;
-	int lo, hi;       /* the fixed share, in units */
-	int pool0, chunk; /* the pool: units [pool0, units), claimed chunk units at a time */
-	bool dynamic, fixed_done;
+	int lo, hi; /* static split: this band's units */
+	bool dynamic, done;
 };
 
 static void split_begin(struct split *sp, const struct nx_sync *sync, uint32_t tag, int n, int grain, int band,
 			int n_bands, bool dynamic)
 {
-	*sp = (struct split){.sync = sync, .tag = tag, .n = n, .grain = grain};
+	*sp = (struct split){.sync = sync, .tag = tag, .band = (uint32_t)band, .n = n, .grain = grain};
 	sp->units = (n + grain - 1) / grain;
-	sp->dynamic = dynamic && sync && sync->claim && n_bands > 1;
-	if (!sp->dynamic) {
-		sp->lo = (int)((int64_t)sp->units * band / n_bands);
-		sp->hi = (int)((int64_t)sp->units * (band + 1) / n_bands);
+	sp->dynamic = dynamic && sync && sync->take && n_bands > 1 && sp->units <= NX_SYNC_TAKE_UNITS;
+	if (sp->dynamic) {
+		sp->chunk = 1;
 		return;
 	}
-	const int share = sp->units * 3 / (4 * n_bands), pool = sp->units - share * n_bands;
-	sp->lo = share * band;
-	sp->hi = share * (band + 1);
-	sp->pool0 = share * n_bands;
-	sp->chunk = pool / (4 * n_bands) > 2 ? pool / (4 * n_bands) : 2;
+	sp->lo = (int)((int64_t)sp->units * band / n_bands);
+	sp->hi = (int)((int64_t)sp->units * (band + 1) / n_bands);
 }
 
 /* This band's next rows [*r0, *r1); false when it has no more. */
 static bool split_next(struct split *sp, int *r0, int *r1)
 {
 	int u0, u1;
-	if (!sp->fixed_done && sp->lo < sp->hi) {
+	if (sp->dynamic) {
+		uint32_t a, z;
+		if (!sp->sync->take(sp->sync->ctx, sp->tag, sp->band, (uint32_t)sp->units, sp->chunk, &a, &z))
+			return false;
+		u0 = (int)a;
+		u1 = (int)z;
+	} else {
+		if (sp->done || sp->lo >= sp->hi)
+			return false;
+		sp->done = true;
 		u0 = sp->lo;
 		u1 = sp->hi;
-	} else if (sp->dynamic) {
-		u0 = sp->pool0 + (int)sp->sync->claim(sp->sync->ctx, sp->tag, (uint32_t)sp->chunk);
-		if (u0 >= sp->units)
-			return false;
-		u1 = u0 + sp->chunk < sp->units ? u0 + sp->chunk : sp->units;
-	} else {
-		return false;
 	}
-	sp->fixed_done = true;
 	*r0 = u0 * sp->grain;
 	*r1 = u1 * sp->grain < sp->n ? u1 * sp->grain : sp->n;
 	return true;
@@ -782,8 +783,8 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const bool attn_fast = nx_attn_fast(hd);
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
-	/* Work claims (struct split) except with runtime LoRA deltas, which compute
-	 * A x once per range: there each band keeps one range per op. */
+	/* Dynamic splits (struct split) except with runtime LoRA deltas, which
+	 * compute A x once per range: there each band keeps one range per op. */
 	const bool dyn = !lora;
 	struct split sp;
 

@@ -135,12 +135,18 @@ size_t nx_scratch_size(const struct nx_hparams *hp, const struct nx_state_cfg *c
 int nx_scratch_init(struct nx_scratch *sc, void *mem, size_t size, const struct nx_hparams *hp,
 		    const struct nx_state_cfg *cfg, struct nx_err *err);
 
+#define NX_SYNC_TAKE_UNITS 0x7fff
+
 struct nx_sync {
 	void (*barrier)(void *ctx); /* returns when every band has arrived */
-	/* NULL, or hands out rows between two barriers (nx_barrier_claim): each band
-	 * then does a fixed share and takes the rest in chunks as it gets free, so
-	 * a band slowed by the machine does not hold the others at the barrier. */
-	uint32_t (*claim)(void *ctx, uint32_t tag, uint32_t units);
+	/* NULL, or hands out an op's rows between two barriers (nx_barrier_take,
+	 * units <= NX_SYNC_TAKE_UNITS): each band takes its own contiguous range
+	 * front to back, half of what is left at a time, then helps with the
+	 * backs of the others'. Each band streams its rows in order when the
+	 * machine leaves it alone (as fixed bands would), and a band that runs
+	 * slower than the others does not hold them at the barrier. */
+	bool (*take)(void *ctx, uint32_t tag, uint32_t band, uint32_t units, uint32_t chunk, uint32_t *u0,
+		     uint32_t *u1);
 	void *ctx;
 };
 

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+_Static_assert(NX_CTL_MAX_WORKERS <= NX_BARRIER_RANGES, "every worker needs a work range of its own");
+
 size_t nx_ctl_shm_size(uint32_t n_workers)
 {
 	if (n_workers == 0 || n_workers > NX_CTL_MAX_WORKERS)
@@ -40,10 +42,11 @@ static void step_barrier(void *ctx)
 		__builtin_longjmp(r->jb, 1);
 }
 
-static uint32_t step_claim(void *ctx, uint32_t tag, uint32_t units)
+static bool step_take(void *ctx, uint32_t tag, uint32_t band, uint32_t units, uint32_t chunk, uint32_t *u0,
+		      uint32_t *u1)
 {
 	struct step_run *r = ctx;
-	return nx_barrier_claim(&r->c->barrier, tag, units);
+	return nx_barrier_take(&r->c->barrier, tag, band, units, chunk, u0, u1);
 }
 
 /* Runs fn for one step; returns 1 if it was left because of an abort. Kept
@@ -53,7 +56,7 @@ static __attribute__((noinline)) int run_one(struct step_run *r, nx_ctl_step_fn 
 {
 	if (__builtin_setjmp(r->jb))
 		return 1;
-	fn(arg, band, r->c->n_workers, n, step_barrier, step_claim, r);
+	fn(arg, band, r->c->n_workers, n, step_barrier, step_take, r);
 	return 0;
 }
 

@@ -74,12 +74,15 @@ struct nx_ctl *nx_ctl_shm_init(void *mem, uint32_t n_workers, uint32_t max_batch
 
 /* --- worker side */
 
+/* How a step hands out work between two barriers: nx_barrier_take on the step's barrier. */
+typedef bool (*nx_ctl_take_fn)(void *barrier_ctx, uint32_t tag, uint32_t band, uint32_t units, uint32_t chunk,
+			       uint32_t *u0, uint32_t *u1);
+
 /* One band of one step. barrier(barrier_ctx) must be called between
- * dependent ops; it does not return if the step is aborted. claim(barrier_ctx,
- * tag, units) hands out work shared between two barriers (nx_barrier_claim). */
+ * dependent ops; it does not return if the step is aborted. take(barrier_ctx,
+ * ...) hands out work shared between two barriers (nx_barrier_take). */
 typedef void (*nx_ctl_step_fn)(void *arg, uint32_t band, uint32_t n_bands, int32_t n,
-			       void (*barrier)(void *), uint32_t (*claim)(void *, uint32_t, uint32_t),
-			       void *barrier_ctx);
+			       void (*barrier)(void *), nx_ctl_take_fn take, void *barrier_ctx);
 
 /* The worker's step loop: marks the worker ready, then runs fn for every
  * step_gen after seen_gen until quit. Returns 0 on quit. Issues no syscall but

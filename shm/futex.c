@@ -110,19 +110,65 @@ moved:
 	return atomic_load(abort) ? -1 : 0;
 }
 
-uint32_t nx_barrier_claim(struct nx_barrier *b, uint32_t tag, uint32_t units)
+/* Marks a range word as written (round 0 must not read the arena's zeros as an empty range). */
+#define TAKE_SET ((uint64_t)1 << 31)
+
+/* Takes half of range r's untaken units (at least chunk, at most all), from
+ * its front (its owner) or its back (anyone else), as one compare-and-swap on
+ * the range's word. */
+static bool range_take(struct nx_barrier *b, uint32_t tag, uint32_t r, uint32_t units, uint32_t chunk, bool front,
+		       uint32_t *u0, uint32_t *u1)
 {
-	_Atomic uint64_t *w = &b->work[tag % NX_BARRIER_TAGS];
-	const uint64_t key = (uint64_t)atomic_load(&b->gen) << 32;
+	_Atomic uint64_t *w = &b->range[r].tag[tag % NX_BARRIER_TAGS];
+	const uint32_t g = atomic_load(&b->gen);
 	uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
 	for (;;) {
-		const bool same = (v & ~(uint64_t)UINT32_MAX) == key;
-		const uint64_t next = same ? v + units : key | units;
-		/* Relaxed: claims only split the work; the barriers order the data. */
-		if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_relaxed,
-							  memory_order_relaxed))
-			return same ? (uint32_t)v : 0;
+		uint32_t f, k; /* the range's untaken units [f, k) */
+		if (v >> 32 == g && (v & TAKE_SET)) {
+			f = (uint32_t)(v >> 15) & NX_BARRIER_TAKE_UNITS;
+			k = (uint32_t)v & NX_BARRIER_TAKE_UNITS;
+		} else { /* first touch this round: the whole range */
+			f = (uint32_t)((uint64_t)units * r / b->n);
+			k = (uint32_t)((uint64_t)units * (r + 1) / b->n);
+		}
+		if (f >= k)
+			return false;
+		/* Half of what is left, at least chunk: few takes per range, and the
+		 * last ones small, so the participants finish close together. */
+		uint32_t c = (k - f + 1) / 2, a, z;
+		if (c < chunk)
+			c = chunk < k - f ? chunk : k - f;
+		if (front) {
+			a = f;
+			z = f = f + c;
+		} else {
+			z = k;
+			a = k = k - c;
+		}
+		const uint64_t next = (uint64_t)g << 32 | TAKE_SET | (uint64_t)f << 15 | k;
+		/* Relaxed: takes only split the work; the barriers order the data. */
+		if (atomic_compare_exchange_weak_explicit(w, &v, next, memory_order_relaxed, memory_order_relaxed)) {
+			*u0 = a;
+			*u1 = z;
+			return true;
+		}
 	}
+}
+
+bool nx_barrier_take(struct nx_barrier *b, uint32_t tag, uint32_t self, uint32_t units, uint32_t chunk,
+		     uint32_t *u0, uint32_t *u1)
+{
+	const uint32_t n = b->n;
+	if (n == 0 || n > NX_BARRIER_RANGES || self >= n || units > NX_BARRIER_TAKE_UNITS)
+		return false;
+	if (chunk == 0)
+		chunk = 1;
+	if (range_take(b, tag, self, units, chunk, true, u0, u1))
+		return true;
+	for (uint32_t i = 1; i < n; i++)
+		if (range_take(b, tag, (self + i) % n, units, chunk, false, u0, u1))
+			return true;
+	return false;
 }
 
 void nx_barrier_abort(struct nx_barrier *b)

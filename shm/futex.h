@@ -13,6 +13,7 @@
 #define NX_FUTEX_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -40,16 +41,24 @@ uint32_t nx_spin_calibrate(void);
  * `sleepers` lets the last arrival skip the FUTEX_WAKE syscall when everyone
  * is still spinning (the usual case). */
 #define NX_BARRIER_TAGS 8
+/* Participants with a work range of their own (nx_barrier_take); at least
+ * NX_CTL_MAX_WORKERS (checked in shm/ctl.c). */
+#define NX_BARRIER_RANGES 1024
+/* Most units one nx_barrier_take split can have (15-bit range bounds). */
+#define NX_BARRIER_TAKE_UNITS 0x7fff
 
 struct nx_barrier {
 	_Atomic uint32_t count;    /* arrivals in the current round */
 	_Atomic uint32_t gen;      /* round number; the futex word */
 	_Atomic uint32_t sleepers; /* processes in (or entering) FUTEX_WAIT on gen */
 	uint32_t n;                /* participants */
-	/* Work handed out between two rounds (nx_barrier_claim), one pool per
-	 * tag: round << 32 | units claimed so far. Their own line: claims do not
-	 * slow the spinners on gen. */
-	_Atomic uint64_t work[NX_BARRIER_TAGS] __attribute__((aligned(64)));
+	/* Work handed out between two rounds (nx_barrier_take): participant i's
+	 * range of the split under each tag: round << 32 | 1 << 31 | front << 15 | back.
+	 * One cache line per participant: its own takes never bounce a line
+	 * between CPUs, nor slow the spinners on gen. */
+	struct {
+		_Atomic uint64_t tag[NX_BARRIER_TAGS];
+	} range[NX_BARRIER_RANGES] __attribute__((aligned(64)));
 };
 
 void nx_barrier_init(struct nx_barrier *b, uint32_t n);
@@ -64,12 +73,20 @@ int nx_barrier_wait(struct nx_barrier *b, const _Atomic uint32_t *abort, uint32_
  * stale value) and wakes all sleepers. Used by the supervisor only. */
 void nx_barrier_abort(struct nx_barrier *b);
 
-/* Claims the next `units` units of a pool of work shared by every participant
- * between the same two rounds of b under the same tag (< NX_BARRIER_TAGS: several
- * pools per round, in use at the same time). Returns the first claimed unit's index in the pool: 0 for the first
- * claim of the round, then counting up; the caller stops once it is past the
- * pool's end. No reset is needed: the round number (gen) is part of the key,
- * and it cannot move while a participant is still between the two rounds. */
-uint32_t nx_barrier_claim(struct nx_barrier *b, uint32_t tag, uint32_t units);
+/* Hands out work shared by every participant between the same two rounds of
+ * b, under one tag (< NX_BARRIER_TAGS: several splits in use at the same time).
+ * The work is `units` units (<= NX_BARRIER_TAKE_UNITS) in n contiguous ranges,
+ * range i = [units * i / n, units * (i + 1) / n) belonging to participant i.
+ * Participant `self` takes from the front of its own range, half of what is
+ * left at a time (at least `chunk` units); once that is empty, the same from
+ * the back of the others'. So each one reads its range in order when the
+ * machine leaves it alone, and one that runs slower than the others (a
+ * smaller core, a busy sibling) leaves the end of its range to them instead of
+ * holding them at the next round. Sets [*u0, *u1) and returns true, or returns
+ * false once every range is empty. Every caller of a split must pass the same
+ * units. No reset is needed: the round number (gen) is part of each range's
+ * key, and it cannot move while a participant is still between the two rounds. */
+bool nx_barrier_take(struct nx_barrier *b, uint32_t tag, uint32_t self, uint32_t units, uint32_t chunk,
+		     uint32_t *u0, uint32_t *u1);
 
 #endif

@@ -61,7 +61,7 @@ struct engine {
 	void *state_mem, **scratch_mem;
 	void *pack_mem; /* packed copies of the matrices (model/repack.h), or NULL */
 	int n_threads;
-	struct nx_barrier bar; /* the daemon's barrier and work claims, so tests run them */
+	struct nx_barrier bar; /* the daemon's barrier and work taking, so tests run them */
 	_Atomic uint32_t no_abort;
 	struct nx_lora_mix mix;   /* --lora adapters (heap: lora_l, lora_mem) */
 	struct nx_lora *lora_l[NX_LORA_MIX_MAX];
@@ -84,16 +84,17 @@ static void barrier_wait(void *ctx)
 	nx_barrier_wait(&e->bar, &e->no_abort, 1000);
 }
 
-static uint32_t claim_rows(void *ctx, uint32_t tag, uint32_t units)
+static bool take_rows(void *ctx, uint32_t tag, uint32_t band, uint32_t units, uint32_t chunk, uint32_t *u0,
+		      uint32_t *u1)
 {
 	struct engine *e = ctx;
-	return nx_barrier_claim(&e->bar, tag, units);
+	return nx_barrier_take(&e->bar, tag, band, units, chunk, u0, u1);
 }
 
 static void *band_main(void *p)
 {
 	struct band_arg *a = p;
-	struct nx_sync sync = {.barrier = barrier_wait, .claim = claim_rows, .ctx = a->e};
+	struct nx_sync sync = {.barrier = barrier_wait, .take = take_rows, .ctx = a->e};
 	nx_forward(&a->e->m, &a->e->s, a->toks, a->n, a->band, a->e->n_threads, &a->e->sc[a->band], &sync);
 	return NULL;
 }

@@ -88,13 +88,14 @@ static void barrier_wait(void *ctx)
 	nx_barrier_wait(&e->bar, &e->abort, e->spin);
 }
 
-/* --static-bands: no work claims, each band computes its fixed rows. */
+/* --static-bands: no work taking, each band computes its fixed rows. */
 static bool static_bands;
 
-static uint32_t claim_rows(void *ctx, uint32_t tag, uint32_t units)
+static bool take_rows(void *ctx, uint32_t tag, uint32_t band, uint32_t units, uint32_t chunk, uint32_t *u0,
+		      uint32_t *u1)
 {
 	struct engine *e = ctx;
-	return nx_barrier_claim(&e->bar, tag, units);
+	return nx_barrier_take(&e->bar, tag, band, units, chunk, u0, u1);
 }
 
 static void pin(int cpu)
@@ -109,7 +110,7 @@ static void *band_main(void *p)
 {
 	struct band_arg *a = p;
 	struct engine *e = a->e;
-	struct nx_sync sync = {.barrier = barrier_wait, .claim = static_bands ? NULL : claim_rows, .ctx = e};
+	struct nx_sync sync = {.barrier = barrier_wait, .take = static_bands ? NULL : take_rows, .ctx = e};
 	pin(a->band);
 	uint32_t seen = 0;
 	for (;;) {
@@ -128,7 +129,7 @@ static void run_step(struct engine *e, const struct nx_tok_in *toks, int n)
 	atomic_store(&e->done, 0);
 	atomic_fetch_add(&e->step_gen, 1);
 	nx_futex_wake(&e->step_gen, 1 << 30);
-	struct nx_sync sync = {.barrier = barrier_wait, .claim = static_bands ? NULL : claim_rows, .ctx = e};
+	struct nx_sync sync = {.barrier = barrier_wait, .take = static_bands ? NULL : take_rows, .ctx = e};
 	nx_forward(&e->m, &e->s, toks, n, 0, e->n_threads, &e->sc[0], &sync);
 	/* The pass ends with a barrier (every band is past its last write); wait
 	 * for the others to leave it too, so their profile counters are final. */

@@ -113,8 +113,10 @@ static void scribble(struct nxw *w)
 		nx_futex_wait(&never, 0, NULL);
 }
 
+_Static_assert(NX_SYNC_TAKE_UNITS <= NX_BARRIER_TAKE_UNITS, "forward's splits must fit the barrier's ranges");
+
 static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *),
-		 uint32_t (*claim)(void *, uint32_t, uint32_t), void *bctx)
+		 nx_ctl_take_fn take, void *bctx)
 {
 	struct nxw *w = arg;
 	w->steps++;
@@ -122,7 +124,7 @@ static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*b
 		forbidden(w);
 	if (w->scribble && w->steps == w->scribble_step)
 		scribble(w);
-	struct nx_sync sync = { .barrier = barrier, .claim = claim, .ctx = bctx };
+	struct nx_sync sync = { .barrier = barrier, .take = take, .ctx = bctx };
 	nx_forward(w->model, w->state, w->toks, n, (int)band, (int)n_bands, w->scratch, &sync);
 }
 

@@ -179,24 +179,35 @@ struct step_shared {
 	int64_t out, out2;
 	_Atomic uint32_t slow; /* > 0: the step spins through this many extra barriers */
 	_Atomic uint32_t entered;
+	_Atomic uint32_t lag;    /* band 1 sleeps after each piece it takes */
+	_Atomic uint32_t stolen; /* pieces of band 1's range that band 0 took */
 };
 
 /* Each band sums its share of in[], barrier, band 0 adds the partial sums.
- * The sum is done twice: shares claimed in chunks of 7 (tag 0) and of 5 (tag
- * 1) from the round's pools, so each element must be handed out exactly once
- * per pool, every step, with no reset between steps. */
+ * The sum is done twice, from two splits open at once (tag 0 taken in pieces
+ * of at least 7, tag 1 of at least 5), so each element must be handed out exactly
+ * once per split, every step, with no reset between steps. With lag set, band
+ * 1 sleeps after each piece it takes, so band 0 has to take from the back of
+ * band 1's range [m/2, m) (counted in stolen). */
 static void sum_step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*barrier)(void *),
-		     uint32_t (*claim)(void *, uint32_t, uint32_t), void *bctx)
+		     nx_ctl_take_fn take, void *bctx)
 {
 	struct step_shared *s = arg;
 	atomic_fetch_add(&s->entered, 1);
 	const int m = n < VEC ? n : VEC;
+	const bool lag = atomic_load(&s->lag);
 	int64_t acc = 0, acc2 = 0;
-	for (int i0; (i0 = (int)claim(bctx, 0, 7)) < m;)
-		for (int i = i0; i < i0 + 7 && i < m; i++)
+	uint32_t u0, u1;
+	while (take(bctx, 0, band, (uint32_t)m, 7, &u0, &u1)) {
+		for (uint32_t i = u0; i < u1; i++)
 			acc += s->in[i];
-	for (int i0; (i0 = (int)claim(bctx, 1, 5)) < m;)
-		for (int i = i0; i < i0 + 5 && i < m; i++)
+		if (band == 0 && (int)u0 >= m / 2)
+			atomic_fetch_add(&s->stolen, 1);
+		if (band == 1 && lag)
+			usleep(200);
+	}
+	while (take(bctx, 1, band, (uint32_t)m, 5, &u0, &u1))
+		for (uint32_t i = u0; i < u1; i++)
 			acc2 += s->in[i];
 	s->part[band] = acc;
 	s->part2[band] = acc2;
@@ -273,9 +284,12 @@ static void test_step_protocol_and_retry(void **state)
 		usleep(1000);
 	assert_int_equal(atomic_load(&e.c->w[1].state), NXW_READY);
 
-	/* Many steps with different inputs: each result exact. */
+	/* Many steps with different inputs, every tenth with band 1 lagging:
+	 * each result exact, and band 0 took over part of band 1's range. */
 	for (int step = 1; step <= 300; step++) {
 		int n = 1 + (step * 37) % VEC;
+		atomic_store(&e.s->lag, step % 10 == 0);
+		atomic_store(&e.s->stolen, 0);
 		int64_t want = 0;
 		for (int i = 0; i < n; i++) {
 			e.s->in[i] = (int64_t)step * 1000 + i;
@@ -285,6 +299,8 @@ static void test_step_protocol_and_retry(void **state)
 		assert_int_equal(wait_acked(&e, g, 10), 0);
 		assert_true(e.s->out == want);
 		assert_true(e.s->out2 == want);
+		if (step % 10 == 0 && n >= 1000) /* band 1 sleeps >= 14 ms */
+			assert_true(atomic_load(&e.s->stolen) > 0);
 	}
 	assert_true(atomic_load(&e.c->w[0].steps) == 300);
 
