@@ -481,6 +481,18 @@ INL __m256i q8_0_block(const __m256 *v, struct nx_block_q8_0 *b)
 	return p;
 }
 
+/* float -> IEEE half, round to nearest even: F16C does exactly what nx_f32_to_f16 does (NaNs included). */
+static TGT void quant_f16(const float *src, void *dst, int64_t n)
+{
+	nx_f16 *h = dst;
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(h + i),
+				 _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+	for (; i < n; i++)
+		h[i] = nx_f32_to_f16(src[i]);
+}
+
 static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 {
 	struct nx_block_q8_0 *b = dst;

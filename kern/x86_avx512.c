@@ -523,6 +523,18 @@ INL __m512 opaque(__m512 v)
 	return v;
 }
 
+/* float -> IEEE half, round to nearest even: F16C does exactly what nx_f32_to_f16 does (NaNs included). */
+static TGT void quant_f16(const float *src, void *dst, int64_t n)
+{
+	nx_f16 *h = dst;
+	for (int64_t i = 0; i < n; i += 16) {
+		const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+		_mm256_mask_storeu_epi16(h + i, m,
+					 _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i),
+							 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+	}
+}
+
 /* As the reference: d = amax / 127 (stored f16), q = roundf(x / d) using id = 1/d. */
 static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 {

@@ -4,8 +4,8 @@
  *
  * Include once, after the including file has defined TGT, INL, kf_k with
  * K_F32 / K_F16 / K_BF16, `<type>_k(w, a, a_stride, nr, nb, out)` for every
- * quantized weight type, and quant_q8_0 / quant_q8_k / quant2_q8_0 /
- * quant2_q8_k. Defines `static void install_set(tab, n)`. */
+ * quantized weight type, and quant_f16 / quant_q8_0 / quant_q8_k /
+ * quant2_q8_0 / quant2_q8_k. Defines `static void install_set(tab, n)`. */
 #ifndef NX_X86_DOT_TABLE_H
 #define NX_X86_DOT_TABLE_H
 
@@ -78,6 +78,7 @@ static void install_set(struct nx_type_traits *tab, size_t n)
 	set_dot(tab, n, NX_F16, dot_f16, dot_rows_f16);
 	set_dot(tab, n, NX_BF16, dot_bf16, dot_rows_bf16);
 	if ((size_t)NX_Q8_K < n) {
+		tab[NX_F16].quant = quant_f16; /* the K/V cache rows */
 		tab[NX_Q8_0].quant = quant_q8_0;
 		tab[NX_Q8_K].quant = quant_q8_k;
 		tab[NX_Q8_0].quant2 = quant2_q8_0;

@@ -781,6 +781,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const float eps = hp->norm_eps;
 	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
 	const bool attn_fast = nx_attn_fast(hd);
+	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
 	/* Dynamic splits (struct split) except with runtime LoRA deltas, which
@@ -844,12 +845,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 			for (int t = 0; t < n; t++) {
-				const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim;
-				const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
-				for (int r = lo; r < hi; r++) {
-					kc[at + r] = nx_f32_to_f16(k[r]);
-					vc[at + r] = nx_f32_to_f16(v[r]);
-				}
+				const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim + lo;
+				const size_t x = (size_t)t * kv_dim + lo;
+				to_f16->quant(s->k + x, kc + at, hi - lo);
+				to_f16->quant(s->v + x, vc + at, hi - lo);
 			}
 			prof_to(sc, NX_PROF_MATMUL);
 		}

@@ -240,6 +240,7 @@ static void test_installed(void **state)
 		if (tab[wtypes[i]].dot == ref->dot || tab[wtypes[i]].dot_rows == ref->dot_rows)
 			fail_msg("%s: no %s dot", ks->name, ref->name);
 	}
+	assert_true(tab[NX_F16].quant != nx_type_ref(NX_F16)->quant);
 	assert_true(tab[NX_Q8_0].quant != nx_type_ref(NX_Q8_0)->quant);
 	assert_true(tab[NX_Q8_K].quant != nx_type_ref(NX_Q8_K)->quant);
 	assert_true(tab[NX_Q8_0].quant2 != nx_type_ref(NX_Q8_0)->quant2);
@@ -476,6 +477,43 @@ static void test_quant_act(void **state)
 			}
 		}
 	}
+}
+
+/* The K/V cache's float -> half rows: the set's against nx_f32_to_f16 over a
+ * sweep of every 61st float bit pattern (all exponents, both signs, NaNs,
+ * infinities, subnormals of both formats, the overflow and underflow edges)
+ * plus each exact rounding tie, in rows of every length mod 16 so that the
+ * vector tails are checked as well. */
+static void test_quant_f16(void **state)
+{
+	const struct kset *ks = get_set(state);
+	struct nx_type_traits tab[N_IDS];
+	set_table(ks, tab);
+	enum { ROW = 4099 };
+	float x[ROW];
+	nx_f16 h[ROW + 1];
+	uint64_t u = 0, checked = 0;
+	for (int64_t row = 0; u <= UINT32_MAX; row++) {
+		const int64_t n = 1 + row % ROW;
+		for (int64_t i = 0; i < n; i++, u += 61) {
+			uint32_t b = (uint32_t)u;
+			if (i % 7 == 3) /* a tie: the low 13 bits are exactly half an f16 step */
+				b = (b & ~0x1fffu) | 0x1000u;
+			memcpy(&x[i], &b, sizeof(b));
+		}
+		h[n] = 0xbeef;
+		tab[NX_F16].quant(x, h, n);
+		assert_int_equal(h[n], 0xbeef); /* nothing past the row */
+		for (int64_t i = 0; i < n; i++) {
+			uint32_t b;
+			memcpy(&b, &x[i], sizeof(b));
+			if (h[i] != nx_f32_to_f16(x[i]))
+				fail_msg("%s f16 quant of 0x%08x (row of %lld): %04x, reference %04x", ks->name, b,
+					 (long long)n, h[i], nx_f32_to_f16(x[i]));
+		}
+		checked += (uint64_t)n;
+	}
+	assert_true(checked > 70000000);
 }
 
 /* Inputs for the two-part quantizers: the cases above, and three more. */
@@ -725,6 +763,7 @@ int main(void)
 	{ name " dot extremes", test_dot_extremes, NULL, NULL, (void *)&ksets[i] },        \
 	{ name " dot_rows", test_dot_rows, NULL, NULL, (void *)&ksets[i] },                \
 	{ name " activation quantizers", test_quant_act, NULL, NULL, (void *)&ksets[i] },  \
+	{ name " f16 rows", test_quant_f16, NULL, NULL, (void *)&ksets[i] },               \
 	{ name " two-part quantizers", test_quant2, NULL, NULL, (void *)&ksets[i] }
 	const struct CMUnitTest tests[] = {
 		SET_TESTS(0, "avx2"),
