@@ -89,13 +89,23 @@ static int bind_socket(struct nxd *d, struct nx_err *err)
 		if (!S_ISSOCK(st.st_mode))
 			return nx_errf(err, "socket: %s exists and is not a socket; not replacing it", path);
 		/* Someone answering there is a live daemon: do not steal its socket.
-		 * ECONNREFUSED means nobody listens: a stale leftover of a killed nxd. */
-		int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		if (probe < 0)
-			return nx_errf(err, "socket: socket() failed: %s", strerror(errno));
-		int rc = connect(probe, (struct sockaddr *)&sa, sizeof(sa));
-		int e = errno;
-		close(probe);
+		 * ECONNREFUSED means nobody listens: a stale leftover of a killed nxd.
+		 * A killed nxd's listener can still take connections for a moment
+		 * after the process is gone (its io_uring lets go of the socket
+		 * asynchronously), so only a socket that keeps answering for about a
+		 * second counts as in use. */
+		int rc, e;
+		for (int tries = 0;; tries++) {
+			int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+			if (probe < 0)
+				return nx_errf(err, "socket: socket() failed: %s", strerror(errno));
+			rc = connect(probe, (struct sockaddr *)&sa, sizeof(sa));
+			e = errno;
+			close(probe);
+			if (rc != 0 || tries == 20)
+				break;
+			usleep(50000);
+		}
 		if (rc == 0)
 			return nx_errf(err, "socket: %s is in use by a running daemon; not taking it over", path);
 		if (e != ECONNREFUSED)
