@@ -216,7 +216,7 @@ static void band_range(int n, int g, int band, int n_bands, int *lo, int *hi)
  * piece. Which band computes a row never changes the row's value. */
 struct split {
 	const struct nx_sync *sync;
-	uint32_t tag, band, chunk; /* chunk: the smallest piece taken, in units */
+	uint32_t tag, band;
 	int n, grain, units;
 	int lo, hi; /* static split: this band's units */
 	bool dynamic, done;
@@ -228,10 +228,8 @@ static void split_begin(struct split *sp, const struct nx_sync *sync, uint32_t t
 	*sp = (struct split){.sync = sync, .tag = tag, .band = (uint32_t)band, .n = n, .grain = grain};
 	sp->units = (n + grain - 1) / grain;
 	sp->dynamic = dynamic && sync && sync->take && n_bands > 1 && sp->units <= NX_SYNC_TAKE_UNITS;
-	if (sp->dynamic) {
-		sp->chunk = 1;
+	if (sp->dynamic)
 		return;
-	}
 	sp->lo = (int)((int64_t)sp->units * band / n_bands);
 	sp->hi = (int)((int64_t)sp->units * (band + 1) / n_bands);
 }
@@ -242,7 +240,7 @@ static bool split_next(struct split *sp, int *r0, int *r1)
 	int u0, u1;
 	if (sp->dynamic) {
 		uint32_t a, z;
-		if (!sp->sync->take(sp->sync->ctx, sp->tag, sp->band, (uint32_t)sp->units, sp->chunk, &a, &z))
+		if (!sp->sync->take(sp->sync->ctx, sp->tag, sp->band, (uint32_t)sp->units, 1, &a, &z))
 			return false;
 		u0 = (int)a;
 		u1 = (int)z;
@@ -260,12 +258,6 @@ static bool split_next(struct split *sp, int *r0, int *r1)
 
 #define FOR_ROWS(sp, tag, n, grain, lo, hi)                                                   \
 	for (split_begin(&(sp), sync, (tag), (n), (grain), band, n_bands, dyn); split_next(&(sp), &(lo), &(hi));)
-
-/* Sum of squares in double, in a fixed order whatever the kernel (kern/norm.h). */
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps)
-{
-	nx_rmsnorm(out, x, w, n, eps);
-}
 
 /* What a matmul's activations are quantized to: Q8_0 rows for a packed matrix
  * (every tile kernel takes them, the k-quants' too: kern/pack.h), else the
@@ -383,8 +375,12 @@ static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n
 	if (a.pd && w->packed && w->type == NX_Q6_K) { /* the one tile kernel with a side value per 16 */
 		const int64_t nb = n_in / 32;
 		if (!sc->xq_c16_ok) /* row i (token t's hi 2t, lo 2t + 1) at data + i * lo */
-			for (int i = 0; i < 2 * n; i++)
-				nx_pack_act_prep_c16(a.data + (size_t)i * a.lo, n_in, sc->xq_c16 + 2 * i * nb);
+			for (int t = 0; t < n; t++) {
+				if (only_logits && toks[t].logits_row < 0)
+					continue; /* not quantized either (prep_act_q) */
+				for (int i = 2 * t; i < 2 * t + 2; i++)
+					nx_pack_act_prep_c16(a.data + (size_t)i * a.lo, n_in, sc->xq_c16 + 2 * i * nb);
+			}
 		sc->xq_c16_ok = true;
 		a.pc16 = sc->xq_c16;
 	}
@@ -821,7 +817,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
 		 * its Q and K rows; K and V rows to the cache. */
 		for (int t = 0; t < n; t++)
-			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
+			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
@@ -883,7 +879,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 
 		/* [D] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
 		for (int t = 0; t < n; t++)
-			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
+			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
@@ -916,7 +912,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	/* Output: final norm of the tokens that want logits (private), then this band's vocabulary rows. */
 	for (int t = 0; t < n; t++)
 		if (toks[t].logits_row >= 0)
-			rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
+			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
 	sc->xq_src = NULL;
 	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi)
 		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, &m->output, toks, true),
