@@ -123,28 +123,34 @@ void nx_unpack_row(enum nx_type t, const void *group, int r, void *dst, int64_t 
 	}
 }
 
-void nx_pack_act_prep(const void *q8_0_row, int64_t n_in, float *d, float *s, int32_t *c)
+void nx_pack_act_prep(const void *hi, const void *lo, int64_t n_in, float *d, float *s, int32_t *c)
 {
-	const struct nx_block_q8_0 *y = q8_0_row;
+	const struct nx_block_q8_0 *yh = hi, *yl = lo;
 	for (int64_t b = 0; b < n_in / 32; b++) {
-		int32_t sum = 0;
-		for (int k = 0; k < 32; k++)
-			sum += y[b].qs[k];
-		d[b] = nx_f16_to_f32(y[b].d);
-		s[b] = d[b] * (float)sum;
-		c[b] = 128 * sum;
+		int32_t sh = 0, sl = 0;
+		for (int k = 0; k < 32; k++) {
+			sh += yh[b].qs[k];
+			sl += yl[b].qs[k];
+		}
+		/* hi's scale / 128: lo's exactly, or inf where hi's overflowed (the
+		 * result is then not finite, as hi's dot would make it) */
+		d[b] = nx_f16_to_f32(yh[b].d) / 128;
+		s[b] = d[b] * (float)(128 * sh + sl);
+		c[b] = 128 * (128 * sh + sl);
 	}
 }
 
 /* ---------------------------------------------------------------- reference kernels
- * Per (row, activation row) and block b, with isum the exact integer block dot:
+ * Per (row, token) and block b, with ih, il the exact integer block dots of the
+ * weight codes with the token's hi and lo blocks and isum = 128 * ih + il:
  *   q4_1: acc_d = fma(d_w, (float)isum * d_a, acc_d); acc_m = fma(m_w, s_a, acc_m)
- *   q8_0: acc_d = fma(d_w, (float)(isum_u - c_a) * d_a, acc_d), isum_u against q + 128
- *   q5_1: as q4_1, q 0..31
- *   q4_0: acc_d = fma(d_w, (float)(isum_u - c_a / 16) * d_a, acc_d), isum_u against q 0..15
- *   q5_0: acc_d = fma(d_w, (float)(isum_u - c_a / 8) * d_a, acc_d), isum_u against q 0..31
- * (c_a / 16 = 8 * sum(q_a) and c_a / 8 = 16 * sum(q_a): the offsets, exactly)
- * and the result is acc_d + acc_m (others: acc_d). The SIMD kernels do exactly this per lane. */
+ *   q8_0: acc_d = fma(d_w, (float)(isum - c_a) * d_a, acc_d), codes q + 128
+ *   q5_1: as q4_1, codes 0..31
+ *   q4_0: acc_d = fma(d_w, (float)(isum - c_a / 16) * d_a, acc_d), codes 0..15
+ *   q5_0: acc_d = fma(d_w, (float)(isum - c_a / 8) * d_a, acc_d), codes 0..31
+ * (c_a / 16 and c_a / 8 are 8 and 16 times the parts' 128 * Sh + Sl: the
+ * offsets, exactly) and the result is acc_d + acc_m (others: acc_d). The SIMD
+ * kernels do exactly this per lane. */
 
 /* The 4-bit types: q4_0, q4_1, q5_0, q5_1. */
 static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
@@ -153,24 +159,27 @@ static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act 
 	const size_t gb = group_block(t);
 	const struct nib_layout L = nib_layout(t);
 	const int off_shift = t == NX_Q4_0 ? 4 : t == NX_Q5_0 ? 3 : 0; /* offset = c_a / 2^shift, 0: none */
-	for (int i = 0; i < n_act; i++) {
-		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+	for (int i = 0; i < n_act; i++)
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc_d = 0, acc_m = 0;
 			for (int64_t b = 0; b < nb; b++) {
 				const uint8_t *o = (const uint8_t *)group + (size_t)b * gb;
 				nx_f16 dh, mh;
 				memcpy(&dh, o + L.d + 2 * r, 2);
-				int32_t isum = 0;
-				for (int c = 0; c < 4; c++)
-					for (int k = 0; k < 4; k++) {
-						const uint8_t v = o[L.qs + 64 * c + 4 * r + k];
-						const int bit = 4 * r + k; /* of masks c (low nibbles) and 4 + c (high) */
-						const int h_lo = L.h < 0 ? 0 : o[L.h + 8 * c + bit / 8] >> (bit % 8) & 1;
-						const int h_hi = L.h < 0 ? 0 : o[L.h + 8 * (4 + c) + bit / 8] >> (bit % 8) & 1;
-						isum += ((v & 15) | h_lo << 4) * y[b].qs[4 * c + k] +
-							((v >> 4) | h_hi << 4) * y[b].qs[16 + 4 * c + k];
-					}
+				int32_t ip[2] = {0, 0};
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int c = 0; c < 4; c++)
+						for (int k = 0; k < 4; k++) {
+							const uint8_t v = o[L.qs + 64 * c + 4 * r + k];
+							const int bit = 4 * r + k; /* of masks c (low nibbles) and 4 + c (high) */
+							const int h_lo = L.h < 0 ? 0 : o[L.h + 8 * c + bit / 8] >> (bit % 8) & 1;
+							const int h_hi = L.h < 0 ? 0 : o[L.h + 8 * (4 + c) + bit / 8] >> (bit % 8) & 1;
+							ip[part] += ((v & 15) | h_lo << 4) * y[4 * c + k] +
+								    ((v >> 4) | h_hi << 4) * y[16 + 4 * c + k];
+						}
+				}
+				int32_t isum = 128 * ip[0] + ip[1];
 				if (off_shift)
 					isum -= a->c[i * nb + b] / (1 << off_shift);
 				acc_d = fmaf(nx_f16_to_f32(dh), (float)isum * a->d[i * nb + b], acc_d);
@@ -181,7 +190,6 @@ static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act 
 			}
 			out[i * NX_PACK_ROWS + r] = L.m >= 0 ? acc_d + acc_m : acc_d;
 		}
-	}
 }
 
 #define REF_NIB(name, T)                                                                                  \
@@ -197,23 +205,25 @@ REF_NIB(q5_1, NX_Q5_1)
 static void ref_q8_0(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
 	const int64_t nb = n_in / 32;
-	for (int i = 0; i < n_act; i++) {
-		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+	for (int i = 0; i < n_act; i++)
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc = 0;
 			for (int64_t b = 0; b < nb; b++) {
 				const uint8_t *o = (const uint8_t *)group + (size_t)b * 544;
 				nx_f16 dh;
 				memcpy(&dh, o + 2 * r, 2);
-				int32_t isum = 0;
-				for (int c = 0; c < 8; c++)
-					for (int k = 0; k < 4; k++)
-						isum += o[32 + 64 * c + 4 * r + k] * y[b].qs[4 * c + k];
-				acc = fmaf(nx_f16_to_f32(dh), (float)(isum - a->c[i * nb + b]) * a->d[i * nb + b], acc);
+				int32_t ip[2] = {0, 0};
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int c = 0; c < 8; c++)
+						for (int k = 0; k < 4; k++)
+							ip[part] += o[32 + 64 * c + 4 * r + k] * y[4 * c + k];
+				}
+				const int32_t isum = 128 * ip[0] + ip[1] - a->c[i * nb + b];
+				acc = fmaf(nx_f16_to_f32(dh), (float)isum * a->d[i * nb + b], acc);
 			}
 			out[i * NX_PACK_ROWS + r] = acc;
 		}
-	}
 }
 
 nx_pack_fn nx_pack_kernel_ref(enum nx_type t)

@@ -4,8 +4,8 @@
  * 512-bit load holds 4 bytes of each of the 16 rows (one int32 lane per row) and
  * one vpdpbusd against a broadcast 4-byte activation word does 64 products for
  * 16 rows at once: no per-row shuffles, no horizontal sums. A kernel call dots
- * one group of 16 rows with up to NX_PACK_ACT_MAX activation rows, unpacking each
- * weight block once for all of them (batched decode, prefill).
+ * one group of 16 rows with the activations of up to NX_PACK_ACT_MAX tokens,
+ * unpacking each weight block once for all of them (batched decode, prefill).
  *
  * Layout of group g (rows 16g .. 16g+15, lane r = row 16g + r), for each block b
  * of 32 elements in order:
@@ -45,13 +45,15 @@
  * A group takes exactly the bytes of its 16 plain rows (16 x row_bytes), so a
  * matrix packs in place and rows [16a, 16b) keep their byte range.
  *
- * Activations are Q8_0 rows (the vec_dot_type of all of these) plus per-block side
- * values (nx_pack_act_prep). The arithmetic per (row, activation row), block by
- * block, is fixed (see kern/pack.c): the integer block sums are exact and the
- * float steps are the same fused multiply-adds in the reference and the SIMD
- * kernel, so the two are bit-identical, and a row's result does not depend on
- * how many activation rows share the call. It differs from the plain kernels'
- * result only by float rounding (tests/c/test_pack.c bounds it). */
+ * Activations are two-part Q8_0 (kern/quant.h, quant2: lo's scale is hi's / 128)
+ * plus per-block side values (nx_pack_act_prep). Per (row, token) and block, the
+ * kernel takes the exact integer dots of the weights with hi and lo and forms
+ * 128 * dot(hi) + dot(lo) in int32 (|.| < 2^28), so the float steps are those of
+ * one activation row with lo's scale. That arithmetic is fixed (see kern/pack.c):
+ * the float steps are the same fused multiply-adds in the reference and the
+ * SIMD kernel, so the two are bit-identical, and a row's result does not depend
+ * on how many tokens share the call. It differs from the plain kernels' dot(w,
+ * hi) + dot(w, lo) only by float rounding (tests/c/test_pack.c bounds it). */
 #ifndef NX_PACK_H
 #define NX_PACK_H
 
@@ -62,7 +64,7 @@
 #include "kern/quant.h"
 
 #define NX_PACK_ROWS 16
-#define NX_PACK_ACT_MAX 8
+#define NX_PACK_ACT_MAX 4 /* tokens per kernel call */
 
 /* True when type t has a packed layout (whatever the CPU). */
 bool nx_pack_layout(enum nx_type t);
@@ -76,23 +78,33 @@ void nx_pack_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst
 /* Row r (< 16) of a packed group back in the plain layout at dst (row_bytes bytes). */
 void nx_unpack_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in);
 
-/* Side values of Q8_0 activation rows, per block b: d[b] = the block scale as a
- * float, s[b] = d[b] * sum(q), c[b] = 128 * sum(q). Row i's at d + i * nb, ... */
+/* Two-part Q8_0 activations of a few tokens and their side values. Per token i
+ * and block b, with Sh = sum(q) over hi's block, Sl over lo's (halves: over 16):
+ *   d[b] = lo's scale as a float (hi's / 128)
+ *   s[b] = d[b] * (float)(128 * Sh + Sl)     (the min term's factor)
+ *   c[b] = 128 * (128 * Sh + Sl)             (offsets of unsigned weight codes)
+ *   c16[2b + h] = -32 * (128 * Sh_h + Sl_h)  (q6_k's offset, per half h)
+ * token i's at d + i * nb, ..., c16 + 2 * i * nb. */
 struct nx_pack_act {
-	const uint8_t *q; /* Q8_0 row i at q + i * stride */
-	size_t stride;
+	const uint8_t *q; /* token i's hi row at q + i * stride, its lo row at q + i * stride + lo */
+	size_t stride, lo;
 	const float *d, *s;
 	const int32_t *c;
-	int64_t nb; /* blocks per row */
-	const int32_t *c16; /* q6_k: c16[2b + h] = -32 * sum(q) over half h (16 elements) of block b; row i's at c16 + 2 * i * nb */
+	int64_t nb;         /* blocks per row */
+	const int32_t *c16; /* only for q6_k; NULL otherwise */
 };
-/* Fills d, s, c (nb = n_in / 32 entries each) for one Q8_0 row. */
-void nx_pack_act_prep(const void *q8_0_row, int64_t n_in, float *d, float *s, int32_t *c);
-/* Fills c16 (2 * n_in / 32 entries) for one Q8_0 row. */
-void nx_pack_act_prep_c16(const void *q8_0_row, int64_t n_in, int32_t *c16);
+/* The quants of token i's hi (part 0) or lo (part 1) block b. */
+static inline const int8_t *nx_pack_act_qs(const struct nx_pack_act *a, int i, int part, int64_t b)
+{
+	return ((const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride + (part ? a->lo : 0)))[b].qs;
+}
+/* Fills d, s, c (nb = n_in / 32 entries each) for one token's hi and lo rows. */
+void nx_pack_act_prep(const void *hi, const void *lo, int64_t n_in, float *d, float *s, int32_t *c);
+/* Fills c16 (2 * n_in / 32 entries) for one token's hi and lo rows. */
+void nx_pack_act_prep_c16(const void *hi, const void *lo, int64_t n_in, int32_t *c16);
 
-/* out[i * 16 + r] = row r of the group . activation row i, for i < n_act
- * (1 <= n_act <= NX_PACK_ACT_MAX) and r < 16. */
+/* out[i * 16 + r] = row r of the group . token i's activation (hi + lo), for
+ * i < n_act (1 <= n_act <= NX_PACK_ACT_MAX) and r < 16. */
 typedef void (*nx_pack_fn)(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in);
 /* The kernel the engine uses (SIMD when nx_pack_fast, else the reference); NULL without a layout. */
 nx_pack_fn nx_pack_kernel(enum nx_type t);

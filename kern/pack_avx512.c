@@ -1,11 +1,11 @@
-/* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 8 activation rows per call.
+/* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 4 tokens per call.
  *
  * Per block, the group's weights are loaded (and for the 4-bit types split into
- * nibbles, q5's fifth bits added under a mask) once; each activation row then
- * costs 8 vpdpbusd whose activation operand is a broadcast 4-byte word of its
- * Q8_0 block, and 3-4 float ops for the scales.
+ * nibbles, q5's fifth bits added under a mask) once; each token then costs 16
+ * vpdpbusd (8 per part) whose activation operand is a broadcast 4-byte word of
+ * its Q8_0 block, an integer 128 * hi + lo, and 3-4 float ops for the scales.
  * Every lane follows kern/pack.c's reference arithmetic exactly. The loops over
- * activation rows and vectors are unrolled by pragma: at -O2 GCC leaves them
+ * tokens and vectors are unrolled by pragma: at -O2 GCC leaves them
  * rolled, keeps the accumulators in stack arrays and the kernel runs at half
  * speed (store-forwarding chains). Built without
  * -m flags (target attributes), used only when nx_pack_avx512_usable(). */
@@ -15,8 +15,8 @@
 /* The 4-bit types, a group block of GB bytes laid out as in kern/pack.h: scales
  * at 0, mins at M, fifth-bit masks at H (M, H < 0: none), nibble vectors at QS.
  * SHIFT > 0: the weights are stored offset (q4_0: q + 8, q5_0: q + 16), so the
- * block sum starts at -c / 2^SHIFT (= -8 or -16 times the activations' sum).
- * NA activation rows. All arguments but the pointers and n_in are compile-time
+ * block sum starts at -c / 2^SHIFT (= -8 or -16 times the activation's sum).
+ * NA tokens. All arguments but the pointers and n_in are compile-time
  * constants in each instance, so the accumulators live in registers. */
 INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
 		  const int GB, const int M, const int H, const int QS, const int SHIFT)
@@ -24,7 +24,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 	const int64_t nb = n_in / 32;
 	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
-	#pragma GCC unroll 8
+	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -45,26 +45,29 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 				hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(hh), hi[c], bit4);
 			}
 		}
-		#pragma GCC unroll 8
+		#pragma GCC unroll 4
 		for (int i = 0; i < NA; i++) {
-			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
+			/* four chains: the hi part (h*) and the lo part (l*), low and high nibbles */
 			const int32_t off = SHIFT ? a->c[i * nb + b] / (1 << SHIFT) : 0;
-			__m512i s0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-off), lo[0], bcast32(y));
-			__m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast32(y + 16));
-			s0 = _mm512_dpbusd_epi32(s0, lo[1], bcast32(y + 4));
-			s1 = _mm512_dpbusd_epi32(s1, hi[1], bcast32(y + 20));
-			s0 = _mm512_dpbusd_epi32(s0, lo[2], bcast32(y + 8));
-			s1 = _mm512_dpbusd_epi32(s1, hi[2], bcast32(y + 24));
-			s0 = _mm512_dpbusd_epi32(s0, lo[3], bcast32(y + 12));
-			s1 = _mm512_dpbusd_epi32(s1, hi[3], bcast32(y + 28));
-			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
-						       _mm512_set1_ps(a->d[i * nb + b]));
+			__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 0, b, 0));
+			__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 0, b, 16));
+			__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-off), lo[0], act4(a, i, 1, b, 0));
+			__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 1, b, 16));
+			#pragma GCC unroll 3
+			for (int c = 1; c < 4; c++) {
+				h0 = _mm512_dpbusd_epi32(h0, lo[c], act4(a, i, 0, b, 4 * c));
+				h1 = _mm512_dpbusd_epi32(h1, hi[c], act4(a, i, 0, b, 16 + 4 * c));
+				l0 = _mm512_dpbusd_epi32(l0, lo[c], act4(a, i, 1, b, 4 * c));
+				l1 = _mm512_dpbusd_epi32(l1, hi[c], act4(a, i, 1, b, 16 + 4 * c));
+			}
+			const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
+			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));
 			acc_d[i] = _mm512_fmadd_ps(dw, t, acc_d[i]);
 			if (M >= 0)
 				acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
 		}
 	}
-	#pragma GCC unroll 8
+	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, M >= 0 ? _mm512_add_ps(acc_d[i], acc_m[i]) : acc_d[i]);
 }
@@ -94,7 +97,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 {
 	const int64_t nb = n_in / 32;
 	__m512 acc[NX_PACK_ACT_MAX];
-	#pragma GCC unroll 8
+	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -104,23 +107,25 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		#pragma GCC unroll 8
 		for (int c = 0; c < 8; c++)
 			w[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * c));
-		#pragma GCC unroll 8
+		#pragma GCC unroll 4
 		for (int i = 0; i < NA; i++) {
-			const int8_t *y = (const int8_t *)(a->q + (size_t)i * a->stride + (size_t)b * sizeof(struct nx_block_q8_0) + 2);
-			__m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast32(y));
-			__m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast32(y + 4));
-			s0 = _mm512_dpbusd_epi32(s0, w[2], bcast32(y + 8));
-			s1 = _mm512_dpbusd_epi32(s1, w[3], bcast32(y + 12));
-			s0 = _mm512_dpbusd_epi32(s0, w[4], bcast32(y + 16));
-			s1 = _mm512_dpbusd_epi32(s1, w[5], bcast32(y + 20));
-			s0 = _mm512_dpbusd_epi32(s0, w[6], bcast32(y + 24));
-			s1 = _mm512_dpbusd_epi32(s1, w[7], bcast32(y + 28));
-			const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(a->c[i * nb + b]));
+			__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], act4(a, i, 0, b, 0));
+			__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], act4(a, i, 0, b, 4));
+			__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-a->c[i * nb + b]), w[0], act4(a, i, 1, b, 0));
+			__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], act4(a, i, 1, b, 4));
+			#pragma GCC unroll 3
+			for (int c = 2; c < 8; c += 2) {
+				h0 = _mm512_dpbusd_epi32(h0, w[c], act4(a, i, 0, b, 4 * c));
+				h1 = _mm512_dpbusd_epi32(h1, w[c + 1], act4(a, i, 0, b, 4 * c + 4));
+				l0 = _mm512_dpbusd_epi32(l0, w[c], act4(a, i, 1, b, 4 * c));
+				l1 = _mm512_dpbusd_epi32(l1, w[c + 1], act4(a, i, 1, b, 4 * c + 4));
+			}
+			const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
 			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));
 			acc[i] = _mm512_fmadd_ps(dw, t, acc[i]);
 		}
 	}
-	#pragma GCC unroll 8
+	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }

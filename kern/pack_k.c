@@ -173,37 +173,39 @@ void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_
 		unpack_sb(t, (const uint8_t *)group + (size_t)sb * sbb, r, (uint8_t *)dst + (size_t)sb * plain);
 }
 
-void nx_pack_act_prep_c16(const void *q8_0_row, int64_t n_in, int32_t *c16)
+void nx_pack_act_prep_c16(const void *hi, const void *lo, int64_t n_in, int32_t *c16)
 {
-	const struct nx_block_q8_0 *y = q8_0_row;
+	const struct nx_block_q8_0 *yh = hi, *yl = lo;
 	for (int64_t b = 0; b < n_in / 32; b++)
 		for (int h = 0; h < 2; h++) {
-			int32_t sum = 0;
-			for (int k = 0; k < 16; k++)
-				sum += y[b].qs[16 * h + k];
-			c16[2 * b + h] = -32 * sum;
+			int32_t sh = 0, sl = 0;
+			for (int k = 0; k < 16; k++) {
+				sh += yh[b].qs[16 * h + k];
+				sl += yl[b].qs[16 * h + k];
+			}
+			c16[2 * b + h] = -32 * (128 * sh + sl);
 		}
 }
 
 /* ---------------------------------------------------------------- reference kernels
- * Per (row, activation row), super-block by super-block, activation block b by
- * block (block b is sub-block b % 8 of super-block b / 8), acc from 0:
- *   q4_k, q5_k: isum = the exact integer dot of sub-block b's q (0..15, 0..31)
- *       with block b;
+ * Per (row, token), super-block by super-block, activation block b by block
+ * (block b is sub-block b % 8 of super-block b / 8), acc from 0, with the exact
+ * integer dots of the token's hi and lo blocks combined as 128 * hi + lo:
+ *   q4_k, q5_k: isum = that of sub-block b's q (0..15, 0..31) with block b;
  *       acc = fma(d * sc, (float)isum * d_a, acc); acc = fma(-dmin * m, s_a, acc)
- *   q6_k: i0, i1 = the exact integer dots of (q - 32) with halves 0 and 1 of
- *       block b (scales sc0, sc1);
+ *   q6_k: i0, i1 = those of (q - 32) with halves 0 and 1 of block b (scales
+ *       sc0, sc1);
  *       f = fma(d * sc1, (float)i1, (d * sc0) * (float)i0); acc = fma(f, d_a, acc)
  * and the result is acc. d * sc and dmin * m are exact in float (11 x 8 bits at
  * most), so it does not matter how a kernel forms them. The SIMD kernels do
- * exactly these steps per lane; an integer dot stays below 2^17 in magnitude. */
+ * exactly these steps per lane; a combined integer dot stays below 2^25 in
+ * magnitude. */
 
 static void ref_k4(bool q5, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
 	const int64_t nb = n_in / 32;
 	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
-	for (int i = 0; i < n_act; i++) {
-		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+	for (int i = 0; i < n_act; i++)
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc = 0;
 			for (int64_t b = 0; b < nb; b++) {
@@ -214,21 +216,24 @@ static void ref_k4(bool q5, const void *group, const struct nx_pack_act *a, int 
 				memcpy(&mh, hdr + PK_K4_DMIN + 2 * r, 2);
 				int sc, m;
 				k4_lane(hdr, j, r, &sc, &m);
-				int32_t isum = 0;
-				for (int w = 0; w < 8; w++)
-					for (int k = 0; k < 4; k++) {
-						int q = o[PK_K4_QS + 64 * (8 * (j / 2) + w) + 4 * r + k] >> (4 * (j % 2)) & 15;
-						if (q5)
-							q |= (o[PK_K5_QH + 64 * w + 4 * r + k] >> j & 1) << 4;
-						isum += q * y[b].qs[4 * w + k];
-					}
+				int32_t ip[2] = {0, 0};
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int w = 0; w < 8; w++)
+						for (int k = 0; k < 4; k++) {
+							int q = o[PK_K4_QS + 64 * (8 * (j / 2) + w) + 4 * r + k] >> (4 * (j % 2)) & 15;
+							if (q5)
+								q |= (o[PK_K5_QH + 64 * w + 4 * r + k] >> j & 1) << 4;
+							ip[part] += q * y[4 * w + k];
+						}
+				}
+				const int32_t isum = 128 * ip[0] + ip[1];
 				const float d = nx_f16_to_f32(dh), dmin = nx_f16_to_f32(mh);
 				acc = fmaf(d * (float)sc, (float)isum * a->d[i * nb + b], acc);
 				acc = fmaf(-dmin * (float)m, a->s[i * nb + b], acc);
 			}
 			out[i * NX_PACK_ROWS + r] = acc;
 		}
-	}
 }
 
 static void ref_q4_k(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n)
@@ -244,27 +249,29 @@ static void ref_q5_k(const void *g, const struct nx_pack_act *a, int n_act, floa
 static void ref_q6_k(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
 	const int64_t nb = n_in / 32;
-	for (int i = 0; i < n_act; i++) {
-		const struct nx_block_q8_0 *y = (const struct nx_block_q8_0 *)(a->q + (size_t)i * a->stride);
+	for (int i = 0; i < n_act; i++)
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc = 0;
 			for (int64_t b = 0; b < nb; b++) {
 				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * PK_Q6_K_SB;
 				nx_f16 dh;
 				memcpy(&dh, o + PK_Q6_K_D + 2 * r, 2);
-				int32_t is[2] = {0, 0};
-				for (int w = 0; w < 8; w++)
-					for (int k = 0; k < 4; k++)
-						is[w / 4] += (q6_lane(o, (int)(b % 8), w, r, k) - 32) * y[b].qs[4 * w + k];
+				int32_t is[2][2] = {{0, 0}, {0, 0}}; /* [part][half] */
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int w = 0; w < 8; w++)
+						for (int k = 0; k < 4; k++)
+							is[part][w / 4] += (q6_lane(o, (int)(b % 8), w, r, k) - 32) * y[4 * w + k];
+				}
+				const int32_t i0 = 128 * is[0][0] + is[1][0], i1 = 128 * is[0][1] + is[1][1];
 				const float d = nx_f16_to_f32(dh);
 				const int sc0 = (int8_t)o[PK_Q6_K_SC + 16 * (2 * (b % 8)) + r];
 				const int sc1 = (int8_t)o[PK_Q6_K_SC + 16 * (2 * (b % 8) + 1) + r];
-				const float f = fmaf(d * (float)sc1, (float)is[1], (d * (float)sc0) * (float)is[0]);
+				const float f = fmaf(d * (float)sc1, (float)i1, (d * (float)sc0) * (float)i0);
 				acc = fmaf(f, a->d[i * nb + b], acc);
 			}
 			out[i * NX_PACK_ROWS + r] = acc;
 		}
-	}
 }
 
 nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t)

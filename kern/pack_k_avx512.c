@@ -1,10 +1,11 @@
-/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the k-quants' packed layouts (kern/pack.h): 16 weight rows x up to 8 activation rows per call.
+/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the k-quants' packed layouts (kern/pack.h): 16 weight rows x up to 4 tokens per call.
  *
  * Per sub-block, the group's weights are decoded to bytes (nibbles split and
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
- * the scales to floats once; each activation row then costs 8 vpdpbusd against
- * broadcast 4-byte words of its Q8_0 block and 4-5 float ops. q6_k's -32 offset comes in as
- * the starting value of the integer sums (nx_pack_act.c16). Every lane follows
+ * the scales to floats once; each token then costs 16 vpdpbusd (8 per part)
+ * against broadcast 4-byte words of its Q8_0 blocks, an integer 128 * hi + lo
+ * and 2-3 float ops. q6_k's -32 offset comes in as the starting value of the
+ * lo part's integer sums (nx_pack_act.c16). Every lane follows
  * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
  * attributes), used only when nx_pack_avx512_usable(). */
 #include "kern/pack_k.h"
@@ -32,10 +33,7 @@ INL __m512i or_and(__m512i a, __m512i b, __m512i c)
 	return _mm512_ternarylogic_epi32(a, b, c, 0xf8);
 }
 
-/* The Q8_0 quants of activation row i, block b. */
-#define ACT(a, i, b) ((const int8_t *)((a)->q + (size_t)(i) * (a)->stride + (size_t)(b) * sizeof(struct nx_block_q8_0) + 2))
-
-/* q4_k (q5 false) and q5_k; NA activation rows (a compile-time constant in each
+/* q4_k (q5 false) and q5_k; NA tokens (a compile-time constant in each
  * instance: with the loops unrolled the accumulators and decoded weights live
  * in registers; without the pragmas GCC keeps some loops and spills them). */
 INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in, const bool q5)
@@ -45,7 +43,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 	const __m512i m4 = _mm512_set1_epi8(0x0f), m63 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30),
 		      bit4 = _mm512_set1_epi8(0x10);
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -80,25 +78,29 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 				}
 			}
 			const int64_t b = b0 + 2 * c;
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 			for (int i = 0; i < NA; i++) {
-				const int8_t *y0 = ACT(a, i, b), *y1 = ACT(a, i, b + 1);
-				__m512i t0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast32(y0));
-				__m512i t1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast32(y1));
-#pragma GCC unroll 8
+				/* sub-blocks b (low nibbles) and b + 1 (high), hi part (h*) and lo part (l*) */
+				__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 0, b, 0));
+				__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 0, b + 1, 0));
+				__m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 1, b, 0));
+				__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 1, b + 1, 0));
+#pragma GCC unroll 7
 				for (int w = 1; w < 8; w++) {
-					t0 = _mm512_dpbusd_epi32(t0, lo[w], bcast32(y0 + 4 * w));
-					t1 = _mm512_dpbusd_epi32(t1, hi[w], bcast32(y1 + 4 * w));
+					h0 = _mm512_dpbusd_epi32(h0, lo[w], act4(a, i, 0, b, 4 * w));
+					h1 = _mm512_dpbusd_epi32(h1, hi[w], act4(a, i, 0, b + 1, 4 * w));
+					l0 = _mm512_dpbusd_epi32(l0, lo[w], act4(a, i, 1, b, 4 * w));
+					l1 = _mm512_dpbusd_epi32(l1, hi[w], act4(a, i, 1, b + 1, 4 * w));
 				}
 				const int64_t k = i * nb + b;
-				acc[i] = _mm512_fmadd_ps(dsc0, _mm512_mul_ps(_mm512_cvtepi32_ps(t0), _mm512_set1_ps(a->d[k])), acc[i]);
+				acc[i] = _mm512_fmadd_ps(dsc0, _mm512_mul_ps(_mm512_cvtepi32_ps(comb(h0, l0)), _mm512_set1_ps(a->d[k])), acc[i]);
 				acc[i] = _mm512_fmadd_ps(nm0, _mm512_set1_ps(a->s[k]), acc[i]);
-				acc[i] = _mm512_fmadd_ps(dsc1, _mm512_mul_ps(_mm512_cvtepi32_ps(t1), _mm512_set1_ps(a->d[k + 1])), acc[i]);
+				acc[i] = _mm512_fmadd_ps(dsc1, _mm512_mul_ps(_mm512_cvtepi32_ps(comb(h1, l1)), _mm512_set1_ps(a->d[k + 1])), acc[i]);
 				acc[i] = _mm512_fmadd_ps(nm1, _mm512_set1_ps(a->s[k + 1]), acc[i]);
 			}
 		}
 	}
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
@@ -119,7 +121,7 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 	const __m512i m63 = _mm512_set1_epi8(0x3f), mc0 = _mm512_set1_epi8((char)0xc0), m03 = _mm512_set1_epi8(0x03),
 		      m0c = _mm512_set1_epi8(0x0c);
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -143,23 +145,28 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk))), d);
 			const __m512 dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk + 1))), d);
 			const int64_t b = b0 + blk;
-#pragma GCC unroll 8
-			for (int i = 0; i < NA; i++) {
-				const int8_t *y = ACT(a, i, b);
-				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
-				__m512i t0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[0]), q[0], bcast32(y));
-				__m512i t1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[1]), q[4], bcast32(y + 16));
 #pragma GCC unroll 4
+			for (int i = 0; i < NA; i++) {
+				/* halves 0 and 1 of block b, hi part (h*) and lo part (l*, from the offsets) */
+				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
+				__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], act4(a, i, 0, b, 0));
+				__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], act4(a, i, 0, b, 16));
+				__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[0]), q[0], act4(a, i, 1, b, 0));
+				__m512i l1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[1]), q[4], act4(a, i, 1, b, 16));
+#pragma GCC unroll 3
 				for (int w = 1; w < 4; w++) {
-					t0 = _mm512_dpbusd_epi32(t0, q[w], bcast32(y + 4 * w));
-					t1 = _mm512_dpbusd_epi32(t1, q[4 + w], bcast32(y + 16 + 4 * w));
+					h0 = _mm512_dpbusd_epi32(h0, q[w], act4(a, i, 0, b, 4 * w));
+					h1 = _mm512_dpbusd_epi32(h1, q[4 + w], act4(a, i, 0, b, 16 + 4 * w));
+					l0 = _mm512_dpbusd_epi32(l0, q[w], act4(a, i, 1, b, 4 * w));
+					l1 = _mm512_dpbusd_epi32(l1, q[4 + w], act4(a, i, 1, b, 16 + 4 * w));
 				}
-				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(t1), _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(t0)));
+				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(comb(h1, l1)),
+								 _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(comb(h0, l0))));
 				acc[i] = _mm512_fmadd_ps(f, _mm512_set1_ps(a->d[i * nb + b]), acc[i]);
 			}
 		}
 	}
-#pragma GCC unroll 8
+#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }

@@ -21,8 +21,20 @@ INL __m512i bcast32(const int8_t *p)
 	return _mm512_set1_epi32(v);
 }
 
-/* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA a compile-time
- * constant per case, so its accumulators live in registers. */
+/* The 4 quant bytes at k of token i's hi (part 0) or lo (part 1) block b, in every int32 lane. */
+INL __m512i act4(const struct nx_pack_act *a, int i, int part, int64_t b, int k)
+{
+	return bcast32(nx_pack_act_qs(a, i, part, b) + k);
+}
+
+/* 128 * hi + lo of a token's integer block dots (kern/pack.h: |.| < 2^28). */
+INL __m512i comb(__m512i hi, __m512i lo)
+{
+	return _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
+}
+
+/* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA (tokens) a
+ * compile-time constant per case, so its accumulators live in registers. */
 #define TILE_FN(name)                                                                                         \
 	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
 	{                                                                                                     \
@@ -30,11 +42,7 @@ INL __m512i bcast32(const int8_t *p)
 		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
 		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
 		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
-		case 4: name##_tile(g, a, 4, out, n); break;                                                  \
-		case 5: name##_tile(g, a, 5, out, n); break;                                                  \
-		case 6: name##_tile(g, a, 6, out, n); break;                                                  \
-		case 7: name##_tile(g, a, 7, out, n); break;                                                  \
-		default: name##_tile(g, a, 8, out, n); break;                                                 \
+		default: name##_tile(g, a, 4, out, n); break;                                                 \
 		}                                                                                             \
 	}
 

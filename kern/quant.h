@@ -127,12 +127,18 @@ typedef float (*nx_dot_fn)(const void *w, const void *a, int64_t n);
  * Each out[r] is bit-identical to the same table's dot on that row, so a token's
  * result does not depend on what it was batched with. */
 typedef void (*nx_dot_rows_fn)(const void *w, const void *a, size_t a_stride, int n_act, float *out, int64_t n);
-/* Two-part quantization of n elements (n a multiple of the block size):
- * hi = quant(x), lo = quant(x - dequant(hi)), so that hi + lo carries about 15
- * bits per value (model/forward.c: prep_act_q says why). Bit-identical to that
- * composition of the reference quant and dequant, in one pass over x; except
- * where hi's scale overflows (a Q8_0 block with |x| > 127 * 65504, where the
- * f16 scale is inf and x - dequant(hi) is inf or NaN): there lo is a zero block. */
+/* Two-part quantization of n elements (n a multiple of the block size): hi + lo
+ * carries about 14-15 bits per value (model/forward.c: prep_act_q says why).
+ * Q8_K: hi = quant(x), lo = quant(x - dequant(hi)).
+ * Q8_0: lo's scale is exactly hi's / 128, so that a kernel may sum
+ * 128 * dot(w, hi) + dot(w, lo) in integers and scale once (kern/pack.h). hi is
+ * quant(x) where d = amax / 127 >= 2^-7; below that its scale is d rounded up
+ * to a multiple of 2^-17, so that it and its / 128 are exact in f16; lo =
+ * roundf((x - dequant(hi)) / (hi's scale / 128)).
+ * SIMD versions are bit-identical to the reference's (kern/quant_ref.c),
+ * including where hi's scale overflows (a Q8_0 block with |x| > 127 * 65504,
+ * where the f16 scale is inf and x - dequant(hi) is inf or NaN): there lo is a
+ * zero block. */
 typedef void (*nx_quant2_fn)(const float *src, void *hi, void *lo, int64_t n);
 
 struct nx_type_traits {

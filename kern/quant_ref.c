@@ -133,44 +133,66 @@ static void dequant_q8_0(const void *src, float *dst, int64_t n)
 	}
 }
 
+/* roundf(y) as a Q8_0 level: |q| <= 127 for finite input; a NaN hides from
+ * amax (NaN > x is false) and inf * 0 is NaN, so clamp: converting an
+ * out-of-range float is undefined. */
+static inline int8_t q8_level(float y)
+{
+	const float q = roundf(y);
+	return (int8_t)(q >= 127.0f ? 127 : q <= -128.0f ? -128 : q == q ? q : 0);
+}
+
+static inline float q8_0_amax(const float *x)
+{
+	float amax = 0;
+	for (int j = 0; j < QK8_0; j++)
+		amax = MAX(amax, fabsf(x[j]));
+	return amax;
+}
+
 /* d = amax / 127, q = round(x / d) with ties away from zero (roundf, as ggml). */
 static void quant_q8_0(const float *src, void *dst, int64_t n)
 {
 	struct nx_block_q8_0 *b = dst;
 	for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
-		float amax = 0;
-		for (int j = 0; j < QK8_0; j++)
-			amax = MAX(amax, fabsf(src[j]));
-		const float d = amax / 127;
+		const float d = q8_0_amax(src) / 127;
 		/* A subnormal d has no finite inverse; it rounds to 0 in f16, so the
 		 * block dequantizes to 0 whatever qs holds: store zeros (as the SIMD
 		 * quantizers do). */
 		const float id = d && isfinite(1.0f / d) ? 1.0f / d : 0.0f;
 		b[i].d = nx_f32_to_f16(d);
-		for (int j = 0; j < QK8_0; j++) {
-			/* |q| <= 127 for finite input; a NaN hides from amax (NaN > x is false) and
-			 * inf * 0 is NaN, so clamp: converting an out-of-range float is undefined. */
-			const float q = roundf(src[j] * id);
-			b[i].qs[j] = (int8_t)(q >= 127.0f ? 127 : q <= -128.0f ? -128 : q == q ? q : 0);
-		}
+		for (int j = 0; j < QK8_0; j++)
+			b[i].qs[j] = q8_level(src[j] * id);
 	}
 }
 
-/* By its definition (kern/quant.h): quant, dequant, subtract, quant, block by block. */
+/* By its definition (kern/quant.h), block by block: hi is quant_q8_0's block
+ * where d = amax / 127 >= 2^-7; below, its scale is d rounded up to a multiple
+ * of 2^-17 (exact in f16, and so is that / 128), q = roundf(x / scale). lo's
+ * scale is hi's / 128, exactly; lo = roundf((x - dequant(hi)) * 128 / scale). */
 static void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 {
 	struct nx_block_q8_0 *h = hi, *l = lo;
-	float r[QK8_0];
 	for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
-		quant_q8_0(src, &h[i], QK8_0);
-		if (!isfinite(fp16(h[i].d))) {
+		const float d = q8_0_amax(src) / 127;
+		if (d >= 0x1p-7f) {
+			quant_q8_0(src, &h[i], QK8_0);
+		} else {
+			const float ds = ceilf(d * 0x1p17f) * 0x1p-17f;
+			const float id = ds ? 1.0f / ds : 0.0f;
+			h[i].d = nx_f32_to_f16(ds);
+			for (int j = 0; j < QK8_0; j++)
+				h[i].qs[j] = q8_level(src[j] * id);
+		}
+		const float dh = fp16(h[i].d);
+		if (!isfinite(dh)) {
 			memset(&l[i], 0, sizeof(l[i]));
 			continue;
 		}
-		dequant_q8_0(&h[i], r, QK8_0);
-		for (int j = 0; j < QK8_0; j++)
-			r[j] = src[j] - r[j];
-		quant_q8_0(r, &l[i], QK8_0);
+		const float dl = dh / 128, idl = dl ? 1.0f / dl : 0.0f;
+		l[i].d = nx_f32_to_f16(dl);
+		for (int j = 0; j < QK8_0; j++) /* q * dh is exact (8-bit q, 11-bit dh) */
+			l[i].qs[j] = q8_level((src[j] - h[i].qs[j] * dh) * idl);
 	}
 }
 
@@ -479,7 +501,8 @@ static void quant_q8_k(const float *src, void *dst, int64_t n)
 	}
 }
 
-/* By its definition, as quant2_q8_0; the float scale never overflows. */
+/* By its definition (kern/quant.h): quant, dequant, subtract, quant, block by
+ * block; the float scale never overflows. */
 static void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 {
 	struct nx_block_q8_k *h = hi, *l = lo;

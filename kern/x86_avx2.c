@@ -19,6 +19,7 @@
 #include "kern/quant.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define TGT __attribute__((target("avx2,fma,f16c")))
@@ -461,24 +462,32 @@ INL __m256 opaque(__m256 v)
 	return v;
 }
 
-/* One Q8_0 block from its 32 values v[0..3], as the reference: d = amax / 127
- * (stored f16), q = roundf(x / d) using id = 1/d. Returns the stored levels. */
-INL __m256i q8_0_block(const __m256 *v, struct nx_block_q8_0 *b)
+INL float q8_0_amax(const __m256 *v)
 {
 	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-	const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-				       _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-	const float amax = hmax8(m);
-	const float d = amax / 127;
-	const float id = d ? 1.0f / d : 0.0f;
-	b->d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+	return hmax8(_mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+				   _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask))));
+}
+
+/* The 32 levels roundf(v * id) of a block, stored at qs and returned. */
+INL __m256i q8_0_levels(const __m256 *v, float id, int8_t *qs)
+{
 	const __m256 idv = _mm256_set1_ps(id);
 	__m256i q[4];
 	for (int k = 0; k < 4; k++)
 		q[k] = fix_indefinite(_mm256_cvttps_epi32(round_away(_mm256_mul_ps(v[k], idv))));
 	const __m256i p = pack32(q[0], q[1], q[2], q[3]);
-	_mm256_storeu_si256((__m256i *)b->qs, p);
+	_mm256_storeu_si256((__m256i *)qs, p);
 	return p;
+}
+
+/* One Q8_0 block from its 32 values v[0..3], as the reference: d = amax / 127
+ * (stored f16), q = roundf(x / d) using id = 1/d. Returns the stored levels. */
+INL __m256i q8_0_block(const __m256 *v, struct nx_block_q8_0 *b)
+{
+	const float d = q8_0_amax(v) / 127;
+	b->d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+	return q8_0_levels(v, d ? 1.0f / d : 0.0f, b->qs);
 }
 
 /* float -> IEEE half, round to nearest even: F16C does exactly what nx_f32_to_f16 does (NaNs included). */
@@ -504,8 +513,9 @@ static TGT void quant_q8_0(const float *src, void *dst, int64_t n)
 	}
 }
 
-/* hi and lo of each block with x and x - hi in registers. q * d is exact (8-bit
- * q, 11-bit d), so x - q * d here is the reference's dequant and subtraction. */
+/* hi and lo of each block (kern/quant.h) with x and x - hi in registers. q * d
+ * is exact (8-bit q, 11-bit d), so x - q * d here is the reference's dequant
+ * and subtraction. */
 static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 {
 	struct nx_block_q8_0 *h = hi, *l = lo;
@@ -513,7 +523,11 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 		__m256 v[4], r[4];
 		for (int k = 0; k < 4; k++)
 			v[k] = _mm256_loadu_ps(src + 8 * k);
-		const __m256i p = q8_0_block(v, &h[i]);
+		float d = q8_0_amax(v) / 127;
+		if (d < 0x1p-7f) /* rounded up to a multiple of 2^-17 */
+			d = ceilf(d * 0x1p17f) * 0x1p-17f;
+		h[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+		const __m256i p = q8_0_levels(v, d ? 1.0f / d : 0.0f, h[i].qs);
 		const float dh = f16(h[i].d);
 		if (dh > 65504.0f) { /* inf: the f16 scale overflowed (kern/quant.h) */
 			memset(&l[i], 0, sizeof(l[i]));
@@ -526,7 +540,9 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8[k]));
 			r[k] = _mm256_sub_ps(v[k], opaque(_mm256_mul_ps(q, dv)));
 		}
-		q8_0_block(r, &l[i]);
+		const float dl = dh / 128;
+		l[i].d = _cvtss_sh(dl, _MM_FROUND_TO_NEAREST_INT);
+		q8_0_levels(r, dl ? 1.0f / dl : 0.0f, l[i].qs);
 	}
 }
 

@@ -582,12 +582,10 @@ INL __m512 absmax2(__m512 v0, __m512 v1)
 	return _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
 }
 
-/* The scales of 16 blocks from their largest magnitudes, as the reference:
- * d = amax / 127 to f16 (d16), that f16 as a float (dh), id = 1/d, or 0 where
- * 1/d is not finite (d = 0 or subnormal). */
-INL void q8_0_scales(__m512 amax, uint16_t *d16, float *dh, float *id)
+/* The scales of 16 blocks, as the reference: d to f16 (d16), that f16 as a
+ * float (dh), id = 1/d, or 0 where 1/d is not finite (d = 0 or subnormal). */
+INL void q8_0_scales(__m512 d, uint16_t *d16, float *dh, float *id)
 {
-	const __m512 d = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
 	const __m512 inv = _mm512_div_ps(_mm512_set1_ps(1.0f), d);
 	const __mmask16 finite = _mm512_cmp_ps_mask(_mm512_abs_ps(inv), _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
 	_mm512_storeu_ps(id, _mm512_maskz_mov_ps(finite, inv));
@@ -617,7 +615,6 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 {
 	struct nx_block_q8_0 *h = hi, *l = lo;
 	const int64_t nb = n / QK8_0;
-	float r[16 * QK8_0]; /* x - dequant(hi) of the 16 blocks */
 	uint16_t d16[16];
 	float dh[16], id[16];
 	for (int64_t b0 = 0; b0 < nb; b0 += 16, src += 16 * QK8_0) {
@@ -627,7 +624,19 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			m[b] = _mm512_setzero_ps();
 		for (int b = 0; b < k; b++)
 			m[MSLOT(b)] = absmax2(_mm512_loadu_ps(src + 32 * b), _mm512_loadu_ps(src + 32 * b + 16));
-		q8_0_scales(max16(m), d16, dh, id);
+		/* hi's scale: d = amax / 127, or below 2^-7 d rounded up to a multiple of 2^-17 */
+		__m512 d = _mm512_div_ps(max16(m), _mm512_set1_ps(127.0f));
+		const __mmask16 small = _mm512_cmp_ps_mask(d, _mm512_set1_ps(0x1p-7f), _CMP_LT_OQ);
+		const __m512 up = _mm512_roundscale_ps(_mm512_mul_ps(d, _mm512_set1_ps(0x1p17f)), _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC);
+		d = _mm512_mask_mul_ps(d, small, up, _mm512_set1_ps(0x1p-17f));
+		q8_0_scales(d, d16, dh, id);
+		/* lo's: hi's / 128, or 0 (a zero block) where hi's overflowed to inf */
+		const __m512 dhv = _mm512_loadu_ps(dh);
+		const __mmask16 ok = _mm512_cmp_ps_mask(dhv, _mm512_set1_ps(65504.0f), _CMP_LE_OQ);
+		const __m512 dl = _mm512_maskz_mul_ps(ok, dhv, _mm512_set1_ps(0x1p-7f));
+		uint16_t l16[16];
+		float ldh[16], lid[16];
+		q8_0_scales(dl, l16, ldh, lid);
 		for (int b = 0; b < k; b++) {
 			const __m512 v0 = _mm512_loadu_ps(src + 32 * b), v1 = _mm512_loadu_ps(src + 32 * b + 16);
 			__m512i q0, q1;
@@ -637,18 +646,8 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			const __m512 dv = _mm512_set1_ps(dh[b]);
 			const __m512 r0 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), dv, v0);
 			const __m512 r1 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q1), dv, v1);
-			_mm512_storeu_ps(r + 32 * b, r0);
-			_mm512_storeu_ps(r + 32 * b + 16, r1);
-			m[MSLOT(b)] = absmax2(r0, r1);
-		}
-		/* where hi's f16 scale overflowed (inf), lo is a zero block (kern/quant.h) */
-		const __mmask16 ok = _mm512_cmp_ps_mask(_mm512_loadu_ps(dh), _mm512_set1_ps(65504.0f), _CMP_LE_OQ);
-		q8_0_scales(_mm512_maskz_mov_ps(ok, max16(m)), d16, dh, id);
-		for (int b = 0; b < k; b++) {
-			__m512i q0, q1;
-			q8_0_levels(_mm512_loadu_ps(r + 32 * b), _mm512_loadu_ps(r + 32 * b + 16), _mm512_set1_ps(id[b]),
-				    l[b0 + b].qs, &q0, &q1);
-			memcpy(&l[b0 + b].d, &d16[b], 2);
+			q8_0_levels(r0, r1, _mm512_set1_ps(lid[b]), l[b0 + b].qs, &q0, &q1);
+			memcpy(&l[b0 + b].d, &l16[b], 2);
 		}
 	}
 }

@@ -126,7 +126,7 @@ static size_t xq_stride(const struct nx_hparams *hp)
 static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_hparams *hp,
 			     const struct nx_state_cfg *c)
 {
-	size_t B = (size_t)c->max_batch, total = 0, sides = 2 * B * (size_t)(max_in(hp) / 32);
+	size_t B = (size_t)c->max_batch, total = 0, sides = B * (size_t)(max_in(hp) / 32);
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
@@ -274,17 +274,17 @@ struct act {
 	const uint8_t *data;
 	size_t stride;
 	size_t lo; /* 0: one row (F32) */
-	/* Q8_0 rows: their side values for the packed kernels (nx_pack_act_prep), of
-	 * activation row i (token t's hi 2t, lo 2t + 1) at i * n_in / 32; NULL: not at hand */
+	/* Two-part Q8_0: the side values for the packed kernels (kern/pack.h:
+	 * nx_pack_act_prep), token t's at t * n_in / 32; NULL: not at hand */
 	const float *pd, *ps;
 	const int32_t *pc;
-	const int32_t *pc16; /* q6_k's per-16 sums (kern/pack.h c16), row i's at 2 * i * n_in / 32; NULL: not needed */
+	const int32_t *pc16; /* q6_k's per-16 offsets (kern/pack.h c16), token t's at 2 * t * n_in / 32; NULL: not needed */
 };
 
 /* Tokens t, t + 1, ... of a (rows of n_in elements). */
 static struct act act_from(struct act a, int t, int n_in)
 {
-	const size_t i = (size_t)(a.lo ? 2 : 1) * t * (size_t)(n_in / 32);
+	const size_t i = (size_t)t * (size_t)(n_in / 32);
 	a.data += (size_t)t * a.stride;
 	if (a.pd) {
 		a.pd += i;
@@ -300,8 +300,9 @@ static struct act act_from(struct act a, int t, int n_in)
  * only_logits) into the weight's vec_dot_type in this band's private xq.
  * Quantizes once per (source, type): Q/K/V and gate/up share it.
  *
- * A quantized activation is stored as hi = Q(x) and lo = Q(x - hi), and every
- * dot is dot(w, hi) + dot(w, lo): about 15 bits per value instead of 8. Why:
+ * A quantized activation is stored in two parts, hi = Q(x) and lo = x - hi in
+ * finer levels (kern/quant.h: quant2; Q8_0's at hi's scale / 128), and every
+ * dot is dot(w, hi) + dot(w, lo): about 14-15 bits per value instead of 8. Why:
  * with one Q8_0 rounding (1/254 of each 32-block's peak) at each of the 7
  * matmul inputs of a layer, SmolLM2-135M's logits (30 layers) move by 0.16 on
  * average and the top-1 differs from the exact float64 model at 2-3% of
@@ -311,7 +312,9 @@ static struct act act_from(struct act a, int t, int n_in)
  * is as close as f32 activations (what is left is the f16 K/V cache), keeps
  * the integer dot kernels and block layouts, and reads each weight row once for
  * both parts (one dot_rows / tile-kernel call): the cost is the second integer
- * dot, not memory traffic (the study's --bench measures it). */
+ * dot, not memory traffic (the study's --bench measures it). With Q8_0's lo
+ * scale tied to hi's, the tile kernels add the two dots as 128 * hi + lo in
+ * integers and do the float work once per token (kern/pack.h). */
 static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int n_in, enum nx_type vt,
 			     const struct nx_tok_in *toks, bool only_logits)
 {
@@ -343,8 +346,8 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 			tr->quant(sc->resid, hi + rs, n_in);
 		}
 		if (a.pd) { /* once here rather than in every packed matmul of this input */
-			const size_t i = (size_t)(2 * t) * nb;
-			nx_pack_act_prep_rows(hi, rs, 2, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
+			const size_t i = (size_t)t * nb;
+			nx_pack_act_prep_tokens(hi, a.stride, rs, 1, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
 		}
 	}
 	sc->xq_src = src;
@@ -374,12 +377,12 @@ static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n
 	struct act a = prep_act_q(sc, src, n, n_in, act_type(w), toks, only_logits);
 	if (a.pd && w->packed && w->type == NX_Q6_K) { /* the one tile kernel with a side value per 16 */
 		const int64_t nb = n_in / 32;
-		if (!sc->xq_c16_ok) /* row i (token t's hi 2t, lo 2t + 1) at data + i * lo */
+		if (!sc->xq_c16_ok)
 			for (int t = 0; t < n; t++) {
 				if (only_logits && toks[t].logits_row < 0)
 					continue; /* not quantized either (prep_act_q) */
-				for (int i = 2 * t; i < 2 * t + 2; i++)
-					nx_pack_act_prep_c16(a.data + (size_t)i * a.lo, n_in, sc->xq_c16 + 2 * i * nb);
+				const uint8_t *hi = a.data + (size_t)t * a.stride;
+				nx_pack_act_prep_c16(hi, hi + a.lo, n_in, sc->xq_c16 + 2 * t * nb);
 			}
 		sc->xq_c16_ok = true;
 		a.pc16 = sc->xq_c16;
@@ -424,24 +427,22 @@ static inline void mm_epilogue(enum mm_op op, float *restrict y, const float *re
 
 
 /* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
- * 16 weight rows with up to NX_PACK_ACT_MAX activation rows (both parts of a few
- * tokens) per call, each weight block unpacked once for all of them. With toks,
- * only tokens that want logits, written to row toks[t].logits_row of y. Each
- * (row, token) result does not depend on the chunk it was computed in, as in
- * matmul. Returns false, having done nothing, when it does not apply: no packed
- * copy, or activations that are not Q8_0 rows with the side values prep_act
+ * 16 weight rows with the two-part activations of up to NX_PACK_ACT_MAX tokens
+ * per call, each weight block unpacked once for all of them. With toks, only
+ * tokens that want logits, written to row toks[t].logits_row of y. Each (row,
+ * token) result does not depend on the chunk it was computed in, as in matmul.
+ * Returns false, having done nothing, when it does not apply: no packed copy,
+ * or activations that are not two-part Q8_0 rows with the side values prep_act
  * computes for the tile kernels (once per input, not per call). */
 static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, int r1, float *y, size_t ldy,
 			  const float *bias, enum mm_op op, const struct nx_tok_in *toks)
 {
-	const int parts = a.lo ? 2 : 1;
 	const size_t rs = (size_t)nx_row_size(NX_Q8_0, w->n_in);
 	const int64_t nb = w->n_in / 32;
-	if (!w->packed || !a.pd || (w->type == NX_Q6_K && !a.pc16) ||
-	    a.stride != (size_t)parts * rs || (a.lo && a.lo != rs) || r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
+	if (!w->packed || !a.pd || (w->type == NX_Q6_K && !a.pc16) || a.lo != rs || a.stride != 2 * rs ||
+	    r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
 		return false;
 	const nx_pack_fn kern = nx_pack_kernel(w->type);
-	const int chunk = NX_PACK_ACT_MAX / parts;
 	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
 	float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 	for (int t0 = 0; t0 < n;) {
@@ -450,21 +451,16 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			continue;
 		}
 		int cnt = 1; /* a run of tokens: their activation rows are evenly spaced */
-		while (cnt < chunk && t0 + cnt < n && (!toks || toks[t0 + cnt].logits_row >= 0))
+		while (cnt < NX_PACK_ACT_MAX && t0 + cnt < n && (!toks || toks[t0 + cnt].logits_row >= 0))
 			cnt++;
-		const int na = parts * cnt;
-		const uint8_t *q = a.data + (size_t)t0 * a.stride;
-		const size_t i0 = (size_t)parts * t0 * nb;
-		const struct nx_pack_act pa = {q, rs, a.pd + i0, a.ps + i0, a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL};
+		const size_t i0 = (size_t)t0 * nb;
+		const struct nx_pack_act pa = {a.data + (size_t)t0 * a.stride, a.stride, a.lo, a.pd + i0, a.ps + i0,
+					       a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL};
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
-			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, na, out, w->n_in);
+			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, cnt, out, w->n_in);
 			for (int t = 0; t < cnt; t++) {
 				float *yr = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r;
-				const float *o = out + (size_t)parts * t * NX_PACK_ROWS;
-				float d[NX_PACK_ROWS];
-				for (int k = 0; k < NX_PACK_ROWS; k++)
-					d[k] = parts == 2 ? o[k] + o[NX_PACK_ROWS + k] : o[k];
-				mm_epilogue(op, yr, d, bias ? bias + r : NULL, NX_PACK_ROWS);
+				mm_epilogue(op, yr, out + (size_t)t * NX_PACK_ROWS, bias ? bias + r : NULL, NX_PACK_ROWS);
 			}
 		}
 		t0 += cnt;

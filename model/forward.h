@@ -105,11 +105,11 @@ struct nx_scratch {
 	void *xq;       /* (max_batch, xq_stride bytes) activations quantized to the weight's vec_dot_type,
 			 * two rows per token (hi and lo parts, see forward.c: prep_act) */
 	size_t xq_stride; /* bytes of xq per token: room for max(dim, n_ff, q_dim) floats, 64-aligned */
-	/* (max_batch * 2, max(dim, n_ff, q_dim) / 32) when xq holds Q8_0 rows: their per-block side
-	 * values for the packed kernels (kern/pack.h: nx_pack_act_prep), token t's hi row 2t, lo 2t + 1 */
+	/* (max_batch, max(dim, n_ff, q_dim) / 32) when xq holds two-part Q8_0 rows: each token's
+	 * per-block side values for the packed kernels (kern/pack.h: nx_pack_act_prep) */
 	float *xq_d, *xq_s;
 	int32_t *xq_c;
-	int32_t *xq_c16; /* (max_batch * 2, 2 * max(...) / 32): per-16 sums for q6_k (nx_pack_act_prep_c16),
+	int32_t *xq_c16; /* (max_batch, 2 * max(...) / 32): per-16 offsets for q6_k (nx_pack_act_prep_c16),
 			  * filled when a packed q6_k matrix first reads the current xq */
 	bool xq_c16_ok;
 	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo

@@ -544,16 +544,74 @@ static void fill_act2_case(float *x, int64_t n, int blk, int kind)
 	}
 }
 
-/* What quant2 replaces: quant, dequant, subtract, quant with table tr's kernels. */
-static void compose2(const struct nx_type_traits *tr, const float *x, uint8_t *hi, uint8_t *lo, int64_t n)
+/* roundf(y) as a stored Q8_0 level (NaN: 0). */
+static int8_t level8(float y)
+{
+	const float q = roundf(y);
+	return (int8_t)(q >= 127.0f ? 127 : q <= -128.0f ? -128 : q == q ? q : 0);
+}
+
+/* quant2's definition (kern/quant.h), with table tr's quant and dequant.
+ * Q8_K: quant, dequant, subtract, quant. Q8_0, block by block: hi = quant(x)
+ * where amax / 127 >= 2^-7, else the levels of x at that scale rounded up to a
+ * multiple of 2^-17; lo = the levels of x - dequant(hi) at hi's scale / 128. */
+static void compose2(const struct nx_type_traits *tr, enum nx_type t, const float *x, uint8_t *hi, uint8_t *lo,
+		     int64_t n)
 {
 	float *r = xmalloc((size_t)n * sizeof(float));
 	tr->quant(x, hi, n);
-	tr->dequant(hi, r, n);
-	for (int64_t i = 0; i < n; i++)
-		r[i] = x[i] - r[i];
-	tr->quant(r, lo, n);
+	if (t == NX_Q8_0) {
+		struct nx_block_q8_0 *h = (void *)hi, *l = (void *)lo;
+		for (int64_t b = 0; b < n / QK8_0; b++) {
+			const float *xb = x + b * QK8_0;
+			float amax = 0;
+			for (int j = 0; j < QK8_0; j++)
+				amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+			const float d = amax / 127;
+			if (d < 0x1p-7f) {
+				const float ds = ceilf(d * 0x1p17f) * 0x1p-17f;
+				h[b].d = nx_f32_to_f16(ds);
+				for (int j = 0; j < QK8_0; j++)
+					h[b].qs[j] = level8(xb[j] * (ds ? 1.0f / ds : 0.0f));
+			}
+			const float dh = nx_f16_to_f32(h[b].d);
+			memset(&l[b], 0, sizeof(l[b]));
+			if (!isfinite(dh))
+				continue;
+			const float dl = dh / 128;
+			l[b].d = nx_f32_to_f16(dl);
+			for (int j = 0; j < QK8_0; j++)
+				l[b].qs[j] = level8((xb[j] - h[b].qs[j] * dh) * (dl ? 1.0f / dl : 0.0f));
+		}
+	} else {
+		tr->dequant(hi, r, n);
+		for (int64_t i = 0; i < n; i++)
+			r[i] = x[i] - r[i];
+		tr->quant(r, lo, n);
+	}
 	free(r);
+}
+
+/* What the Q8_0 parts are for: lo's scale is hi's / 128 exactly, and hi + lo is
+ * x to within half of lo's step, wherever hi's scale and x are finite. */
+static void check_q8_0_parts(const char *what, const float *x, const uint8_t *hi, const uint8_t *lo, int64_t n,
+			     int kind)
+{
+	const struct nx_block_q8_0 *h = (const void *)hi, *l = (const void *)lo;
+	for (int64_t b = 0; b < n / QK8_0; b++) {
+		const float dh = nx_f16_to_f32(h[b].d), dl = nx_f16_to_f32(l[b].d);
+		if (!isfinite(dh))
+			continue;
+		if (dl != dh / 128)
+			fail_msg("%s q8_0, case %d: block %lld: lo's scale %g is not hi's %g / 128", what, kind,
+				 (long long)b, dl, dh);
+		for (int j = 0; j < QK8_0; j++) {
+			const double xv = x[b * QK8_0 + j], got = (double)h[b].qs[j] * dh + (double)l[b].qs[j] * dl;
+			if (isfinite(xv) && fabs(got - xv) > 0.5001 * dl)
+				fail_msg("%s q8_0, case %d: element %lld: hi + lo = %.9g, x = %.9g, lo's step %g", what,
+					 kind, (long long)(b * QK8_0 + j), got, xv, dl);
+		}
+	}
 }
 
 /* lo's blocks against the composition's; where hi's f16 scale overflowed, lo must be a zero block. */
@@ -592,8 +650,9 @@ static void check_bytes(const char *what, enum nx_type t, const char *part, cons
 				 kind, i, i / nx_type_ref(t)->type_size, got[i], want[i]);
 }
 
-/* quant2, the set's and the reference's, against each other (all bytes) and
- * against the composition it replaces, with the set's and the reference's kernels. */
+/* quant2, the set's and the reference's, against each other (all bytes), against
+ * its definition with the set's and the reference's kernels, and (Q8_0) what its
+ * parts promise. */
 static void test_quant2(void **state)
 {
 	const struct kset *ks = get_set(state);
@@ -624,12 +683,16 @@ static void test_quant2(void **state)
 				ref->quant2(x, rhi, rlo, n);
 				check_bytes(ks->name, t, "quant2 hi", hi, rhi, bytes, kind);
 				check_bytes(ks->name, t, "quant2 lo", lo, rlo, bytes, kind);
-				compose2(ref, x, chi, clo, n);
+				compose2(ref, t, x, chi, clo, n);
 				check_bytes("ref", t, "quant2 hi", rhi, chi, bytes, kind);
 				overflowed += check_lo("ref", t, rhi, rlo, clo, n, kind);
-				compose2(&tab[t], x, chi, clo, n);
+				if (t == NX_Q8_0)
+					check_q8_0_parts("ref", x, rhi, rlo, n, kind);
+				compose2(&tab[t], t, x, chi, clo, n);
 				check_bytes(ks->name, t, "quant2 hi", hi, chi, bytes, kind);
 				check_lo(ks->name, t, hi, lo, clo, n, kind);
+				if (t == NX_Q8_0)
+					check_q8_0_parts(ks->name, x, hi, lo, n, kind);
 				for (size_t b = 0; b < bytes / ref->type_size; b++) {
 					const uint8_t *l = lo + b * ref->type_size;
 					size_t z = 0;
@@ -700,7 +763,7 @@ static void test_rmsnorm(void **state)
 	}
 }
 
-/* nx_pack_act_prep_rows bit-identical to nx_pack_act_prep row by row: random
+/* nx_pack_act_prep_tokens bit-identical to nx_pack_act_prep token by token: random
  * levels (-128 too), scales of every kind (0, subnormal, inf, negative). */
 static void test_pack_act_rows(void **state)
 {
@@ -708,25 +771,29 @@ static void test_pack_act_rows(void **state)
 	static const nx_f16 odd[] = { 0x0000, 0x8000, 0x0001, 0x03ff, 0x7c00, 0xfc00, 0x7bff, 0x3c00 };
 	for (int rep = 0; rep < 50; rep++) {
 		const int64_t n = 32 * (1 + (int64_t)(rng_next() % 50));
-		const int rows = 1 + (int)(rng_next() % 4), nb = (int)(n / 32);
-		const size_t rs = (size_t)nx_row_size(NX_Q8_0, n), stride = rs + 34 * (rng_next() % 3);
-		uint8_t *q = xmalloc(stride * (size_t)rows);
-		for (int i = 0; i < rows; i++) {
-			uint8_t *row = q + (size_t)i * stride;
-			randomize_blocks(NX_Q8_0, row, n);
-			for (int b = 0; b < nb; b++)
-				if (rng_next() % 4 == 0)
-					memcpy(row + 34 * b, &odd[rng_next() % 8], 2);
+		const int toks = 1 + (int)(rng_next() % 4), nb = (int)(n / 32);
+		const size_t rs = (size_t)nx_row_size(NX_Q8_0, n), lo = rs + 34 * (rng_next() % 2);
+		const size_t stride = lo + rs + 34 * (rng_next() % 3);
+		uint8_t *q = xmalloc(stride * (size_t)toks);
+		for (int i = 0; i < toks; i++)
+			for (int part = 0; part < 2; part++) {
+				uint8_t *row = q + (size_t)i * stride + (part ? lo : 0);
+				randomize_blocks(NX_Q8_0, row, n);
+				for (int b = 0; b < nb; b++)
+					if (rng_next() % 4 == 0)
+						memcpy(row + 34 * b, &odd[rng_next() % 8], 2);
+			}
+		float *d = xmalloc(4 * sizeof(float) * (size_t)toks * nb), *s = d + toks * nb;
+		float *rd = s + toks * nb, *rsum = rd + toks * nb;
+		int32_t *c = xmalloc(2 * sizeof(int32_t) * (size_t)toks * nb), *rc = c + toks * nb;
+		nx_pack_act_prep_tokens(q, stride, lo, toks, n, d, s, c);
+		for (int i = 0; i < toks; i++) {
+			const uint8_t *hi = q + (size_t)i * stride;
+			nx_pack_act_prep(hi, hi + lo, n, rd + i * nb, rsum + i * nb, rc + i * nb);
 		}
-		float *d = xmalloc(4 * sizeof(float) * (size_t)rows * nb), *s = d + rows * nb;
-		float *rd = s + rows * nb, *rsum = rd + rows * nb;
-		int32_t *c = xmalloc(2 * sizeof(int32_t) * (size_t)rows * nb), *rc = c + rows * nb;
-		nx_pack_act_prep_rows(q, stride, rows, n, d, s, c);
-		for (int i = 0; i < rows; i++)
-			nx_pack_act_prep(q + (size_t)i * stride, n, rd + i * nb, rsum + i * nb, rc + i * nb);
-		if (memcmp(d, rd, sizeof(float) * (size_t)rows * nb) || memcmp(c, rc, sizeof(int32_t) * (size_t)rows * nb) ||
-		    memcmp(s, rsum, sizeof(float) * (size_t)rows * nb))
-			fail_msg("nx_pack_act_prep_rows differs from nx_pack_act_prep (n=%lld, rows %d)", (long long)n, rows);
+		if (memcmp(d, rd, sizeof(float) * (size_t)toks * nb) || memcmp(c, rc, sizeof(int32_t) * (size_t)toks * nb) ||
+		    memcmp(s, rsum, sizeof(float) * (size_t)toks * nb))
+			fail_msg("nx_pack_act_prep_tokens differs from nx_pack_act_prep (n=%lld, tokens %d)", (long long)n, toks);
 		free(q);
 		free(d);
 		free(c);

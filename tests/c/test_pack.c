@@ -1,8 +1,8 @@
 /* test_pack.c - packed weight layouts (kern/pack.h): pack/unpack round trip, the
  * SIMD tile kernels bit-identical to the packed reference whatever the number
- * of activation rows per call, and the packed reference within a float-summation
- * bound of the plain GGUF reference dot (same bound as test_kern_simd.c:
- * 1e-5 x the sum of the addends' magnitudes). */
+ * of tokens per call, and the packed reference on two-part activations within a
+ * float-summation bound of the plain GGUF reference dots of the two parts (same
+ * bound as test_kern_simd.c: 1e-5 x the sum of the addends' magnitudes). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -67,12 +67,14 @@ static void mat_free(struct mat *m)
 	free(m->deq);
 }
 
-/* n Q8_0 activation rows of n_in elements, with their side values. */
+/* n tokens' two-part Q8_0 activations of n_in elements (kern/quant.h: quant2),
+ * token i's hi row at q + i * stride and lo row rs bytes further, with their
+ * side values; deq: hi + lo as floats. */
 struct acts {
 	uint8_t *q;
 	float *deq, *d, *s;
 	int32_t *c;
-	size_t stride;
+	size_t stride, rs;
 	int64_t nb;
 	struct nx_pack_act a;
 };
@@ -80,23 +82,29 @@ struct acts {
 static void acts_make(struct acts *x, int n, int64_t n_in)
 {
 	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
-	x->stride = (size_t)nx_row_size(NX_Q8_0, n_in);
+	x->rs = (size_t)nx_row_size(NX_Q8_0, n_in);
+	x->stride = 2 * x->rs;
 	x->nb = n_in / 32;
 	x->q = malloc(x->stride * n);
 	x->deq = malloc(sizeof(float) * n_in * n);
 	x->d = malloc(sizeof(float) * x->nb * n);
 	x->s = malloc(sizeof(float) * x->nb * n);
 	x->c = malloc(sizeof(int32_t) * x->nb * n);
-	float *f = malloc(sizeof(float) * n_in);
+	float *f = malloc(sizeof(float) * n_in), *lo = malloc(sizeof(float) * n_in);
 	for (int i = 0; i < n; i++) {
+		uint8_t *hi = x->q + i * x->stride;
 		for (int64_t k = 0; k < n_in; k++)
-			f[k] = frand() * (1 + (k % 13 == 0) * 20);
-		q8->quant(f, x->q + i * x->stride, n_in);
-		q8->dequant(x->q + i * x->stride, x->deq + i * n_in, n_in);
-		nx_pack_act_prep(x->q + i * x->stride, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
+			f[k] = frand() * (1 + (k % 13 == 0) * 20) * (k % 64 < 32 ? 1 : 0.003f); /* some blocks below 2^-7 * 127 */
+		q8->quant2(f, hi, hi + x->rs, n_in);
+		q8->dequant(hi, x->deq + i * n_in, n_in);
+		q8->dequant(hi + x->rs, lo, n_in);
+		for (int64_t k = 0; k < n_in; k++)
+			x->deq[i * n_in + k] += lo[k];
+		nx_pack_act_prep(hi, hi + x->rs, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
 	}
 	free(f);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->d, x->s, x->c, x->nb, NULL};
+	free(lo);
+	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, NULL};
 }
 
 static void acts_free(struct acts *x)
@@ -108,7 +116,7 @@ static void acts_free(struct acts *x)
 	free(x->c);
 }
 
-/* The activation rows from i0 on, as a kernel call sees them. */
+/* The tokens from i0 on, as a kernel call sees them. */
 static struct nx_pack_act acts_from(const struct acts *x, int i0)
 {
 	struct nx_pack_act a = x->a;
@@ -159,7 +167,7 @@ static void test_ref_vs_plain(void **state)
 		for (size_t li = 0; li < N_LENS; li++) {
 			struct mat m;
 			struct acts x;
-			const int n_act = 5;
+			const int n_act = NX_PACK_ACT_MAX;
 			mat_make(&m, types[ti], 32, lens[li]);
 			acts_make(&x, n_act, lens[li]);
 			const struct nx_type_traits *tr = nx_type_ref(m.t);
@@ -169,7 +177,9 @@ static void test_ref_vs_plain(void **state)
 				for (int i = 0; i < n_act; i++)
 					for (int r = 0; r < 16; r++) {
 						const int row = g * 16 + r;
-						float want = tr->dot(m.plain + row * m.row_bytes, x.q + i * x.stride, m.n_in);
+						/* the plain path: dot(w, hi) + dot(w, lo) */
+						const uint8_t *w = m.plain + row * m.row_bytes, *hi = x.q + i * x.stride;
+						const double want = (double)tr->dot(w, hi, m.n_in) + tr->dot(w, hi + x.rs, m.n_in);
 						double mag = 0;
 						for (int64_t k = 0; k < m.n_in; k++)
 							mag += fabs((double)m.deq[row * m.n_in + k] * x.deq[i * m.n_in + k]);
@@ -177,7 +187,7 @@ static void test_ref_vs_plain(void **state)
 						for (int64_t k = 0; k < m.n_in; k++)
 							mag += fabs((double)block_min(m.t, m.plain + row * m.row_bytes, k) *
 								    x.deq[i * m.n_in + k]);
-						double err = fabs((double)out[i * 16 + r] - want);
+						const double err = fabs((double)out[i * 16 + r] - want);
 						if (err > 1e-5 * mag + 1e-30) {
 							print_error("%s n_in %lld row %d act %d: packed %.9g plain %.9g (bound %.3g)\n",
 								    nx_type_name(m.t), (long long)m.n_in, row, i, out[i * 16 + r],
@@ -204,7 +214,7 @@ static void test_every_layout_fast(void **state)
 }
 
 /* The engine's kernel against the packed reference, bit for bit, for every
- * count of activation rows per call and every starting row. */
+ * count of tokens per call and several starting tokens. */
 static void test_kernel_exact(void **state)
 {
 	(void)state;

@@ -1,8 +1,8 @@
 /* test_pack_k.c - the k-quants' packed layouts (kern/pack.h, kern/pack_k.c): pack/unpack
  * round trip, the packed reference within a float-summation bound of the exact
- * dot of the plain rows' dequantized values with the Q8_0 activations, and the
- * SIMD tile kernels bit-identical to the packed reference for every number of
- * activation rows per call. Weights come from the quantizer and from random
+ * dot of the plain rows' dequantized values with the two-part Q8_0 activations,
+ * and the SIMD tile kernels bit-identical to the packed reference for every
+ * number of tokens per call. Weights come from the quantizer and from random
  * block bytes (every scale and quant pattern, activations down to -128). */
 #include <math.h>
 #include <setjmp.h>
@@ -114,12 +114,14 @@ static void mat_free(struct mat *m)
 	free(m->mins);
 }
 
-/* n Q8_0 activation rows of n_in elements with their side values. */
+/* n tokens' two-part Q8_0 activations of n_in elements, token i's hi row at
+ * q + i * stride and lo row rs bytes further, with their side values; deq: hi +
+ * lo as floats. */
 struct acts {
 	uint8_t *q;
 	float *deq, *d, *s;
 	int32_t *c, *c16;
-	size_t stride;
+	size_t stride, rs;
 	int64_t nb;
 	struct nx_pack_act a;
 };
@@ -127,7 +129,8 @@ struct acts {
 static void acts_make(struct acts *x, int n, int64_t n_in, bool random_bytes)
 {
 	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
-	x->stride = (size_t)nx_row_size(NX_Q8_0, n_in);
+	x->rs = (size_t)nx_row_size(NX_Q8_0, n_in);
+	x->stride = 2 * x->rs;
 	x->nb = n_in / 32;
 	x->q = malloc(x->stride * n);
 	x->deq = malloc(sizeof(float) * n_in * n);
@@ -135,27 +138,35 @@ static void acts_make(struct acts *x, int n, int64_t n_in, bool random_bytes)
 	x->s = malloc(sizeof(float) * x->nb * n);
 	x->c = malloc(sizeof(int32_t) * x->nb * n);
 	x->c16 = malloc(sizeof(int32_t) * 2 * x->nb * n);
-	float *f = malloc(sizeof(float) * n_in);
+	float *f = malloc(sizeof(float) * n_in), *lo = malloc(sizeof(float) * n_in);
 	for (int i = 0; i < n; i++) {
-		uint8_t *row = x->q + i * x->stride;
-		if (random_bytes) { /* q down to -128, which the quantizer never writes */
+		uint8_t *hi = x->q + i * x->stride;
+		if (random_bytes) { /* both parts' q down to -128, which quant2 never writes */
 			for (int64_t b = 0; b < x->nb; b++) {
-				struct nx_block_q8_0 *blk = (struct nx_block_q8_0 *)row + b;
-				blk->d = nx_f32_to_f16(0.01f + fabsf(frand()));
-				for (int k = 0; k < 32; k++)
-					blk->qs[k] = (int8_t)(k % 7 == 0 ? -128 : (int)(next() & 255) - 128);
+				struct nx_block_q8_0 *hb = (struct nx_block_q8_0 *)hi + b;
+				struct nx_block_q8_0 *lb = (struct nx_block_q8_0 *)(hi + x->rs) + b;
+				hb->d = nx_f32_to_f16(0.01f + fabsf(frand()));
+				lb->d = nx_f32_to_f16(nx_f16_to_f32(hb->d) / 128); /* exact: lo's scale is hi's / 128 */
+				for (int k = 0; k < 32; k++) {
+					hb->qs[k] = (int8_t)(k % 7 == 0 ? -128 : (int)(next() & 255) - 128);
+					lb->qs[k] = (int8_t)(k % 5 == 0 ? -128 : (int)(next() & 255) - 128);
+				}
 			}
 		} else {
 			for (int64_t k = 0; k < n_in; k++)
 				f[k] = frand() * (1 + (k % 13 == 0) * 20);
-			q8->quant(f, row, n_in);
+			q8->quant2(f, hi, hi + x->rs, n_in);
 		}
-		q8->dequant(row, x->deq + i * n_in, n_in);
-		nx_pack_act_prep(row, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
-		nx_pack_act_prep_c16(row, n_in, x->c16 + 2 * i * x->nb);
+		q8->dequant(hi, x->deq + i * n_in, n_in);
+		q8->dequant(hi + x->rs, lo, n_in);
+		for (int64_t k = 0; k < n_in; k++)
+			x->deq[i * n_in + k] += lo[k];
+		nx_pack_act_prep(hi, hi + x->rs, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
+		nx_pack_act_prep_c16(hi, hi + x->rs, n_in, x->c16 + 2 * i * x->nb);
 	}
 	free(f);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->d, x->s, x->c, x->nb, x->c16};
+	free(lo);
+	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, x->c16};
 }
 
 static void acts_free(struct acts *x)
@@ -168,7 +179,7 @@ static void acts_free(struct acts *x)
 	free(x->c16);
 }
 
-/* The activation rows from i0 on, as a kernel call sees them. */
+/* The tokens from i0 on, as a kernel call sees them. */
 static struct nx_pack_act acts_from(const struct acts *x, int i0)
 {
 	struct nx_pack_act a = x->a;
@@ -223,7 +234,7 @@ static void test_ref_vs_plain(void **state)
 			for (int rnd = 0; rnd < 2; rnd++) {
 				struct mat m;
 				struct acts x;
-				const int n_act = 5;
+				const int n_act = NX_PACK_ACT_MAX;
 				mat_make(&m, types[ti], 32, lens[li], rnd);
 				acts_make(&x, n_act, lens[li], rnd);
 				float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
@@ -253,7 +264,7 @@ static void test_ref_vs_plain(void **state)
 }
 
 /* The engine's kernel against the packed reference, bit for bit, for every
- * count of activation rows per call (1..8) and several starting rows. */
+ * count of tokens per call (1..NX_PACK_ACT_MAX) and several starting tokens. */
 static void test_kernel_exact(void **state)
 {
 	(void)state;

@@ -10,7 +10,8 @@ design stores them in a narrower format - the input of every matmul with a
 quantized weight to that weight's activation type (Q8_0 for the 32-blocks,
 Q8_K for the k-quants: GGUF's block formats; Q8_0 for a k-quant matrix the
 engine packs for its tile kernels, named in `packed`), in two parts as the engine does
-(hi = Q(x), lo = Q(x - hi) in float32; the matmul sees hi + lo), and K/V to
+(hi = Q(x), lo = x - hi in float32 in finer levels: Q8_K's own, Q8_0's at hi's
+scale / 128; the matmul sees hi + lo), and K/V to
 f16 - so the remaining difference to the engine is float32 arithmetic only,
 and a tight tolerance can catch small mistakes that the rounding noise would
 hide.
@@ -40,6 +41,30 @@ def round_q8_k(x):
     q = np.minimum(127, np.rint(b * iscale[:, None]))
     d = np.where(iscale != 0, np.float32(1) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
     return (q * d[:, None]).astype(np.float32).astype(np.float64).reshape(np.shape(x))
+
+
+def _levels(v):
+    """roundf(v) (ties away from zero) of float32 v, clamped as a stored int8 level; exact in float64."""
+    v = np.asarray(v, dtype=np.float32).astype(np.float64)
+    return np.clip(np.trunc(v + np.copysign(0.5, v)), -128, 127)
+
+
+def round_q8_0_two_part(x):
+    """x (..., n) through the engine's two-part Q8_0 activation (kern/quant.h, quant2) and back: per
+    32-block, hi = Q8_0(x) except that a scale d = amax / 127 below 2^-7 is rounded up to a multiple
+    of 2^-17; lo = x - hi (in float32) in levels of hi's f16 scale / 128. Returns hi + lo. Finite x."""
+    b = np.asarray(x, dtype=np.float32).reshape(-1, 32)
+    d = (np.abs(b).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    small = d < np.float32(2.0 ** -7)
+    d = np.where(small, np.ceil(d * np.float32(2.0 ** 17)) * np.float32(2.0 ** -17), d).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = lambda s: np.where(s == 0, np.float32(0), np.float32(1) / s).astype(np.float32)  # noqa: E731
+        qh = _levels(b * inv(d))
+        dh = d.astype(np.float16).astype(np.float32)
+        r = b - (qh.astype(np.float32) * dh)  # the product is exact (8-bit level, 11-bit scale)
+        dl = dh / np.float32(128)
+        ql = _levels(r * inv(dl))
+    return (qh * dh.astype(np.float64) + ql * dl.astype(np.float64)).reshape(np.shape(x))
 
 
 def round_hi_lo(x, rnd):
@@ -90,7 +115,7 @@ class Reference:
         if self.emulate:
             ty = self.types[name]
             if ty in _Q8_0_ACT or name in self.packed:
-                x = round_hi_lo(x, round_q8_0)
+                x = round_q8_0_two_part(x)
             elif ty in _Q8_K_ACT:
                 x = round_hi_lo(x, round_q8_k)
         return x @ self._w(name).T

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference import Reference, round_hi_lo, round_q8_0  # noqa: E402
+from reference import Reference, round_hi_lo, round_q8_0, round_q8_0_two_part  # noqa: E402
 from test_real_model import TEXT_IDS  # noqa: E402
 
 OPS = ("qkv", "wo", "gu", "down", "head")
@@ -77,7 +77,8 @@ FORMATS = {
     "q12_32f": lambda x: round_blocks(x, 32, 2047),              # 12 bits per 32, f32 scale
     "q16_32": lambda x: round_blocks(x, 32, 32767, np.float16),  # int16 per 32, f16 scale
     "q16_32f": lambda x: round_blocks(x, 32, 32767),             # int16 per 32, f32 scale
-    "q8_0x2": lambda x: round_hi_lo(x, round_q8_0),              # hi = Q8_0(x), lo = Q8_0(x - hi) (the engine now)
+    "q8_0x2": lambda x: round_hi_lo(x, round_q8_0),              # hi = Q8_0(x), lo = Q8_0(x - hi) (the engine before)
+    "q8_0t": round_q8_0_two_part,                                # lo in steps of hi's scale / 128 (the engine now)
     "f16": lambda x: np.asarray(x).astype(np.float16).astype(np.float64),
     "f32": lambda x: np.asarray(x).astype(np.float32).astype(np.float64),
 }
@@ -148,7 +149,7 @@ def configs():
     out.append(("all q8_0 + f16 kv, qkv gu head q16_32f", {**one, "qkv": "q16_32f", "gu": "q16_32f",
                                                             "head": "q16_32f"}, True))
     out += [(f"all {f} + f16 kv", {op: f for op in OPS}, True)
-            for f in ("q8_32f", "q8_16f", "q8_8f", "q10_32f", "q12_32f", "q16_32", "q16_32f", "q8_0x2")]
+            for f in ("q8_32f", "q8_16f", "q8_8f", "q10_32f", "q12_32f", "q16_32", "q16_32f", "q8_0x2", "q8_0t")]
     return out
 
 
