@@ -1,4 +1,5 @@
-/* attn.h - attention of one query head over an f16 K/V cache, vectorized (AVX-512), for the forward pass. */
+/* attn.h - attention of the query heads of one kv head over an f16 K/V cache, vectorized (AVX-512), for the
+ * forward pass. */
 #ifndef NX_ATTN_H
 #define NX_ATTN_H
 
@@ -11,10 +12,19 @@
  * multiple of 16); NX_KERN=ref or avx2: false. */
 bool nx_attn_fast(int hd);
 
-/* out[0..hd) = sum_j p_j v_j with p = softmax(scale * q . k_j) over j < n, keys
- * at kc + j * ld and values at vc + j * ld (f16). att: n floats of scratch.
- * Deterministic for given inputs (no dependence on anything but them). */
-void nx_attend_f16(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld, int hd,
-		   float scale, float *att);
+/* Heads of one kv head that nx_attend_f16 takes in one pass over K and V at hd
+ * dims (more take further passes): what a caller should group by. Depends on hd
+ * only, not on the CPU, so buffers sized by it are the same everywhere. */
+int nx_attn_group(int hd);
+
+/* n_q query heads sharing one kv head: for each head i < n_q,
+ * out_i = sum_j p_j v_j with p = softmax(scale * q_i . k_j) over j < n, where
+ * q_i = q + i * hd and out_i = out + i * hd (n_q x hd floats each), keys at
+ * kc + j * ld and values at vc + j * ld (f16). att: scratch of
+ * min(n_q, nx_attn_group(hd)) * n floats.
+ * Each head's output is bit-identical whatever n_q and the other heads are,
+ * and deterministic for given inputs (no dependence on anything but them). */
+void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
+		   int hd, float scale, float *att);
 
 #endif

@@ -1,4 +1,5 @@
-/* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers, a vector exp for the softmax. */
+/* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers once for
+ * the query heads of a group, a vector exp for the softmax. */
 #include "kern/attn.h"
 
 #include <immintrin.h>
@@ -60,96 +61,191 @@ INL __m512 ld16(const nx_f16 *p)
 	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* Most heads attend() takes in one pass over K/V (nx_attn_group). At hd 64 their
+ * q, score and output accumulators and the keys in flight fit the 32 vector
+ * registers (12 q + 12 scores + 4 keys; 24 outputs + 6 weights + 2 values). 4
+ * heads measured no faster: the FMAs, not the conversions, bound it by then.
+ * (The loops over heads below say `#pragma GCC unroll 3` to match.) */
+#define GMAX 3
+
+/* Heads g < G of one kv head: q and out at + g * hd, scores at att + g * n.
+ * Each K and V chunk is loaded and converted once and used by every head; each
+ * head's own arithmetic is the same operations in the same order as with G = 1,
+ * so its output does not depend on G or on the other heads. */
 INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld, const int hd,
-		float scale, float *att)
+		const int G, float scale, float *att)
 {
 	const int nc = hd / 16;
-	__m512 qv[16];
-	for (int c = 0; c < nc; c++)
-		qv[c] = _mm512_mul_ps(_mm512_loadu_ps(q + 16 * c), _mm512_set1_ps(scale));
+	/* zeros: only so that at a generic hd (nc not known) GCC sees no unset elements */
+	__m512 qv[GMAX][16] = {0};
+#pragma GCC unroll 3
+	for (int g = 0; g < G; g++)
+#pragma GCC unroll 16
+		for (int c = 0; c < nc; c++)
+			qv[g][c] = _mm512_mul_ps(_mm512_loadu_ps(q + g * hd + 16 * c), _mm512_set1_ps(scale));
 
 	/* scores, 4 keys at a time so their sums reduce together */
-	__m512 mxv = _mm512_set1_ps(-INFINITY);
+	__m512 mxv[GMAX];
+#pragma GCC unroll 3
+	for (int g = 0; g < G; g++)
+		mxv[g] = _mm512_set1_ps(-INFINITY);
 	int j = 0;
 	for (; j + 4 <= n; j += 4) {
-		__m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+		__m512 s[GMAX][4];
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++)
+			s[g][0] = s[g][1] = s[g][2] = s[g][3] = _mm512_setzero_ps();
 		const nx_f16 *k0 = kc + (size_t)j * ld;
+#pragma GCC unroll 16
 		for (int c = 0; c < nc; c++) {
-			s0 = _mm512_fmadd_ps(qv[c], ld16(k0 + 16 * c), s0);
-			s1 = _mm512_fmadd_ps(qv[c], ld16(k0 + ld + 16 * c), s1);
-			s2 = _mm512_fmadd_ps(qv[c], ld16(k0 + 2 * ld + 16 * c), s2);
-			s3 = _mm512_fmadd_ps(qv[c], ld16(k0 + 3 * ld + 16 * c), s3);
+			const __m512 x0 = ld16(k0 + 16 * c), x1 = ld16(k0 + ld + 16 * c);
+			const __m512 x2 = ld16(k0 + 2 * ld + 16 * c), x3 = ld16(k0 + 3 * ld + 16 * c);
+#pragma GCC unroll 3
+			for (int g = 0; g < G; g++) {
+				s[g][0] = _mm512_fmadd_ps(qv[g][c], x0, s[g][0]);
+				s[g][1] = _mm512_fmadd_ps(qv[g][c], x1, s[g][1]);
+				s[g][2] = _mm512_fmadd_ps(qv[g][c], x2, s[g][2]);
+				s[g][3] = _mm512_fmadd_ps(qv[g][c], x3, s[g][3]);
+			}
 		}
-		/* 4 x 16 lanes -> 4 sums: halve twice within pairs, then finish per key */
-		const __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(s0, s1, 0x44), _mm512_shuffle_f32x4(s0, s1, 0xee));
-		const __m512 a23 = _mm512_add_ps(_mm512_shuffle_f32x4(s2, s3, 0x44), _mm512_shuffle_f32x4(s2, s3, 0xee));
-		/* a01 = [s0 lo256+hi256 | s1 lo256+hi256], a23 likewise */
-		const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(a01, a23, 0x88), _mm512_shuffle_f32x4(a01, a23, 0xdd));
-		/* b = 4 x 128-bit: s0, s1, s2, s3 partials (4 lanes each) */
-		const __m512 c1 = _mm512_add_ps(b, _mm512_permute_ps(b, 0x4e));
-		const __m512 c2 = _mm512_add_ps(c1, _mm512_permute_ps(c1, 0xb1));
-		/* lane 0 of each 128-bit lane holds a key's score */
-		const __m128 sc = _mm512_castps512_ps128(
-			_mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c2));
-		_mm_storeu_ps(att + j, sc);
-		mxv = _mm512_max_ps(mxv, _mm512_castps128_ps512(sc));
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++) {
+			/* 4 x 16 lanes -> 4 sums: halve twice within pairs, then finish per key */
+			const __m512 a01 = _mm512_add_ps(_mm512_shuffle_f32x4(s[g][0], s[g][1], 0x44),
+							 _mm512_shuffle_f32x4(s[g][0], s[g][1], 0xee));
+			const __m512 a23 = _mm512_add_ps(_mm512_shuffle_f32x4(s[g][2], s[g][3], 0x44),
+							 _mm512_shuffle_f32x4(s[g][2], s[g][3], 0xee));
+			/* a01 = [s0 lo256+hi256 | s1 lo256+hi256], a23 likewise */
+			const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(a01, a23, 0x88),
+						       _mm512_shuffle_f32x4(a01, a23, 0xdd));
+			/* b = 4 x 128-bit: s0, s1, s2, s3 partials (4 lanes each) */
+			const __m512 c1 = _mm512_add_ps(b, _mm512_permute_ps(b, 0x4e));
+			const __m512 c2 = _mm512_add_ps(c1, _mm512_permute_ps(c1, 0xb1));
+			/* lane 0 of each 128-bit lane holds a key's score */
+			const __m128 sc = _mm512_castps512_ps128(_mm512_permutexvar_ps(
+				_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), c2));
+			_mm_storeu_ps(att + (size_t)g * n + j, sc);
+			mxv[g] = _mm512_max_ps(mxv[g], _mm512_castps128_ps512(sc));
+		}
 	}
-	float mx = _mm512_reduce_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), 0x000f, mxv));
+	float mx[GMAX];
+#pragma GCC unroll 3
+	for (int g = 0; g < G; g++)
+		mx[g] = _mm512_reduce_max_ps(_mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), 0x000f, mxv[g]));
 	for (; j < n; j++) {
-		__m512 s = _mm512_setzero_ps();
-		for (int c = 0; c < nc; c++)
-			s = _mm512_fmadd_ps(qv[c], ld16(kc + (size_t)j * ld + 16 * c), s);
-		att[j] = _mm512_reduce_add_ps(s);
-		if (att[j] > mx)
-			mx = att[j];
-	}
-
-	/* p_j = e^(s_j - max), summed */
-	const __m512 mv = _mm512_set1_ps(mx);
-	__m512 sumv = _mm512_setzero_ps();
-	for (j = 0; j + 16 <= n; j += 16) {
-		const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(att + j), mv));
-		_mm512_storeu_ps(att + j, e);
-		sumv = _mm512_add_ps(sumv, e);
-	}
-	if (j < n) {
-		const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-		const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, att + j), mv));
-		_mm512_mask_storeu_ps(att + j, m, e);
-		sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
-	}
-	const float sum = _mm512_reduce_add_ps(sumv);
-
-	/* out = sum_j p_j v_j / sum, two keys at a time into two accumulator sets */
-	__m512 o0[16], o1[16];
-	for (int c = 0; c < nc; c++)
-		o0[c] = o1[c] = _mm512_setzero_ps();
-	for (j = 0; j + 2 <= n; j += 2) {
-		const __m512 p0 = _mm512_set1_ps(att[j]), p1 = _mm512_set1_ps(att[j + 1]);
-		const nx_f16 *v0 = vc + (size_t)j * ld;
+		__m512 s[GMAX];
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++)
+			s[g] = _mm512_setzero_ps();
+#pragma GCC unroll 16
 		for (int c = 0; c < nc; c++) {
-			o0[c] = _mm512_fmadd_ps(p0, ld16(v0 + 16 * c), o0[c]);
-			o1[c] = _mm512_fmadd_ps(p1, ld16(v0 + ld + 16 * c), o1[c]);
+			const __m512 x = ld16(kc + (size_t)j * ld + 16 * c);
+#pragma GCC unroll 3
+			for (int g = 0; g < G; g++)
+				s[g] = _mm512_fmadd_ps(qv[g][c], x, s[g]);
+		}
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++) {
+			float *a = att + (size_t)g * n;
+			a[j] = _mm512_reduce_add_ps(s[g]);
+			if (a[j] > mx[g])
+				mx[g] = a[j];
 		}
 	}
-	if (j < n) {
-		const __m512 p0 = _mm512_set1_ps(att[j]);
-		for (int c = 0; c < nc; c++)
-			o0[c] = _mm512_fmadd_ps(p0, ld16(vc + (size_t)j * ld + 16 * c), o0[c]);
+
+	/* p_j = e^(s_j - max), summed; per head */
+	float sum[GMAX];
+#pragma GCC unroll 3
+	for (int g = 0; g < G; g++) {
+		float *a = att + (size_t)g * n;
+		const __m512 mv = _mm512_set1_ps(mx[g]);
+		__m512 sumv = _mm512_setzero_ps();
+		for (j = 0; j + 16 <= n; j += 16) {
+			const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(a + j), mv));
+			_mm512_storeu_ps(a + j, e);
+			sumv = _mm512_add_ps(sumv, e);
+		}
+		if (j < n) {
+			const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
+			const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + j), mv));
+			_mm512_mask_storeu_ps(a + j, m, e);
+			sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
+		}
+		sum[g] = _mm512_reduce_add_ps(sumv);
 	}
-	const __m512 inv = _mm512_set1_ps(1.0f / sum);
-	for (int c = 0; c < nc; c++)
-		_mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_add_ps(o0[c], o1[c]), inv));
+
+	/* out = sum_j p_j v_j / sum, two keys at a time into two accumulator sets;
+	 * over vb of the nc chunks at a time, so that 2 x G x vb accumulators stay in
+	 * registers (hd 128, 2 or 3 heads: two passes of 4 chunks). */
+	const int vb = 2 * G * nc <= 24 ? nc : 4;
+	for (int c0 = 0; c0 < nc; c0 += vb) {
+		__m512 o0[GMAX][16] = {0}, o1[GMAX][16] = {0};
+		const nx_f16 *vp = vc + 16 * c0;
+		for (j = 0; j + 2 <= n; j += 2) {
+			const nx_f16 *v0 = vp + (size_t)j * ld;
+#pragma GCC unroll 16
+			for (int c = 0; c < vb; c++) {
+				const __m512 x0 = ld16(v0 + 16 * c), x1 = ld16(v0 + ld + 16 * c);
+#pragma GCC unroll 3
+				for (int g = 0; g < G; g++) {
+					const float *a = att + (size_t)g * n + j;
+					o0[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(a[0]), x0, o0[g][c]);
+					o1[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(a[1]), x1, o1[g][c]);
+				}
+			}
+		}
+		if (j < n) {
+#pragma GCC unroll 16
+			for (int c = 0; c < vb; c++) {
+				const __m512 x0 = ld16(vp + (size_t)j * ld + 16 * c);
+#pragma GCC unroll 3
+				for (int g = 0; g < G; g++)
+					o0[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(att[(size_t)g * n + j]), x0, o0[g][c]);
+			}
+		}
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++) {
+			const __m512 inv = _mm512_set1_ps(1.0f / sum[g]);
+#pragma GCC unroll 16
+			for (int c = 0; c < vb; c++)
+				_mm512_storeu_ps(out + g * hd + 16 * (c0 + c),
+						 _mm512_mul_ps(_mm512_add_ps(o0[g][c], o1[g][c]), inv));
+		}
+	}
 }
 
-/* One instance per common head size, so the accumulators stay in registers. */
-TGT void nx_attend_f16(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld, int hd,
-		       float scale, float *att)
+int nx_attn_group(int hd)
 {
-	if (hd == 64)
-		attend(out, q, kc, vc, n, ld, 64, scale, att);
-	else if (hd == 128)
-		attend(out, q, kc, vc, n, ld, 128, scale, att);
-	else
-		attend(out, q, kc, vc, n, ld, hd, scale, att);
+	return hd == 64 || hd == 128 ? GMAX : 1;
+}
+
+/* One instance per common head size and group, so the accumulators stay in
+ * registers (at hd 128 and 3 heads some q chunks are read from the stack, which
+ * measured faster than 2 heads a pass). n_q heads in as few passes of up to
+ * nx_attn_group(hd) as there can be, as even as can be (7: 3, 2, 2), each
+ * reusing att. */
+TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
+		       int hd, float scale, float *att)
+{
+	const int gmax = nx_attn_group(hd), passes = (n_q + gmax - 1) / gmax;
+	for (int i = 0, h = 0; i < passes; i++) {
+		const int g = n_q / passes + (i < n_q % passes);
+		float *o = out + (size_t)h * hd;
+		const float *qh = q + (size_t)h * hd;
+		if (hd == 64 && g == 3)
+			attend(o, qh, kc, vc, n, ld, 64, 3, scale, att);
+		else if (hd == 64 && g == 2)
+			attend(o, qh, kc, vc, n, ld, 64, 2, scale, att);
+		else if (hd == 64)
+			attend(o, qh, kc, vc, n, ld, 64, 1, scale, att);
+		else if (hd == 128 && g == 3)
+			attend(o, qh, kc, vc, n, ld, 128, 3, scale, att);
+		else if (hd == 128 && g == 2)
+			attend(o, qh, kc, vc, n, ld, 128, 2, scale, att);
+		else if (hd == 128)
+			attend(o, qh, kc, vc, n, ld, 128, 1, scale, att);
+		else
+			attend(o, qh, kc, vc, n, ld, hd, 1, scale, att);
+		h += g;
+	}
 }

@@ -123,6 +123,27 @@ static size_t xq_stride(const struct nx_hparams *hp)
 	return round_up((size_t)max_in(hp) * sizeof(float), ALIGN);
 }
 
+/* Most query heads of a group that one unit of attention takes: what
+ * nx_attend_f16 does in one pass over K and V; sc->att holds their scores. */
+static int attn_chunk_max(const struct nx_hparams *hp)
+{
+	const int group = hp->n_head / hp->n_head_kv, g = nx_attn_group(hp->head_dim);
+	return group < 1 ? 1 : group < g ? group : g;
+}
+
+/* Chunks each group's query heads are cut into for attention, as even as can
+ * be: the fewest that keep each within attn_chunk_max and leave the bands at
+ * least 2 units each to balance (n tokens x n_head_kv groups x chunks), so
+ * that heads share K/V reads where there is work enough to go round. */
+static int attn_chunks(const struct nx_hparams *hp, int n, int n_bands)
+{
+	const int group = hp->n_head / hp->n_head_kv, cmax = attn_chunk_max(hp);
+	int k = (group + cmax - 1) / cmax;
+	while (k < group && (int64_t)n * hp->n_head_kv * k < 2 * n_bands)
+		k++;
+	return k;
+}
+
 static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_hparams *hp,
 			     const struct nx_state_cfg *c)
 {
@@ -130,7 +151,8 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
-	    !add_buf(&total, max_in(hp), sizeof(float)) || !add_buf(&total, (size_t)c->n_ctx, sizeof(float)) ||
+	    !add_buf(&total, max_in(hp), sizeof(float)) ||
+	    !add_buf(&total, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float)) ||
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
 		return 0;
@@ -144,7 +166,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->xq_c = take(&p, sides, sizeof(int32_t));
 		sc->xq_c16 = take(&p, 2 * sides, sizeof(int32_t));
 		sc->resid = take(&p, max_in(hp), sizeof(float));
-		sc->att = take(&p, (size_t)c->n_ctx, sizeof(float));
+		sc->att = take(&p, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
 		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
 		sc->lora_y = take(&p, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float));
@@ -773,6 +795,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const float eps = hp->norm_eps;
 	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
 	const bool attn_fast = nx_attn_fast(hd);
+	const int n_chunk = attn_chunks(hp, n, n_bands);
 	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
@@ -846,19 +869,23 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		}
 		band_sync(sync, sc, NX_PROF_ATTN);
 
-		/* [B] attention per (token, head) over positions 0..pos of the token's slot. */
-		FOR_ROWS(sp, 0, n * n_head, 1, lo, hi)
+		/* [B] attention over positions 0..pos of the token's slot, per (token, kv head,
+		 * chunk of that kv head's query heads): a chunk's heads share each K/V read
+		 * (nx_attend_f16). */
+		FOR_ROWS(sp, 0, n * n_head_kv * n_chunk, 1, lo, hi)
 		for (int u = lo; u < hi; u++) {
-			int t = u / n_head, h = u % n_head;
-			size_t off = toks[t].slot * slot_stride + (size_t)(h / group) * hd;
+			const int t = u / (n_head_kv * n_chunk), kh = u / n_chunk % n_head_kv, ch = u % n_chunk;
+			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
+			const size_t off = toks[t].slot * slot_stride + (size_t)kh * hd;
+			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd;
+			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			if (attn_fast)
-				nx_attend_f16(s->att_out + (size_t)t * q_dim + (size_t)h * hd,
-					      s->q + (size_t)t * q_dim + (size_t)h * hd, kc + off, vc + off, toks[t].pos + 1,
-					      (size_t)kv_dim, hd, 1.0f / sqrtf((float)hd), sc->att);
+				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, toks[t].pos + 1, (size_t)kv_dim, hd,
+					      1.0f / sqrtf((float)hd), sc->att);
 			else
-				attend(s->att_out + (size_t)t * q_dim + (size_t)h * hd,
-				       s->q + (size_t)t * q_dim + (size_t)h * hd, kc + off, vc + off, toks[t].pos, kv_dim, hd,
-				       sc->att);
+				for (int h = 0; h < h1 - h0; h++)
+					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, toks[t].pos,
+					       kv_dim, hd, sc->att);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 

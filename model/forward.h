@@ -2,10 +2,11 @@
  *
  * Every participant ("band") calls nx_forward with the same model, state and
  * batch and its own (band, n_bands); each computes only its share of every op
- * (output rows of a matmul, (token, head) pairs of attention) and meets the
- * others at sync->barrier between dependent ops. With n_bands = 1 and a no-op
- * barrier it is a plain single-threaded pass. The daemon runs it in forked
- * workers over shared memory with futex barriers; tests use 1 band or threads.
+ * (output rows of a matmul; (token, kv head, chunk of its query heads) units of
+ * attention) and meets the others at sync->barrier between dependent ops. With
+ * n_bands = 1 and a no-op barrier it is a plain single-threaded pass. The
+ * daemon runs it in forked workers over shared memory with futex barriers;
+ * tests use 1 band or threads.
  *
  * Nothing here allocates: all memory comes from nx_state (shared by the bands)
  * and nx_scratch (private to one band), both sized up front. */
@@ -114,7 +115,8 @@ struct nx_scratch {
 	bool xq_c16_ok;
 	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo
 			 * (for a type without a fused quant2, kern/quant.h) */
-	float *att;     /* (n_ctx) attention scores of one (token, head) */
+	float *att;     /* (min(group, nx_attn_group(head_dim)), n_ctx) attention scores of one
+			 * (token, kv head, chunk of its query heads); group = n_head / n_head_kv */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
 	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta, per token and adapter */
 	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */

@@ -1,0 +1,261 @@
+/* test_attn.c - nx_attend_f16 (kern/attn.h): against a double-precision reference within a
+ * rounding bound, and each head's output bit-identical whether it is computed alone or
+ * with the other query heads of its group.
+ *
+ * The bound: |out_i - ref_i| <= 2^-24 * (4 (hd / 16 + 4) S + n + 64) * V, S the largest
+ * |scale * q . k_j| summed by magnitude (scale * sum_i |q_i k_ji|), V the largest |v_ji|.
+ * A score passes through hd / 16 + 4 float roundings (the FMA chain over 16-lane chunks,
+ * the reduction tree), each costing at most 2^-24 of S, and an error d in a score scales
+ * its weight by e^d, which moves the output by at most ~2d V (x2 again for the max, which
+ * the reference takes exactly); exp_neg is within ~2e-7 (~4 ulps); the weighted sum and
+ * the sum of the weights add up to n / 2 + 4 and n / 16 + 4 roundings of at most V and
+ * the total. The typical error is far smaller; one wrong chunk of K or V is off by ~V. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kern/attn.h"
+#include "kern/quant.h"
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	/* xorshift64*: deterministic, so a failure reproduces */
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_uniform(void)
+{
+	return (double)(rng_next() >> 11) / 9007199254740992.0;
+}
+
+static float rng_gauss(void)
+{
+	double u = rng_uniform(), v = rng_uniform();
+	return (float)(sqrt(-2.0 * log(1.0 - u)) * cos(2.0 * M_PI * v));
+}
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	assert_non_null(p);
+	return p;
+}
+
+static const int lens[] = { 1, 2, 3, 4, 5, 17, 64, 255, 1000 };
+#define N_LENS (sizeof(lens) / sizeof(lens[0]))
+static const int hds[] = { 64, 128, 32, 96 }; /* 32 and 96: the generic (one head a pass) path */
+#define N_HDS (sizeof(hds) / sizeof(hds[0]))
+#define MAX_Q 7
+#define KV_HEADS 3 /* the cache rows hold 3 kv heads: ld = 3 hd, the test's one the middle one */
+#define GUARD 16   /* floats past each output and scratch buffer that must stay untouched */
+#define POISON 0x7fc01234u
+
+/* One case's data: K and V rows of n keys (kv head 1 of KV_HEADS), n_q query heads. */
+struct attn_case {
+	int n, hd, n_q;
+	size_t ld;
+	float scale;
+	nx_f16 *kc, *vc; /* (n, ld) each; the test's head at + hd */
+	float *q;        /* (n_q, hd) */
+};
+
+static void case_init(struct attn_case *c, int n, int hd, int n_q, float scale)
+{
+	c->n = n, c->hd = hd, c->n_q = n_q, c->ld = (size_t)KV_HEADS * hd, c->scale = scale;
+	c->kc = xmalloc((size_t)n * c->ld * sizeof(nx_f16));
+	c->vc = xmalloc((size_t)n * c->ld * sizeof(nx_f16));
+	c->q = xmalloc((size_t)n_q * hd * sizeof(float));
+	/* keys with a per-key offset so the scores spread; every value through f16 */
+	for (int j = 0; j < n; j++) {
+		const float off = 0.5f * rng_gauss();
+		for (size_t i = 0; i < c->ld; i++) {
+			c->kc[(size_t)j * c->ld + i] = nx_f32_to_f16(rng_gauss() + off);
+			c->vc[(size_t)j * c->ld + i] = nx_f32_to_f16(rng_gauss());
+		}
+	}
+	for (int i = 0; i < n_q * hd; i++)
+		c->q[i] = rng_gauss();
+}
+
+static void case_free(struct attn_case *c)
+{
+	free(c->kc);
+	free(c->vc);
+	free(c->q);
+}
+
+/* Scratch for n_q heads as kern/attn.h asks for: min(n_q, nx_attn_group(hd)) * n floats. */
+static size_t att_len(const struct attn_case *c)
+{
+	const int g = nx_attn_group(c->hd);
+	return (size_t)(c->n_q < g ? c->n_q : g) * c->n;
+}
+
+/* nx_attend_f16 on heads [h0, h0 + n_q) of the case into out (n_q x hd floats), with
+ * poisoned guards after out and the scratch, which must come back untouched. */
+static void run(const struct attn_case *c, int h0, int n_q, float *out)
+{
+	const size_t n_out = (size_t)n_q * c->hd;
+	struct attn_case one = *c;
+	one.n_q = n_q;
+	const size_t n_att = att_len(&one);
+	float *o = xmalloc((n_out + GUARD) * sizeof(float)), *att = xmalloc((n_att + GUARD) * sizeof(float));
+	const uint32_t poison = POISON;
+	for (size_t i = 0; i < n_out + GUARD; i++)
+		memcpy(o + i, &poison, sizeof(poison));
+	for (size_t i = 0; i < n_att + GUARD; i++)
+		memcpy(att + i, &poison, sizeof(poison));
+	nx_attend_f16(o, c->q + (size_t)h0 * c->hd, n_q, c->kc + c->hd, c->vc + c->hd, c->n, c->ld, c->hd, c->scale,
+		      att);
+	for (size_t i = 0; i < GUARD; i++) {
+		assert_memory_equal(o + n_out + i, &poison, sizeof(poison));
+		assert_memory_equal(att + n_att + i, &poison, sizeof(poison));
+	}
+	memcpy(out, o, n_out * sizeof(float));
+	free(o);
+	free(att);
+}
+
+/* out (hd doubles) = the case's head h, in double from the f16 values; *bound as in the header. */
+static void reference(const struct attn_case *c, int h, double *out, double *bound)
+{
+	const int n = c->n, hd = c->hd;
+	const float *q = c->q + (size_t)h * hd;
+	double *s = xmalloc((size_t)n * sizeof(double)), mx = -INFINITY, S = 0, V = 0, sum = 0;
+	for (int j = 0; j < n; j++) {
+		const nx_f16 *k = c->kc + (size_t)j * c->ld + hd;
+		double d = 0, m = 0;
+		for (int i = 0; i < hd; i++) {
+			d += (double)q[i] * nx_f16_to_f32(k[i]);
+			m += fabs((double)q[i] * nx_f16_to_f32(k[i]));
+		}
+		s[j] = d * c->scale;
+		mx = fmax(mx, s[j]);
+		S = fmax(S, m * c->scale);
+	}
+	for (int j = 0; j < n; j++) {
+		s[j] = exp(s[j] - mx);
+		sum += s[j];
+	}
+	for (int i = 0; i < hd; i++)
+		out[i] = 0;
+	for (int j = 0; j < n; j++) {
+		const nx_f16 *v = c->vc + (size_t)j * c->ld + hd;
+		for (int i = 0; i < hd; i++) {
+			out[i] += s[j] * nx_f16_to_f32(v[i]);
+			V = fmax(V, fabs(nx_f16_to_f32(v[i])));
+		}
+	}
+	for (int i = 0; i < hd; i++)
+		out[i] /= sum;
+	*bound = ldexp(4.0 * (hd / 16 + 4) * S + n + 64, -24) * V;
+	free(s);
+}
+
+static bool fast_or_skip(void)
+{
+	if (nx_attn_fast(64))
+		return true;
+	print_message("nx_attend_f16 cannot run here (no AVX-512, or NX_KERN=ref/avx2): skipped\n");
+	skip();
+	return false;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* Every head of n_q = 1..MAX_Q against the double reference. */
+static void test_reference(void **state)
+{
+	(void)state;
+	if (!fast_or_skip())
+		return;
+	rng_state = 0x5eed0001;
+	const float scales[] = { 0, 1, 8 }; /* 0: 1 / sqrt(hd); 8: peaked softmax, most weights flush to 0 */
+	double worst = 0;                   /* largest error / bound seen */
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < N_LENS; il++)
+			for (int n_q = 1; n_q <= MAX_Q; n_q++)
+				for (size_t is = 0; is < sizeof(scales) / sizeof(scales[0]); is++) {
+					const int hd = hds[ih], n = lens[il];
+					const float scale = scales[is] ? scales[is] / sqrtf((float)hd) : 1 / sqrtf((float)hd);
+					if (!nx_attn_fast(hd))
+						continue;
+					struct attn_case c;
+					case_init(&c, n, hd, n_q, scale);
+					float *out = xmalloc((size_t)n_q * hd * sizeof(float));
+					double *ref = xmalloc((size_t)hd * sizeof(double)), bound;
+					run(&c, 0, n_q, out);
+					for (int h = 0; h < n_q; h++) {
+						reference(&c, h, ref, &bound);
+						for (int i = 0; i < hd; i++) {
+							const double e = fabs(out[(size_t)h * hd + i] - ref[i]);
+							if (!(e <= bound))
+								fail_msg("hd %d n %d n_q %d scale %g head %d [%d]: %.9g vs %.9g "
+									 "(|d| %.3g > bound %.3g)",
+									 hd, n, n_q, (double)scale, h, i,
+									 (double)out[(size_t)h * hd + i], ref[i], e, bound);
+							worst = fmax(worst, e / bound);
+						}
+					}
+					free(out);
+					free(ref);
+					case_free(&c);
+				}
+	print_message("largest error: %.3f of the bound\n", worst);
+}
+
+/* Heads computed n_q at a time (and from any first head) give the bits of one at a time. */
+static void test_grouped_bits(void **state)
+{
+	(void)state;
+	if (!fast_or_skip())
+		return;
+	rng_state = 0x5eed0002;
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < N_LENS; il++) {
+			const int hd = hds[ih], n = lens[il];
+			if (!nx_attn_fast(hd))
+				continue;
+			struct attn_case c;
+			case_init(&c, n, hd, MAX_Q, 1 / sqrtf((float)hd));
+			float *alone = xmalloc((size_t)MAX_Q * hd * sizeof(float));
+			float *grouped = xmalloc((size_t)MAX_Q * hd * sizeof(float));
+			for (int h = 0; h < MAX_Q; h++)
+				run(&c, h, 1, alone + (size_t)h * hd);
+			for (int h0 = 0; h0 < MAX_Q; h0++)
+				for (int n_q = 1; h0 + n_q <= MAX_Q; n_q++) {
+					run(&c, h0, n_q, grouped);
+					for (int h = 0; h < n_q; h++)
+						if (memcmp(grouped + (size_t)h * hd, alone + (size_t)(h0 + h) * hd,
+							   (size_t)hd * sizeof(float)))
+							fail_msg("hd %d n %d: head %d of %d from head %d differs from it alone",
+								 hd, n, h, n_q, h0);
+				}
+			free(alone);
+			free(grouped);
+			case_free(&c);
+		}
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_reference),
+		cmocka_unit_test(test_grouped_bits),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
