@@ -4,7 +4,7 @@
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
  * the scales to floats once; each token then costs 16 vpdpbusd (8 per part)
  * against broadcast 4-byte words of its Q8_0 blocks, an integer 128 * hi + lo
- * and 2-3 float ops. q6_k's -32 offset comes in as the starting value of the
+ * and 4-5 float ops. q6_k's -32 offset comes in as the starting value of the
  * lo part's integer sums (nx_pack_act.c16). Every lane follows
  * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
  * attributes), used only when nx_pack_avx512_usable(). */

@@ -133,8 +133,9 @@ typedef void (*nx_dot_rows_fn)(const void *w, const void *a, size_t a_stride, in
  * Q8_0: lo's scale is exactly hi's / 128, so that a kernel may sum
  * 128 * dot(w, hi) + dot(w, lo) in integers and scale once (kern/pack.h). hi is
  * quant(x) where d = amax / 127 >= 2^-7; below that its scale is d rounded up
- * to a multiple of 2^-17, so that it and its / 128 are exact in f16; lo =
- * roundf((x - dequant(hi)) / (hi's scale / 128)).
+ * to a multiple of 2^-17, so that it and its / 128 are exact in f16; lo is
+ * x - dequant(hi) in levels of that / 128 (roundf of the difference times the
+ * float inverse of lo's scale, as quant does with its own).
  * SIMD versions are bit-identical to the reference's (kern/quant_ref.c),
  * including where hi's scale overflows (a Q8_0 block with |x| > 127 * 65504,
  * where the f16 scale is inf and x - dequant(hi) is inf or NaN): there lo is a
