@@ -1,0 +1,187 @@
+/* nx-packbench.c - micro-benchmark of the packed tile kernels (kern/pack.h) over one
+ * decode step's layer matrices: how fast the kernels stream the weights from DRAM
+ * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
+ *
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
+ *
+ * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
+ * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
+ * forward pass reads them (61 MB in Q4_1: more than the L3), and times steps in
+ * which each of the threads dots its share of every matrix's row groups (thread b
+ * takes groups [b * n / t, (b + 1) * n / t), as fixed bands would) with the
+ * two-part activations of -a tokens; -b adds a spinning barrier after every
+ * matrix, as the engine has one after every op. Prints the mean over the steps
+ * after a warm-up: ms per step and weight GB/s, for all threads together.
+ * Not a test: it checks nothing. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kern/pack.h"
+#include "kern/quant.h"
+
+#define N_LAYER 30
+#define N_OPS 7
+#define MAX_THREADS 16
+
+static const int op_rows[N_OPS] = {576, 192, 192, 576, 1536, 1536, 576};
+static const int op_in[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
+
+static enum nx_type wtype = NX_Q4_1;
+static int n_threads = 2, n_tok = 1, n_steps = 50;
+static bool use_barrier;
+static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
+static uint8_t *act;                  /* n_tok tokens' hi and lo rows of 1536 elements */
+static _Atomic unsigned arrived, round_no;
+static double thread_ms[MAX_THREADS];
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void barrier(void)
+{
+	const unsigned r = atomic_load(&round_no);
+	if (atomic_fetch_add(&arrived, 1) + 1 == (unsigned)n_threads) {
+		atomic_store(&arrived, 0);
+		atomic_fetch_add(&round_no, 1);
+	} else {
+		while (atomic_load(&round_no) == r)
+			__builtin_ia32_pause();
+	}
+}
+
+static void *run(void *arg)
+{
+	const int b = (int)(intptr_t)arg;
+	const nx_pack_fn kern = nx_pack_kernel(wtype);
+	float d[NX_PACK_ACT_MAX * 48], s[NX_PACK_ACT_MAX * 48], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+	int32_t c[NX_PACK_ACT_MAX * 48];
+	double total = 0;
+	for (int step = -3; step < n_steps; step++) {
+		barrier();
+		const double t0 = now();
+		for (int l = 0; l < N_LAYER; l++)
+			for (int o = 0; o < N_OPS; o++) {
+				const size_t rs = (size_t)nx_row_size(NX_Q8_0, op_in[o]), gb = NX_PACK_ROWS * (size_t)nx_row_size(wtype, op_in[o]);
+				const int64_t nb = op_in[o] / 32;
+				for (int t = 0; t < n_tok; t++) /* the side values, as prep_act makes them once per input */
+					nx_pack_act_prep(act + 2 * t * rs, act + 2 * t * rs + rs, op_in[o], d + t * nb, s + t * nb,
+							 c + t * nb);
+				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL};
+				const int ng = op_rows[o] / NX_PACK_ROWS;
+				for (int g = b * ng / n_threads; g < (b + 1) * ng / n_threads; g++)
+					kern(mats[l][o] + (size_t)g * gb, &a, n_tok, out, op_in[o]);
+				if (use_barrier)
+					barrier();
+			}
+		if (step >= 0)
+			total += now() - t0;
+	}
+	thread_ms[b] = total / n_steps * 1e3;
+	return NULL;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
+			"[-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
+	exit(2);
+}
+
+/* The legacy types only: the k-quants need rows of multiples of 256, and 576 is not. */
+static bool parse_type(const char *name)
+{
+	static const enum nx_type ok[] = {NX_Q4_1, NX_Q4_0, NX_Q5_0, NX_Q5_1, NX_Q8_0};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+		if (!strcmp(name, nx_type_name(ok[i]))) {
+			wtype = ok[i];
+			return true;
+		}
+	return false;
+}
+
+int main(int argc, char **argv)
+{
+	int opt;
+	while ((opt = getopt(argc, argv, "t:a:bT:s:")) != -1) {
+		switch (opt) {
+		case 't': n_threads = atoi(optarg); break;
+		case 'a': n_tok = atoi(optarg); break;
+		case 'b': use_barrier = true; break;
+		case 's': n_steps = atoi(optarg); break;
+		case 'T':
+			if (!parse_type(optarg))
+				usage();
+			break;
+		default: usage();
+		}
+	}
+	if (optind < argc || n_threads < 1 || n_threads > MAX_THREADS || n_tok < 1 || n_tok > NX_PACK_ACT_MAX ||
+	    n_steps < 1)
+		usage();
+	if (!nx_pack_fast(wtype))
+		fprintf(stderr, "nx-packbench: no SIMD tile kernel for %s on this CPU: timing the reference\n",
+			nx_type_name(wtype));
+
+	/* weights from Gaussian-ish values through the type's quantizer, packed */
+	const struct nx_type_traits *tr = nx_type_get(wtype);
+	size_t total = 0;
+	for (int o = 0; o < N_OPS; o++)
+		total += (size_t)op_rows[o] * (size_t)nx_row_size(wtype, op_in[o]);
+	total *= N_LAYER;
+	uint8_t *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (mem == MAP_FAILED) {
+		perror("nx-packbench: mmap");
+		return 1;
+	}
+	madvise(mem, total, MADV_HUGEPAGE); /* as the daemon's weights */
+	float *x = malloc(sizeof(float) * 1536 * NX_PACK_ROWS);
+	uint8_t *rows = malloc(NX_PACK_ROWS * (size_t)nx_row_size(wtype, 1536));
+	size_t qr = (size_t)nx_row_size(NX_Q8_0, 1536);
+	act = malloc(2 * qr * NX_PACK_ACT_MAX);
+	if (!x || !rows || !act) {
+		fprintf(stderr, "nx-packbench: out of memory\n");
+		return 1;
+	}
+	unsigned seed = 1;
+	for (int i = 0; i < 1536 * NX_PACK_ROWS; i++)
+		x[i] = (float)((int)(rand_r(&seed) % 2001) - 1000) / 1000.0f;
+	uint8_t *p = mem;
+	for (int l = 0; l < N_LAYER; l++)
+		for (int o = 0; o < N_OPS; o++) {
+			const size_t rb = (size_t)nx_row_size(wtype, op_in[o]);
+			mats[l][o] = p;
+			for (int g = 0; g < op_rows[o] / NX_PACK_ROWS; g++, p += NX_PACK_ROWS * rb) {
+				tr->quant(x, rows, (int64_t)op_in[o] * NX_PACK_ROWS);
+				nx_pack_group(wtype, rows, rb, p, op_in[o]);
+			}
+		}
+	for (int t = 0; t < NX_PACK_ACT_MAX; t++) /* two-part activations, whatever op reads them */
+		nx_type_get(NX_Q8_0)->quant2(x + t * 1536, act + 2 * t * qr, act + 2 * t * qr + qr, 1536);
+
+	pthread_t th[MAX_THREADS];
+	for (int b = 1; b < n_threads; b++)
+		if (pthread_create(&th[b], NULL, run, (void *)(intptr_t)b)) {
+			fprintf(stderr, "nx-packbench: pthread_create failed\n");
+			return 1;
+		}
+	run((void *)0);
+	double ms = 0;
+	for (int b = 1; b < n_threads; b++)
+		pthread_join(th[b], NULL);
+	for (int b = 0; b < n_threads; b++)
+		ms = thread_ms[b] > ms ? thread_ms[b] : ms;
+	printf("%s, %d layers (%.1f MB), %d thread%s, %d token%s%s: %.3f ms per step, %.1f GB/s of weights\n",
+	       nx_type_name(wtype), N_LAYER, total / 1e6, n_threads, n_threads > 1 ? "s" : "", n_tok, n_tok > 1 ? "s" : "",
+	       use_barrier ? ", a barrier after each matrix" : "", ms, total / (ms * 1e-3) / 1e9);
+	return 0;
+}
