@@ -1,6 +1,7 @@
 /* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers once for
  * the query heads of a group, a vector exp for the softmax. */
 #include "kern/attn.h"
+#include "kern/vexp_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -34,26 +35,6 @@ bool nx_attn_fast(int hd)
 	if (!fast)
 		fast = fast_probe();
 	return fast == 2 && hd > 0 && hd % 16 == 0 && hd <= 256;
-}
-
-/* e^x for x <= 0 (softmax arguments after the max is taken off): 2^(x log2 e)
- * as 2^n * p(f), f in [-0.5, 0.5], p of degree 6 (relative error ~2e-7);
- * below -87 the result flushes to 0. */
-INL __m512 exp_neg(__m512 x)
-{
-	x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-	const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-	const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	const __m512 f = _mm512_sub_ps(t, n);
-	/* 2^f = e^(f ln 2): Taylor-like minimax coefficients */
-	__m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-	return _mm512_scalef_ps(p, n);
 }
 
 INL __m512 ld16(const nx_f16 *p)
@@ -161,13 +142,13 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 		const __m512 mv = _mm512_set1_ps(mx[g]);
 		__m512 sumv = _mm512_setzero_ps();
 		for (j = 0; j + 16 <= n; j += 16) {
-			const __m512 e = exp_neg(_mm512_sub_ps(_mm512_loadu_ps(a + j), mv));
+			const __m512 e = nx_vexp_neg(_mm512_sub_ps(_mm512_loadu_ps(a + j), mv));
 			_mm512_storeu_ps(a + j, e);
 			sumv = _mm512_add_ps(sumv, e);
 		}
 		if (j < n) {
 			const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-			const __m512 e = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + j), mv));
+			const __m512 e = nx_vexp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, a + j), mv));
 			_mm512_mask_storeu_ps(a + j, m, e);
 			sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
 		}

@@ -10,6 +10,7 @@
 /* The AVX-512 kernels (kern/pack_avx512.c). */
 bool nx_pack_avx512_usable(void);
 nx_pack_fn nx_pack_avx512_kernel(enum nx_type t);
+nx_pack_epi_fn nx_pack_avx512_epilogue(void);
 
 bool nx_pack_layout(enum nx_type t)
 {
@@ -239,6 +240,25 @@ nx_pack_fn nx_pack_kernel_ref(enum nx_type t)
 	}
 }
 
+static void epi_ref(enum nx_pack_op op, float *const *y, const float *out, const float *bias, int n_act)
+{
+	for (int i = 0; i < n_act; i++) {
+		float *restrict yi = y[i];
+		const float *restrict d = out + i * NX_PACK_ROWS;
+		for (int k = 0; k < NX_PACK_ROWS; k++)
+			switch (op) {
+			case NX_PACK_STORE: yi[k] = bias ? d[k] + bias[k] : d[k]; break;
+			case NX_PACK_ADD: yi[k] += d[k]; break;
+			case NX_PACK_SWIGLU: yi[k] = yi[k] / (1.0f + expf(-yi[k])) * d[k]; break;
+			}
+	}
+}
+
+nx_pack_epi_fn nx_pack_epilogue_ref(void)
+{
+	return epi_ref;
+}
+
 /* ---------------------------------------------------------------- the choice */
 
 /* 0: not yet known, 1: no, 2: yes; computed on first use without locks (the
@@ -254,6 +274,11 @@ bool nx_pack_fast(enum nx_type t)
 		use_simd = nx_pack_avx512_usable() && !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2"))) ? 2 : 1;
 	}
 	return use_simd == 2 && nx_pack_layout(t) && (nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t));
+}
+
+nx_pack_epi_fn nx_pack_epilogue(void)
+{
+	return nx_pack_fast(NX_Q8_0) ? nx_pack_avx512_epilogue() : epi_ref;
 }
 
 nx_pack_fn nx_pack_kernel(enum nx_type t)

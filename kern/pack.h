@@ -106,6 +106,20 @@ void nx_pack_act_prep_c16(const void *hi, const void *lo, int64_t n_in, int32_t 
 /* out[i * 16 + r] = row r of the group . token i's activation (hi + lo), for
  * i < n_act (1 <= n_act <= NX_PACK_ACT_MAX) and r < 16. */
 typedef void (*nx_pack_fn)(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in);
+/* What becomes of a group's results in the matmul's output (model/forward.c). */
+enum nx_pack_op {
+	NX_PACK_STORE,  /* y = out (+ bias) */
+	NX_PACK_ADD,    /* y += out        (the residual) */
+	NX_PACK_SWIGLU, /* y = silu(y) * out = y / (1 + e^-y) * out, y holding the gate */
+};
+/* For tokens i < n_act and r < 16: y[i][r] op= out[i * 16 + r] (bias: NULL or
+ * 16 floats, STORE only). */
+typedef void (*nx_pack_epi_fn)(enum nx_pack_op op, float *const *y, const float *out, const float *bias, int n_act);
+/* The engine's: SIMD where the tile kernels are (STORE and ADD bit-identical to
+ * the reference, SWIGLU within its e^x's ~2e-7), else the reference. */
+nx_pack_epi_fn nx_pack_epilogue(void);
+nx_pack_epi_fn nx_pack_epilogue_ref(void);
+
 /* The kernel the engine uses (SIMD when nx_pack_fast, else the reference); NULL without a layout. */
 nx_pack_fn nx_pack_kernel(enum nx_type t);
 /* The scalar reference kernel; NULL without a layout. */

@@ -11,6 +11,7 @@
  * -m flags (target attributes), used only when nx_pack_avx512_usable(). */
 #include "kern/pack.h"
 #include "kern/pack_tile_avx512.h"
+#include "kern/vexp_avx512.h"
 
 /* The 4-bit types, a group block of GB bytes laid out as in kern/pack.h: scales
  * at 0, mins at M, fifth-bit masks at H (M, H < 0: none), nibble vectors at QS.
@@ -135,6 +136,35 @@ TILE_FN(q4_1)
 TILE_FN(q5_0)
 TILE_FN(q5_1)
 TILE_FN(q8_0)
+
+/* The reference's arithmetic, 16 rows (one vector) per token; SiLU's e^-y by
+ * nx_vexp instead of expf. */
+static TGT void epi(enum nx_pack_op op, float *const *y, const float *out, const float *bias, int n_act)
+{
+	const __m512 b = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+	for (int i = 0; i < n_act; i++) {
+		const __m512 d = _mm512_loadu_ps(out + i * NX_PACK_ROWS);
+		switch (op) {
+		case NX_PACK_STORE:
+			_mm512_storeu_ps(y[i], bias ? _mm512_add_ps(d, b) : d);
+			break;
+		case NX_PACK_ADD:
+			_mm512_storeu_ps(y[i], _mm512_add_ps(_mm512_loadu_ps(y[i]), d));
+			break;
+		case NX_PACK_SWIGLU: {
+			const __m512 g = _mm512_loadu_ps(y[i]);
+			const __m512 e = nx_vexp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+			_mm512_storeu_ps(y[i], _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), d));
+			break;
+		}
+		}
+	}
+}
+
+nx_pack_epi_fn nx_pack_avx512_epilogue(void)
+{
+	return epi;
+}
 
 bool nx_pack_avx512_usable(void)
 {

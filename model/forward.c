@@ -414,39 +414,13 @@ static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n
 }
 
 enum mm_op {
-	MM_STORE,  /* y = W a (+ bias) */
-	MM_ADD,    /* y += W a        (residual) */
-	MM_SWIGLU, /* y = silu(y) * (W a), y holding the gate */
+	MM_STORE = NX_PACK_STORE,   /* y = W a (+ bias) */
+	MM_ADD = NX_PACK_ADD,       /* y += W a        (residual) */
+	MM_SWIGLU = NX_PACK_SWIGLU, /* y = silu(y) * (W a), y holding the gate */
 };
-
-/* y[k] op= d[k] for k < n; one loop per op so each vectorizes (the SwiGLU
- * one only around expf). */
-static inline void mm_epilogue(enum mm_op op, float *restrict y, const float *restrict d, const float *restrict bias,
-			       int n)
-{
-	switch (op) {
-	case MM_STORE:
-		if (bias)
-			for (int k = 0; k < n; k++)
-				y[k] = d[k] + bias[k];
-		else
-			for (int k = 0; k < n; k++)
-				y[k] = d[k];
-		break;
-	case MM_ADD:
-		for (int k = 0; k < n; k++)
-			y[k] += d[k];
-		break;
-	case MM_SWIGLU:
-		for (int k = 0; k < n; k++)
-			y[k] = y[k] / (1.0f + expf(-y[k])) * d[k];
-		break;
-	}
-}
 
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
-
 
 /* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
  * 16 weight rows with the two-part activations of up to NX_PACK_ACT_MAX tokens
@@ -465,8 +439,9 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 	    r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
 		return false;
 	const nx_pack_fn kern = nx_pack_kernel(w->type);
+	const nx_pack_epi_fn epi = nx_pack_epilogue();
 	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
-	float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+	float out[NX_PACK_ACT_MAX * NX_PACK_ROWS], *yt[NX_PACK_ACT_MAX];
 	for (int t0 = 0; t0 < n;) {
 		if (toks && toks[t0].logits_row < 0) {
 			t0++;
@@ -478,12 +453,13 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 		const size_t i0 = (size_t)t0 * nb;
 		const struct nx_pack_act pa = {a.data + (size_t)t0 * a.stride, a.stride, a.lo, a.pd + i0, a.ps + i0,
 					       a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL};
+		for (int t = 0; t < cnt; t++)
+			yt[t] = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r0;
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
 			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, cnt, out, w->n_in);
-			for (int t = 0; t < cnt; t++) {
-				float *yr = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r;
-				mm_epilogue(op, yr, out + (size_t)t * NX_PACK_ROWS, bias ? bias + r : NULL, NX_PACK_ROWS);
-			}
+			epi((enum nx_pack_op)op, yt, out, bias ? bias + r : NULL, cnt);
+			for (int t = 0; t < cnt; t++)
+				yt[t] += NX_PACK_ROWS;
 		}
 		t0 += cnt;
 	}

@@ -246,6 +246,46 @@ static void test_kernel_exact(void **state)
 		}
 }
 
+/* The engine's epilogue against the reference: STORE (with and without a bias)
+ * and ADD bit for bit, SWIGLU within its e^x's error; gates of every size,
+ * signed zeros and the ends of the float range included. */
+static void test_epilogue(void **state)
+{
+	(void)state;
+	const nx_pack_epi_fn fast = nx_pack_epilogue(), ref = nx_pack_epilogue_ref();
+	if (fast == ref)
+		print_message("no SIMD epilogue on this CPU: checking the reference against itself\n");
+	static const float edge[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 87.5f, -87.5f, 88.8f, -88.8f, 89.5f, -89.5f,
+				     100.0f, -100.0f, 3e38f, -3e38f, 20.0f, -20.0f};
+	float out[NX_PACK_ACT_MAX * 16], bias[16], y0[NX_PACK_ACT_MAX][16], y1[NX_PACK_ACT_MAX][16];
+	for (int rep = 0; rep < 200; rep++)
+		for (int op = NX_PACK_STORE; op <= NX_PACK_SWIGLU; op++) {
+			const int n_act = 1 + rep % NX_PACK_ACT_MAX;
+			for (int k = 0; k < 16; k++)
+				bias[k] = frand();
+			for (int i = 0; i < n_act; i++)
+				for (int k = 0; k < 16; k++) {
+					out[i * 16 + k] = 4 * frand();
+					y0[i][k] = y1[i][k] = rep < 4 ? edge[k] : 12 * frand() * (1 + (k % 5 == 0) * 4);
+				}
+			float *p0[NX_PACK_ACT_MAX], *p1[NX_PACK_ACT_MAX];
+			for (int i = 0; i < n_act; i++)
+				p0[i] = y0[i], p1[i] = y1[i];
+			const float *b = rep % 2 && op == NX_PACK_STORE ? bias : NULL;
+			ref((enum nx_pack_op)op, p0, out, b, n_act);
+			fast((enum nx_pack_op)op, p1, out, b, n_act);
+			for (int i = 0; i < n_act; i++)
+				for (int k = 0; k < 16; k++) {
+					const float want = y0[i][k], got = y1[i][k];
+					const bool same = !memcmp(&want, &got, sizeof(float));
+					if (op != NX_PACK_SWIGLU ? !same
+								  : !same && !(fabsf(got - want) <= 1e-6f * fabsf(want)))
+						fail_msg("epilogue op %d, rep %d, token %d row %d: %.9g, reference %.9g", op, rep, i,
+							 k, got, want);
+				}
+		}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -253,6 +293,7 @@ int main(void)
 		cmocka_unit_test(test_ref_vs_plain),
 		cmocka_unit_test(test_every_layout_fast),
 		cmocka_unit_test(test_kernel_exact),
+		cmocka_unit_test(test_epilogue),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
