@@ -23,30 +23,9 @@
 
 #include "kern/attn.h"
 #include "kern/quant.h"
+#include "tests/c/rng.h"
 
 /* ---------------------------------------------------------------- helpers */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-	/* xorshift64*: deterministic, so a failure reproduces */
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static double rng_uniform(void)
-{
-	return (double)(rng_next() >> 11) / 9007199254740992.0;
-}
-
-static float rng_gauss(void)
-{
-	double u = rng_uniform(), v = rng_uniform();
-	return (float)(sqrt(-2.0 * log(1.0 - u)) * cos(2.0 * M_PI * v));
-}
 
 static void *xmalloc(size_t n)
 {

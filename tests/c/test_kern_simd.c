@@ -31,6 +31,7 @@
 #include "kern/pack.h"
 #include "kern/pack_act.h"
 #include "kern/quant.h"
+#include "tests/c/rng.h"
 
 /* The kernel sets (kern/x86_*.c), as kern/quant_dispatch.c declares them. */
 bool nx_kern_avx2_usable(void);
@@ -69,27 +70,6 @@ static const enum nx_type wtypes[] = { NX_Q4_1, NX_Q8_0, NX_Q4_0, NX_Q4_K, NX_Q6
 #define N_WTYPES (sizeof(wtypes) / sizeof(wtypes[0]))
 
 /* ---------------------------------------------------------------- random data */
-
-static uint64_t rng_state;
-
-static uint64_t rng_next(void)
-{
-	rng_state ^= rng_state >> 12;
-	rng_state ^= rng_state << 25;
-	rng_state ^= rng_state >> 27;
-	return rng_state * 0x2545F4914F6CDD1DULL;
-}
-
-static double rng_uniform(void)
-{
-	return (double)(rng_next() >> 11) / 9007199254740992.0;
-}
-
-static float rng_gauss(void)
-{
-	double u = rng_uniform(), v = rng_uniform();
-	return (float)(sqrt(-2.0 * log(1.0 - u)) * cos(2.0 * M_PI * v));
-}
 
 /* Weight- or activation-like data: gaussian, an offset per row, a few outliers. */
 static void fill_data(float *x, int64_t n)
