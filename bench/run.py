@@ -351,7 +351,9 @@ def main():
            "n_batch": N_BATCH, "reps": a.reps, "cases": cases, "engines": sorted(engines),
            "nxd": {"binary": ours.nxd, "tested": ours.ok, "why_not": ours.why}, "models": {}, "raw": {}}
     bw = measure_bw(os.path.join(build, "bench", "bw"))
+    probes = []  # the probes after each decode case (decode_case)
     res["bandwidth"] = bw
+    res["bandwidth_after"] = probes
     bw_gbs = bw["best_gbs"]
     log(f"bench: {bw['line']}")
     log(f"bench: llama-cpp-python {llama_info.get('llama_cpp_python')}; {llama_info.get('llama_server_version', '')[:200]}")
@@ -407,12 +409,18 @@ def main():
             res["raw"][f"{case}/{key}/decode"]["greedy_agreement"] = n
             note = f"greedy ids agree on {n}/{DECODE_N}"
         bpt = mi["bytes_per_token"]
-        table.add(case, f"{key} decode tok/s (1 client)", "tok/s", om, lm, pct_bw(om, bpt, bw_gbs),
-                  pct_bw(lm, bpt, bw_gbs), note=note)
-        limit = bw_gbs * 1e9 / bpt
+        # The host's bandwidth drifts within a run: probe again right after the
+        # case and hold both engines to the faster of the two probes around it.
+        after = measure_bw(os.path.join(build, "bench", "bw"))
+        probes.append({"after": f"{case}/{key}", **after})
+        case_gbs = max(bw_gbs, after["best_gbs"])
+        log(f"bench: {case}: probe after: {after['line']}")
+        table.add(case, f"{key} decode tok/s (1 client)", "tok/s", om, lm, pct_bw(om, bpt, case_gbs),
+                  pct_bw(lm, bpt, case_gbs), note=note)
+        limit = case_gbs * 1e9 / bpt
         res["raw"][f"{case}/{key}/decode"]["bandwidth_limit_tok_s"] = limit
         log(f"bench: {case}: {key}: nxd {om} llama.cpp {lm} tok/s; limit {limit:.1f} tok/s "
-            f"({bpt / 1e6:.1f} MB/token at {bw_gbs:.1f} GB/s)")
+            f"({bpt / 1e6:.1f} MB/token at {case_gbs:.1f} GB/s)")
 
     def prefill_case(case, key, path, reps, lengths=(128, 512)):
         model_info(key, path)
@@ -577,7 +585,9 @@ def main():
     print()
     print(title)
     print(f"memory read bandwidth: best {bw['best_gbs']:.2f} GB/s, median {bw['median_gbs']:.2f} GB/s "
-          f"({THREADS} threads); %bw = tok/s x weight bytes per token / best")
+          f"({THREADS} threads) at the start" +
+          "".join(f"; best {p['best_gbs']:.2f} after {p['after']}" for p in probes) +
+          "; %bw = tok/s x weight bytes per token / the best probe before or after the case")
     print(f"llama.cpp: llama-cpp-python {llama_info.get('llama_cpp_python')}; "
           f"llama-server {llama_info.get('llama_server_version', '?').splitlines()[0] if llama_info.get('llama_server_version') else '?'}")
     print(f"ggml system info: {llama_info.get('system_info')}")
