@@ -106,8 +106,9 @@ static bool state_same(const struct nx_state *a, const struct nx_state *b)
 
 static bool scratch_same(const struct nx_scratch *a, const struct nx_scratch *b)
 {
-	return a->xn == b->xn && a->xq == b->xq && a->xq_stride == b->xq_stride && a->resid == b->resid &&
-	       a->att == b->att && a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y;
+	return a->xn == b->xn && a->xq == b->xq && a->xq_stride == b->xq_stride && a->xq_d == b->xq_d &&
+	       a->xq_s == b->xq_s && a->xq_c == b->xq_c && a->xq_c16 == b->xq_c16 && a->att == b->att &&
+	       a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y;
 }
 
 static void state_restore(struct nx_state *a, const struct nx_state *b)
@@ -122,7 +123,8 @@ static void state_restore(struct nx_state *a, const struct nx_state *b)
 
 static void scratch_restore(struct nx_scratch *a, const struct nx_scratch *b)
 {
-	a->xn = b->xn, a->xq = b->xq, a->xq_stride = b->xq_stride, a->resid = b->resid, a->att = b->att;
+	a->xn = b->xn, a->xq = b->xq, a->xq_stride = b->xq_stride, a->att = b->att;
+	a->xq_d = b->xq_d, a->xq_s = b->xq_s, a->xq_c = b->xq_c, a->xq_c16 = b->xq_c16;
 	a->rope = b->rope;
 	a->lora_u = b->lora_u, a->lora_y = b->lora_y;
 	a->xq_src = NULL; /* forget what xq held */

@@ -151,7 +151,6 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
-	    !add_buf(&total, max_in(hp), sizeof(float)) ||
 	    !add_buf(&total, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float)) ||
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
@@ -165,7 +164,6 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->xq_s = take(&p, sides, sizeof(float));
 		sc->xq_c = take(&p, sides, sizeof(int32_t));
 		sc->xq_c16 = take(&p, 2 * sides, sizeof(int32_t));
-		sc->resid = take(&p, max_in(hp), sizeof(float));
 		sc->att = take(&p, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
 		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
@@ -358,15 +356,7 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 			continue;
 		const float *x = src + (size_t)t * n_in;
 		uint8_t *hi = (uint8_t *)sc->xq + (size_t)t * a.stride;
-		if (tr->quant2) {
-			tr->quant2(x, hi, hi + rs, n_in);
-		} else {
-			tr->quant(x, hi, n_in);
-			tr->dequant(hi, sc->resid, n_in);
-			for (int i = 0; i < n_in; i++)
-				sc->resid[i] = x[i] - sc->resid[i];
-			tr->quant(sc->resid, hi + rs, n_in);
-		}
+		tr->quant2(x, hi, hi + rs, n_in); /* every activation type has one (model.c: bind_wt) */
 		if (a.pd) { /* once here rather than in every packed matmul of this input */
 			const size_t i = (size_t)t * nb;
 			nx_pack_act_prep_tokens(hi, a.stride, rs, 1, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);

@@ -113,8 +113,6 @@ struct nx_scratch {
 	int32_t *xq_c16; /* (max_batch, 2 * max(...) / 32): per-16 offsets for q6_k (nx_pack_act_prep_c16),
 			  * filled when a packed q6_k matrix first reads the current xq */
 	bool xq_c16_ok;
-	float *resid;   /* (max(dim, n_ff, q_dim)) one row's x - hi, before it is quantized as lo
-			 * (for a type without a fused quant2, kern/quant.h) */
 	float *att;     /* (min(group, nx_attn_group(head_dim)), n_ctx) attention scores of one
 			 * (token, kv head, chunk of its query heads); group = n_head / n_head_kv */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */

@@ -209,7 +209,7 @@ static int bind_wt(struct nx_wt *w, const struct gguf_file *g, const char *name,
 	enum nx_type vt = tr->vec_dot_type;
 	if (vt != NX_F32) {
 		const struct nx_type_traits *vtr = nx_type_get(vt);
-		if (!vtr || !vtr->quant || !vtr->dequant || nx_row_size(vt, n_in) < 0) /* forward.c: prep_act */
+		if (!vtr || !vtr->quant2 || nx_row_size(vt, n_in) < 0) /* forward.c: prep_act_q, two parts */
 			return nx_errf(err, "model: tensor '%s' (%s): rows of %lld elements cannot be quantized to %s",
 				       name, nx_type_name(t->type), (long long)n_in, nx_type_name(vt));
 	}
