@@ -16,15 +16,6 @@ bool nx_kern_avx2_usable(void); /* kern/x86_avx2.c */
 
 #define TGT __attribute__((target("avx2,f16c")))
 
-static void prep_ref(const void *q, size_t stride, size_t lo, int n_tok, int64_t n_in, float *d, float *s, int32_t *c)
-{
-	const int64_t nb = n_in / 32;
-	for (int i = 0; i < n_tok; i++) {
-		const uint8_t *hi = (const uint8_t *)q + (size_t)i * stride;
-		nx_pack_act_prep(hi, hi + lo, n_in, d + i * nb, s + i * nb, c + i * nb);
-	}
-}
-
 /* sum(q) of a block's levels: sum(q + 128) - 32 * 128, and q + 128 = q ^ 0x80 summed by vpsadbw against 0. */
 static inline TGT int32_t block_sum(const struct nx_block_q8_0 *y)
 {
@@ -34,35 +25,29 @@ static inline TGT int32_t block_sum(const struct nx_block_q8_0 *y)
 	return _mm_cvtsi128_si32(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128;
 }
 
-static TGT void prep_avx2(const void *q, size_t stride, size_t lo, int n_tok, int64_t n_in, float *d, float *s,
-			  int32_t *c)
+static TGT void prep_avx2(const void *hi, const void *lo, int64_t n_in, float *d, float *s, int32_t *c)
 {
-	const int64_t nb = n_in / 32;
-	for (int i = 0; i < n_tok; i++, d += nb, s += nb, c += nb) {
-		const struct nx_block_q8_0 *yh = (const void *)((const uint8_t *)q + (size_t)i * stride);
-		const struct nx_block_q8_0 *yl = (const void *)((const uint8_t *)yh + lo);
-		for (int64_t b = 0; b < nb; b++) {
-			const int32_t t = 128 * block_sum(&yh[b]) + block_sum(&yl[b]);
-			d[b] = _cvtsh_ss(yh[b].d) / 128; /* exact, as nx_f16_to_f32(d) / 128 */
-			s[b] = d[b] * (float)t;
-			c[b] = 128 * t;
-		}
+	const struct nx_block_q8_0 *yh = hi, *yl = lo;
+	for (int64_t b = 0; b < n_in / 32; b++) {
+		const int32_t t = 128 * block_sum(&yh[b]) + block_sum(&yl[b]);
+		d[b] = _cvtsh_ss(yh[b].d) / 128; /* exact, as nx_f16_to_f32(d) / 128 */
+		s[b] = d[b] * (float)t;
+		c[b] = 128 * t;
 	}
 }
 
-typedef void (*prep_fn)(const void *, size_t, size_t, int, int64_t, float *, float *, int32_t *);
+typedef void (*prep_fn)(const void *, const void *, int64_t, float *, float *, int32_t *);
 
 /* Chosen on first use without locks (every caller picks the same), as kern/pack.c does. */
 static _Atomic prep_fn chosen;
 
-void nx_pack_act_prep_tokens(const void *q, size_t stride, size_t lo, int n_tok, int64_t n_in, float *d, float *s,
-			     int32_t *c)
+void nx_pack_act_prep_fast(const void *hi, const void *lo, int64_t n_in, float *d, float *s, int32_t *c)
 {
 	prep_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
 	if (!f) {
 		const char *k = getenv("NX_KERN");
-		f = nx_kern_avx2_usable() && !(k && !strcmp(k, "ref")) ? prep_avx2 : prep_ref;
+		f = nx_kern_avx2_usable() && !(k && !strcmp(k, "ref")) ? prep_avx2 : nx_pack_act_prep;
 		atomic_store_explicit(&chosen, f, memory_order_relaxed);
 	}
-	f(q, stride, lo, n_tok, n_in, d, s, c);
+	f(hi, lo, n_in, d, s, c);
 }

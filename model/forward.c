@@ -359,7 +359,7 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 		tr->quant2(x, hi, hi + rs, n_in); /* every activation type has one (model.c: bind_wt) */
 		if (a.pd) { /* once here rather than in every packed matmul of this input */
 			const size_t i = (size_t)t * nb;
-			nx_pack_act_prep_tokens(hi, a.stride, rs, 1, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
+			nx_pack_act_prep_fast(hi, hi + rs, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
 		}
 	}
 	sc->xq_src = src;

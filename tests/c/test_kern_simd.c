@@ -743,7 +743,7 @@ static void test_rmsnorm(void **state)
 	}
 }
 
-/* nx_pack_act_prep_tokens bit-identical to nx_pack_act_prep token by token: random
+/* nx_pack_act_prep_fast bit-identical to nx_pack_act_prep token by token: random
  * levels (-128 too), scales of every kind (0, subnormal, inf, negative). */
 static void test_pack_act_rows(void **state)
 {
@@ -766,14 +766,14 @@ static void test_pack_act_rows(void **state)
 		float *d = xmalloc(4 * sizeof(float) * (size_t)toks * nb), *s = d + toks * nb;
 		float *rd = s + toks * nb, *rsum = rd + toks * nb;
 		int32_t *c = xmalloc(2 * sizeof(int32_t) * (size_t)toks * nb), *rc = c + toks * nb;
-		nx_pack_act_prep_tokens(q, stride, lo, toks, n, d, s, c);
 		for (int i = 0; i < toks; i++) {
 			const uint8_t *hi = q + (size_t)i * stride;
+			nx_pack_act_prep_fast(hi, hi + lo, n, d + i * nb, s + i * nb, c + i * nb);
 			nx_pack_act_prep(hi, hi + lo, n, rd + i * nb, rsum + i * nb, rc + i * nb);
 		}
 		if (memcmp(d, rd, sizeof(float) * (size_t)toks * nb) || memcmp(c, rc, sizeof(int32_t) * (size_t)toks * nb) ||
 		    memcmp(s, rsum, sizeof(float) * (size_t)toks * nb))
-			fail_msg("nx_pack_act_prep_tokens differs from nx_pack_act_prep (n=%lld, tokens %d)", (long long)n, toks);
+			fail_msg("nx_pack_act_prep_fast differs from nx_pack_act_prep (n=%lld, tokens %d)", (long long)n, toks);
 		free(q);
 		free(d);
 		free(c);
