@@ -22,6 +22,12 @@ static inline double rng_uniform(void)
 	return (double)(rng_next() >> 11) / 9007199254740992.0;
 }
 
+/* [-1, 1) */
+static inline float rng_sym(void)
+{
+	return (float)rng_uniform() * 2.0f - 1.0f;
+}
+
 /* standard normal (Box-Muller) */
 static inline float rng_gauss(void)
 {

@@ -15,16 +15,7 @@
 #include <cmocka.h>
 
 #include "kern/pack.h"
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static float frand(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "tests/c/pack_acts.h"
 
 struct mat {
 	enum nx_type t;
@@ -50,7 +41,7 @@ static void mat_make(struct mat *m, enum nx_type t, int n_out, int64_t n_in)
 		/* rows of different magnitudes and a few outliers, like real weights */
 		float scale = 0.02f * (1 + r % 5);
 		for (int64_t i = 0; i < n_in; i++)
-			x[i] = scale * frand() + (i % 97 == 0 ? 0.3f * frand() : 0);
+			x[i] = scale * rng_sym() + (i % 97 == 0 ? 0.3f * rng_sym() : 0);
 		tr->quant(x, m->plain + r * m->row_bytes, n_in);
 		tr->dequant(m->plain + r * m->row_bytes, m->deq + r * n_in, n_in);
 	}
@@ -65,66 +56,6 @@ static void mat_free(struct mat *m)
 	free(m->plain);
 	free(m->packed);
 	free(m->deq);
-}
-
-/* n tokens' two-part Q8_0 activations of n_in elements (kern/quant.h: quant2),
- * token i's hi row at q + i * stride and lo row rs bytes further, with their
- * side values; deq: hi + lo as floats. */
-struct acts {
-	uint8_t *q;
-	float *deq, *d, *s;
-	int32_t *c;
-	size_t stride, rs;
-	int64_t nb;
-	struct nx_pack_act a;
-};
-
-static void acts_make(struct acts *x, int n, int64_t n_in)
-{
-	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
-	x->rs = (size_t)nx_row_size(NX_Q8_0, n_in);
-	x->stride = 2 * x->rs;
-	x->nb = n_in / 32;
-	x->q = malloc(x->stride * n);
-	x->deq = malloc(sizeof(float) * n_in * n);
-	x->d = malloc(sizeof(float) * x->nb * n);
-	x->s = malloc(sizeof(float) * x->nb * n);
-	x->c = malloc(sizeof(int32_t) * x->nb * n);
-	float *f = malloc(sizeof(float) * n_in), *lo = malloc(sizeof(float) * n_in);
-	for (int i = 0; i < n; i++) {
-		uint8_t *hi = x->q + i * x->stride;
-		for (int64_t k = 0; k < n_in; k++)
-			f[k] = frand() * (1 + (k % 13 == 0) * 20) * (k % 64 < 32 ? 1 : 0.003f); /* some blocks below 2^-7 * 127 */
-		q8->quant2(f, hi, hi + x->rs, n_in);
-		q8->dequant(hi, x->deq + i * n_in, n_in);
-		q8->dequant(hi + x->rs, lo, n_in);
-		for (int64_t k = 0; k < n_in; k++)
-			x->deq[i * n_in + k] += lo[k];
-		nx_pack_act_prep(hi, hi + x->rs, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
-	}
-	free(f);
-	free(lo);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, NULL};
-}
-
-static void acts_free(struct acts *x)
-{
-	free(x->q);
-	free(x->deq);
-	free(x->d);
-	free(x->s);
-	free(x->c);
-}
-
-/* The tokens from i0 on, as a kernel call sees them. */
-static struct nx_pack_act acts_from(const struct acts *x, int i0)
-{
-	struct nx_pack_act a = x->a;
-	a.q += (size_t)i0 * x->stride;
-	a.d += i0 * x->nb;
-	a.s += i0 * x->nb;
-	a.c += i0 * x->nb;
-	return a;
 }
 
 static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0};
@@ -169,7 +100,7 @@ static void test_ref_vs_plain(void **state)
 			struct acts x;
 			const int n_act = NX_PACK_ACT_MAX;
 			mat_make(&m, types[ti], 32, lens[li]);
-			acts_make(&x, n_act, lens[li]);
+			acts_make(&x, n_act, lens[li], false);
 			const struct nx_type_traits *tr = nx_type_ref(m.t);
 			float out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 			for (int g = 0; g < m.n_out / 16; g++) {
@@ -226,7 +157,7 @@ static void test_kernel_exact(void **state)
 			struct acts x;
 			const int n_tot = 11;
 			mat_make(&m, types[ti], 32, lens[li]);
-			acts_make(&x, n_tot, lens[li]);
+			acts_make(&x, n_tot, lens[li], false);
 			float want[16 * 16], got[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 			for (int g = 0; g < m.n_out / 16; g++) {
 				const uint8_t *grp = m.packed + (size_t)g * 16 * m.row_bytes;
@@ -262,11 +193,11 @@ static void test_epilogue(void **state)
 		for (int op = NX_PACK_STORE; op <= NX_PACK_SWIGLU; op++) {
 			const int n_act = 1 + rep % NX_PACK_ACT_MAX;
 			for (int k = 0; k < 16; k++)
-				bias[k] = frand();
+				bias[k] = rng_sym();
 			for (int i = 0; i < n_act; i++)
 				for (int k = 0; k < 16; k++) {
-					out[i * 16 + k] = 4 * frand();
-					y0[i][k] = y1[i][k] = rep < 4 ? edge[k] : 12 * frand() * (1 + (k % 5 == 0) * 4);
+					out[i * 16 + k] = 4 * rng_sym();
+					y0[i][k] = y1[i][k] = rep < 4 ? edge[k] : 12 * rng_sym() * (1 + (k % 5 == 0) * 4);
 				}
 			float *p0[NX_PACK_ACT_MAX], *p1[NX_PACK_ACT_MAX];
 			for (int i = 0; i < n_act; i++)
@@ -288,6 +219,7 @@ static void test_epilogue(void **state)
 
 int main(void)
 {
+	rng_state = 0x9e3779b97f4a7c15ull;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_ref_vs_plain),

@@ -16,21 +16,7 @@
 #include <cmocka.h>
 
 #include "kern/pack.h"
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-
-static uint64_t next(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
-}
-
-static float frand(void)
-{
-	return (float)((next() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "tests/c/pack_acts.h"
 
 static const enum nx_type types[] = {NX_Q4_K, NX_Q5_K, NX_Q6_K};
 #define N_TYPES 3
@@ -48,7 +34,7 @@ struct mat {
 /* Offsets of the f16 scales in a plain super-block, which random bytes keep finite. */
 static void set_scales(enum nx_type t, uint8_t *blk)
 {
-	const nx_f16 d = nx_f32_to_f16(0.001f + 0.01f * fabsf(frand())), dm = nx_f32_to_f16(0.01f * fabsf(frand()));
+	const nx_f16 d = nx_f32_to_f16(0.001f + 0.01f * fabsf(rng_sym())), dm = nx_f32_to_f16(0.01f * fabsf(rng_sym()));
 	if (t == NX_Q6_K) {
 		memcpy(blk + offsetof(struct nx_block_q6_k, d), &d, 2);
 	} else {
@@ -75,13 +61,13 @@ static void mat_make(struct mat *m, enum nx_type t, int n_out, int64_t n_in, boo
 		uint8_t *row = m->plain + r * m->row_bytes;
 		if (random_bytes) {
 			for (size_t k = 0; k < m->row_bytes; k++)
-				row[k] = (uint8_t)next();
+				row[k] = (uint8_t)rng_next();
 			for (int64_t sb = 0; sb < n_in / QK_K; sb++)
 				set_scales(t, row + sb * tr->type_size);
 		} else {
 			const float scale = 0.02f * (1 + r % 5); /* rows of different magnitudes, a few outliers */
 			for (int64_t i = 0; i < n_in; i++)
-				x[i] = scale * frand() + (i % 97 == 0 ? 0.3f * frand() : 0);
+				x[i] = scale * rng_sym() + (i % 97 == 0 ? 0.3f * rng_sym() : 0);
 			tr->quant(x, row, n_in);
 		}
 		tr->dequant(row, m->deq + r * n_in, n_in);
@@ -112,83 +98,6 @@ static void mat_free(struct mat *m)
 	free(m->packed);
 	free(m->deq);
 	free(m->mins);
-}
-
-/* n tokens' two-part Q8_0 activations of n_in elements, token i's hi row at
- * q + i * stride and lo row rs bytes further, with their side values; deq: hi +
- * lo as floats. */
-struct acts {
-	uint8_t *q;
-	float *deq, *d, *s;
-	int32_t *c, *c16;
-	size_t stride, rs;
-	int64_t nb;
-	struct nx_pack_act a;
-};
-
-static void acts_make(struct acts *x, int n, int64_t n_in, bool random_bytes)
-{
-	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
-	x->rs = (size_t)nx_row_size(NX_Q8_0, n_in);
-	x->stride = 2 * x->rs;
-	x->nb = n_in / 32;
-	x->q = malloc(x->stride * n);
-	x->deq = malloc(sizeof(float) * n_in * n);
-	x->d = malloc(sizeof(float) * x->nb * n);
-	x->s = malloc(sizeof(float) * x->nb * n);
-	x->c = malloc(sizeof(int32_t) * x->nb * n);
-	x->c16 = malloc(sizeof(int32_t) * 2 * x->nb * n);
-	float *f = malloc(sizeof(float) * n_in), *lo = malloc(sizeof(float) * n_in);
-	for (int i = 0; i < n; i++) {
-		uint8_t *hi = x->q + i * x->stride;
-		if (random_bytes) { /* both parts' q down to -128, which quant2 never writes */
-			for (int64_t b = 0; b < x->nb; b++) {
-				struct nx_block_q8_0 *hb = (struct nx_block_q8_0 *)hi + b;
-				struct nx_block_q8_0 *lb = (struct nx_block_q8_0 *)(hi + x->rs) + b;
-				hb->d = nx_f32_to_f16(0.01f + fabsf(frand()));
-				lb->d = nx_f32_to_f16(nx_f16_to_f32(hb->d) / 128); /* exact: lo's scale is hi's / 128 */
-				for (int k = 0; k < 32; k++) {
-					hb->qs[k] = (int8_t)(k % 7 == 0 ? -128 : (int)(next() & 255) - 128);
-					lb->qs[k] = (int8_t)(k % 5 == 0 ? -128 : (int)(next() & 255) - 128);
-				}
-			}
-		} else {
-			for (int64_t k = 0; k < n_in; k++)
-				f[k] = frand() * (1 + (k % 13 == 0) * 20);
-			q8->quant2(f, hi, hi + x->rs, n_in);
-		}
-		q8->dequant(hi, x->deq + i * n_in, n_in);
-		q8->dequant(hi + x->rs, lo, n_in);
-		for (int64_t k = 0; k < n_in; k++)
-			x->deq[i * n_in + k] += lo[k];
-		nx_pack_act_prep(hi, hi + x->rs, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
-		nx_pack_act_prep_c16(hi, hi + x->rs, n_in, x->c16 + 2 * i * x->nb);
-	}
-	free(f);
-	free(lo);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, x->c16};
-}
-
-static void acts_free(struct acts *x)
-{
-	free(x->q);
-	free(x->deq);
-	free(x->d);
-	free(x->s);
-	free(x->c);
-	free(x->c16);
-}
-
-/* The tokens from i0 on, as a kernel call sees them. */
-static struct nx_pack_act acts_from(const struct acts *x, int i0)
-{
-	struct nx_pack_act a = x->a;
-	a.q += (size_t)i0 * x->stride;
-	a.d += i0 * x->nb;
-	a.s += i0 * x->nb;
-	a.c += i0 * x->nb;
-	a.c16 += 2 * i0 * x->nb;
-	return a;
 }
 
 static void test_layout(void **state)
@@ -309,6 +218,7 @@ static void test_kernel_exact(void **state)
 
 int main(void)
 {
+	rng_state = 0x2545f4914f6cdd1dull;
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_layout),
 		cmocka_unit_test(test_roundtrip),
