@@ -88,6 +88,81 @@ double nx_rng_uniform(uint64_t st[4])
 	return (double)(nx_rng_next(st) >> 11) * 0x1.0p-53;
 }
 
+/* --- passes over the whole vocabulary ---------------------------------- */
+
+/* Four floats at a time with GCC's vector extensions (SSE2 on any x86-64).
+ * These passes are most of the sampling time, and the daemon samples every
+ * sequence between two steps while the workers wait: one scalar compare per
+ * logit at a time took 61 us per token for SmolLM2's 49152 logits greedy and
+ * 124 us with the default top-k 40, four times a step with 4 clients. */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static inline v4f v4_load(const float *p)
+{
+	v4f v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* m ? a : b per lane (m: all ones or zero) */
+static inline v4f v4_sel(v4i m, v4f a, v4f b)
+{
+	return (v4f)((m & (v4i)a) | (~m & (v4i)b));
+}
+
+static inline int v4_any(v4i m)
+{
+	return (m[0] | m[1] | m[2] | m[3]) != 0;
+}
+
+/* w = logits with NaN as -inf and +inf as FLT_MAX (the finite largest value
+ * keeps the order and the arithmetic below finite). */
+static void sanitize(float *w, const float *logits, int n)
+{
+	const v4f big = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
+	const v4f ninf = -(v4f){INFINITY, INFINITY, INFINITY, INFINITY};
+	int i = 0;
+	for (; i + 4 <= n; i += 4) {
+		const v4f x = v4_load(logits + i);
+		const v4f y = v4_sel(x != x, ninf, v4_sel(x > big, big, x));
+		memcpy(w + i, &y, sizeof(y));
+	}
+	for (; i < n; i++) {
+		const float x = logits[i];
+		w[i] = x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX;
+	}
+}
+
+/* The lowest id of the largest value of w[0..n) (no NaN in w); -1 when every
+ * value is -inf: the largest value, then the first id that has it. */
+static int32_t first_max(const float *w, int n)
+{
+	float mx = -INFINITY;
+	int i = 0;
+	if (n >= 4) {
+		v4f m = v4_load(w);
+		for (i = 4; i + 4 <= n; i += 4) {
+			const v4f x = v4_load(w + i);
+			m = v4_sel(x > m, x, m);
+		}
+		for (int j = 0; j < 4; j++)
+			mx = m[j] > mx ? m[j] : mx;
+	}
+	for (; i < n; i++)
+		mx = w[i] > mx ? w[i] : mx;
+	if (mx == -INFINITY)
+		return -1;
+	for (i = 0; i + 4 <= n; i += 4) {
+		const v4f x = v4_load(w + i);
+		if (v4_any(x == (v4f){mx, mx, mx, mx}))
+			break;
+	}
+	for (; w[i] != mx; i++)
+		;
+	return i;
+}
+
 /* --- ordering of candidate ids ----------------------------------------- */
 
 /* A strict total order: larger logit first, equal logits by lower id. Being
@@ -223,28 +298,41 @@ static void select_top(int32_t *idx, int n, int k, const float *v)
 }
 
 /* One pass: the k ids (finite logits only) that come first, into h[0..ret)
- * as a heap whose root is the one that comes last. Most tokens cost a single
- * compare against the root. */
+ * as a heap whose root is the one that comes last. Once the heap is full, a
+ * later id comes before the root only with a larger logit (ties go to the
+ * lower id), so most of the vocabulary costs one compare against a threshold,
+ * eight at a time. */
 static int heap_top(const float *w, int n, int k, int32_t *h)
 {
 	int c = 0;
-	for (int32_t i = 0; i < n; i++) {
+	int32_t i = 0;
+	for (; i < n && c < k; i++) {
 		if (w[i] == -INFINITY)
 			continue;
-		if (c < k) {
-			int j = c++;
-			while (j > 0) {
-				int par = (j - 1) / 2;
-				if (!before(w, h[par], i))
-					break;
-				h[j] = h[par];
-				j = par;
-			}
-			h[j] = i;
-		} else if (before(w, i, h[0])) {
-			h[0] = i;
-			sift_down(h, 0, k, w);
+		int j = c++;
+		while (j > 0) {
+			int par = (j - 1) / 2;
+			if (!before(w, h[par], i))
+				break;
+			h[j] = h[par];
+			j = par;
 		}
+		h[j] = i;
+	}
+	if (c < k)
+		return c;
+	float thr = w[h[0]]; /* finite: -inf never enters */
+	for (; i < n; i += 8) {
+		const int m = n - i < 8 ? n - i : 8;
+		const v4f t = {thr, thr, thr, thr};
+		if (m == 8 && !v4_any((v4_load(w + i) > t) | (v4_load(w + i + 4) > t)))
+			continue;
+		for (int32_t j = i; j < i + m; j++)
+			if (w[j] > thr) {
+				h[0] = j;
+				sift_down(h, 0, k, w);
+				thr = w[h[0]];
+			}
 	}
 	return c;
 }
@@ -388,22 +476,13 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 		*n_top = 0;
 	s->last_logprob = 0.0f;
 
-	for (int i = 0; i < n; i++) {
-		float x = logits[i];
-		w[i] = x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX;
-	}
+	sanitize(w, logits, n);
 	apply_penalty(s, history, n_history);
 
-	int32_t best = -1;
-	float wmax = -INFINITY;
-	for (int32_t i = 0; i < n; i++) {
-		if (w[i] > wmax) {
-			wmax = w[i];
-			best = i;
-		}
-	}
+	const int32_t best = first_max(w, n);
 	if (best < 0)
 		return -1;
+	const float wmax = w[best];
 
 	double lse = 0.0;
 	if (p->n_logprobs > 0) {

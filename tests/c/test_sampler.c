@@ -674,6 +674,74 @@ static void test_non_finite_logits(void **state)
 	nx_sampler_free(&s);
 }
 
+/* The passes over the vocabulary go four and eight logits at a time: every
+ * length (tails of 1-7), maxima and top-k members in the tail or the first
+ * lanes, ties, NaN and infinities give what a one-at-a-time scan gives.
+ * Reference: NaN counts as -inf, +inf as the largest finite value, ties go to
+ * the lower id. */
+static float clean(float x)
+{
+	return x != x ? -INFINITY : x == INFINITY ? 3.4028235e38f : x;
+}
+
+static void test_vocab_lengths(void **state)
+{
+	(void)state;
+	enum { NMAX = 1003, K = 3 };
+	static float l[NMAX], c[NMAX];
+	static int seen[NMAX];
+	lcg_state = 77;
+	for (int n = 1; n <= NMAX; n += n < 40 ? 1 : 321) {
+		for (int round = 0; round < 12; round++) {
+			for (int i = 0; i < n; i++) {
+				float r = frand();
+				l[i] = floorf(r * 8.0f); /* few values: many ties */
+				if (round % 3 == 1 && r < 0.05f)
+					l[i] = NAN;
+				if (round % 3 == 2 && r > 0.97f)
+					l[i] = r > 0.985f ? INFINITY : -INFINITY;
+			}
+			if (round == 11)
+				l[n - 1] = 100.0f; /* the best in the last, possibly tail, lane */
+			int finite = 0;
+			for (int i = 0; i < n; i++) {
+				c[i] = clean(l[i]);
+				finite += c[i] != -INFINITY;
+			}
+			struct nx_sample_params p = plain(0.0f, 5);
+			struct nx_sampler s;
+			init_ok(&s, n, &p);
+			int want = -1;
+			for (int i = 0; i < n; i++)
+				if (c[i] != -INFINITY && (want < 0 || c[i] > c[want]))
+					want = i;
+			int got = nx_sample(&s, l, NULL, 0, NULL, NULL);
+			if (got != want)
+				fail_msg("n %d round %d: greedy %d, a scan gives %d", n, round, got, want);
+			/* top-k, hot: only the K first by (value, id) are ever drawn, and all of them */
+			p = plain(1000.0f, 5);
+			p.top_k = K;
+			assert_int_equal(nx_sampler_reset(&s, &p, NULL), 0);
+			memset(seen, 0, sizeof(int) * (size_t)n);
+			for (int d = 0; d < 60 && finite > 0; d++) {
+				int t = nx_sample(&s, l, NULL, 0, NULL, NULL);
+				assert_true(t >= 0 && t < n && c[t] != -INFINITY);
+				if (rank_of(c, n, t) >= K)
+					fail_msg("n %d round %d: top-%d drew %d of rank %d", n, round, K, t, rank_of(c, n, t));
+				seen[t] = 1;
+			}
+			int distinct = 0, inf = 0;
+			for (int i = 0; i < n; i++) {
+				distinct += seen[i];
+				inf += l[i] == INFINITY;
+			}
+			if (!inf) /* with one, every other weight is e^-huge = 0 */
+				assert_int_equal(distinct, finite < K ? finite : K);
+			nx_sampler_free(&s);
+		}
+	}
+}
+
 /* Default parameters on a vocabulary the size of SmolLM2's: every draw is
  * in the top 40; then top-p alone over the whole vocabulary. */
 static void test_defaults_large_vocab(void **state)
@@ -958,6 +1026,7 @@ int main(void)
 		cmocka_unit_test(test_repeat_penalty),
 		cmocka_unit_test(test_logprobs),
 		cmocka_unit_test(test_non_finite_logits),
+		cmocka_unit_test(test_vocab_lengths),
 		cmocka_unit_test(test_defaults_large_vocab),
 		cmocka_unit_test(test_stop_across_pieces),
 		cmocka_unit_test(test_stop_holdback_release),
