@@ -25,10 +25,14 @@ const char nxc_usage_shutdown[] =
 	"Only root, nxd's own user and members of its --admin-group may.\n";
 
 const char nxc_usage_status[] =
-	"usage: nxctl status [--json]\n\n"
+	"usage: nxctl status [--profile] [--json]\n\n"
 	"Shows the model, the workers and their state, slots in use, queued requests,\n"
 	"tokens served, recent throughput and uptime.\n\n"
-	"  --json   print the raw status event\n";
+	"  --profile  only where a forward step's time goes (matmul, logits, attention,\n"
+	"             norm+quant, rope+kv, barrier), averaged over the workers and the\n"
+	"             steps since nxd started; nxd keeps these only when started with\n"
+	"             NXD_PROFILE=1 in its environment (off by default)\n"
+	"  --json     print the raw status event (with --profile: its profile object)\n";
 
 char *nxc_read_all(int fd)
 {
@@ -230,12 +234,29 @@ static double nget(json_t *o, const char *k)
 	return json_number_value(json_object_get(o, k));
 }
 
+/* The per-phase split of status's profile object (ms_per_step: phase -> ms). */
+static void print_profile(json_t *prof)
+{
+	json_t *ms = json_object_get(prof, "ms_per_step");
+	double total = 0;
+	const char *k;
+	json_t *v;
+	json_object_foreach(ms, k, v)
+		total += json_number_value(v);
+	printf("profile:   %.3f ms per step over %lld steps (mean of the workers)\n", total, iget(prof, "steps"));
+	json_object_foreach(ms, k, v)
+		printf("  %-11s %8.3f ms  %5.1f%%\n", k, json_number_value(v),
+		       total > 0 ? 100 * json_number_value(v) / total : 0.0);
+}
+
 int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 {
-	bool as_json = false;
+	bool as_json = false, profile = false;
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
 			as_json = true;
+		else if (!strcmp(argv[i], "--profile"))
+			profile = true;
 		else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
 			return nxc_help(nxc_usage_status);
 		else
@@ -245,8 +266,21 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	json_t *ev = one_shot(ctx, json_pack("{s:s}", "op", "status"), &rc);
 	if (!ev)
 		return rc;
+	json_t *prof = json_object_get(ev, "profile");
+	const bool has_prof = json_is_object(json_object_get(prof, "ms_per_step"));
+	if (profile && !has_prof) {
+		fprintf(stderr, "nxctl: status: nxd keeps no per-phase times: start it with NXD_PROFILE=1 in its "
+				"environment (systemd: Environment=NXD_PROFILE=1 in a drop-in for nxd.service)\n");
+		json_decref(ev);
+		return NXC_EXIT_ERROR;
+	}
+	if (profile && !as_json) {
+		print_profile(prof);
+		json_decref(ev);
+		return NXC_EXIT_OK;
+	}
 	if (as_json) {
-		char *s = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		char *s = json_dumps(profile ? prof : ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
 		puts(s ? s : "{}");
 		free(s);
 		json_decref(ev);
@@ -270,18 +304,8 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	       iget(sps, "max"));
 	printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
 	       iget(ev, "steps_retried"));
-	json_t *prof = json_object_get(ev, "profile"), *ms = json_object_get(prof, "ms_per_step");
-	if (json_is_object(ms)) { /* nxd started with NXD_PROFILE=1 */
-		double total = 0;
-		const char *k;
-		json_t *v;
-		json_object_foreach(ms, k, v)
-			total += json_number_value(v);
-		printf("profile:   %.3f ms per step over %lld steps (mean of the workers)\n", total, iget(prof, "steps"));
-		json_object_foreach(ms, k, v)
-			printf("  %-11s %8.3f ms  %5.1f%%\n", k, json_number_value(v),
-			       total > 0 ? 100 * json_number_value(v) / total : 0.0);
-	}
+	if (has_prof) /* nxd started with NXD_PROFILE=1 */
+		print_profile(prof);
 	printf("uptime:    ");
 	print_duration(nget(ev, "uptime_s"));
 	putchar('\n');

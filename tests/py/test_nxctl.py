@@ -332,6 +332,32 @@ def test_tokenize_detokenize_status(nxd):
     assert got["workers"] == status["workers"] and got["slots"] == status["slots"]
 
 
+def test_status_profile(nxd):
+    """--profile prints only the per-phase split; without NXD_PROFILE=1 on the
+    daemon's side it says how to turn it on and exits 1."""
+    status = {"event": "status", "model": "m", "arch": "llama", "type": "Q4_1", "n_ctx": 64, "n_vocab": 10,
+              "workers": [], "slots": {"total": 1, "used": 0, "queued": 0}, "tokens_served": 0,
+              "sequences_per_step": {"mean": 0, "max": 0}, "tokens_per_s": 0, "uptime_s": 1.0, "steps": 0,
+              "steps_retried": 0}
+    nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
+    r = run(["status", "--profile"], sock=nxd.path)
+    assert r.returncode == 1 and r.stdout == b""
+    assert "NXD_PROFILE=1" in r.stderr.decode()
+    prof = {"steps": 40, "ms_per_step": {"matmul": 3.0, "logits": 1.0, "attention": 0.5, "norm+quant": 0.25,
+                                         "rope+kv": 0.05, "barrier": 0.2}}
+    status["profile"] = prof
+    r = run(["status", "--profile"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert out.splitlines()[0] == "profile:   5.000 ms per step over 40 steps (mean of the workers)"
+    assert "  matmul         3.000 ms   60.0%" in out and "  barrier        0.200 ms    4.0%" in out
+    assert "model:" not in out and "uptime" not in out
+    r = run(["status", "--profile", "--json"], sock=nxd.path)
+    assert r.returncode == 0 and json.loads(r.stdout) == prof
+    r = run(["status"], sock=nxd.path)  # the full status shows the split too
+    assert r.returncode == 0 and "model:" in r.stdout.decode() and "matmul" in r.stdout.decode()
+
+
 def test_chat(nxd):
     answers = iter(["Hi there.", "Second.", "Fresh."])
     nxd.handlers["generate"] = lambda req, send: stream_pieces([next(answers)])(req, send)

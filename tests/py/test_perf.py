@@ -48,6 +48,10 @@ def test_profile_in_status(model_path, tmp_path):
     with Daemon(model_path, tmp_path, name="nxd-d", workers=2, env={"NXD_PROFILE": "1"}) as d:
         generate(d)
         st = d.status()
+        r = subprocess.run([str(build_dir() / "nxctl"), "--socket", str(d.sock), "status", "--profile"],
+                           capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.decode().splitlines()[1:]] == PHASES
     prof = st["profile"]
     assert prof["steps"] >= GREEDY["max_tokens"]
     ms = prof["ms_per_step"]
