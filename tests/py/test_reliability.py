@@ -68,15 +68,22 @@ def test_random_worker_kills_during_long_generation(model_path, nxd_bin, tmp_pat
         kill_at = sorted(rng.sample(range(3, 190), 5))
         killed, threads = [], []
 
+        lock = threading.Lock()
+
         def kill_one():
             time.sleep(rng.uniform(0, 0.08))  # anywhere inside a step, or between steps
-            ws = d.status()["workers"]
-            bands = [i for i, w in enumerate(ws) if w["pid"] > 0]
-            if not bands:
-                return
-            b = rng.choice(bands)
-            os.kill(ws[b]["pid"], signal.SIGKILL)
-            killed.append((b, ws[b]["pid"]))
+            for _ in range(50):
+                # Two of these threads can overlap: never kill a pid twice (status
+                # shows a killed worker until the supervisor has reaped it).
+                with lock:
+                    ws = d.status()["workers"]
+                    bands = [i for i, w in enumerate(ws) if w["pid"] > 0 and w["pid"] not in {p for _, p in killed}]
+                    if bands:
+                        b = rng.choice(bands)
+                        os.kill(ws[b]["pid"], signal.SIGKILL)
+                        killed.append((b, ws[b]["pid"]))
+                        return
+                time.sleep(0.01)
 
         with Client(d.sock) as c:
             c.send(dict(LONG, op="generate", id="k"))
