@@ -718,14 +718,15 @@ static void capture(const struct nx_state *s, const struct nx_hparams *hp, int n
 
 /* ---------------------------------------------------------------- the pass */
 
-/* Attention of one (token, head): softmax(q . k_j / sqrt(hd)) over j <= pos, times v. */
-static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int pos, int kv_dim, int hd,
+/* Attention of one (token, head): softmax(q . k_j / sqrt(hd)) over j <= pos, times v
+ * (key and value j at kc + j * ld, vc + j * ld). */
+static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int pos, size_t ld, int hd,
 		   float *att)
 {
 	const float scale = 1.0f / sqrtf((float)hd);
 	float mx = -INFINITY;
 	for (int j = 0; j <= pos; j++) {
-		const nx_f16 *k = kc + (size_t)j * kv_dim;
+		const nx_f16 *k = kc + (size_t)j * ld;
 		float d = 0;
 		for (int i = 0; i < hd; i++)
 			d += q[i] * f16_to_f32(k[i]);
@@ -741,7 +742,7 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	for (int i = 0; i < hd; i++)
 		out[i] = 0;
 	for (int j = 0; j <= pos; j++) {
-		const nx_f16 *v = vc + (size_t)j * kv_dim;
+		const nx_f16 *v = vc + (size_t)j * ld;
 		const float p = att[j];
 		for (int i = 0; i < hd; i++)
 			out[i] += p * f16_to_f32(v[i]);
@@ -794,7 +795,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 
 	for (int il = 0; il < hp->n_layer; il++) {
 		const struct nx_layer *L = &m->layers[il];
-		/* This layer's cache of slot 0; a slot is n_layer layers further. */
+		/* This layer's cache of slot 0 (n_head_kv runs of n_ctx positions); a slot is n_layer layers further. */
 		const size_t slot_stride = (size_t)s->n_layer * n_ctx * kv_dim;
 		nx_f16 *kc = s->k_cache + (size_t)il * n_ctx * kv_dim;
 		nx_f16 *vc = s->v_cache + (size_t)il * n_ctx * kv_dim;
@@ -825,12 +826,16 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			}
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
-			for (int t = 0; t < n; t++) {
-				const size_t at = toks[t].slot * slot_stride + (size_t)toks[t].pos * kv_dim + lo;
-				const size_t x = (size_t)t * kv_dim + lo;
-				to_f16->quant(s->k + x, kc + at, hi - lo);
-				to_f16->quant(s->v + x, vc + at, hi - lo);
-			}
+			for (int t = 0; t < n; t++)
+				for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
+					const int kh = c / hd;
+					e = (kh + 1) * hd < hi ? (kh + 1) * hd : hi;
+					const size_t at = toks[t].slot * slot_stride + ((size_t)kh * n_ctx + toks[t].pos) * hd +
+							  (size_t)(c - kh * hd);
+					const size_t x = (size_t)t * kv_dim + c;
+					to_f16->quant(s->k + x, kc + at, e - c);
+					to_f16->quant(s->v + x, vc + at, e - c);
+				}
 			prof_to(sc, NX_PROF_MATMUL);
 		}
 		band_sync(sync, sc, NX_PROF_ATTN);
@@ -842,16 +847,16 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		for (int u = lo; u < hi; u++) {
 			const int t = u / (n_head_kv * n_chunk), kh = u / n_chunk % n_head_kv, ch = u % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
-			const size_t off = toks[t].slot * slot_stride + (size_t)kh * hd;
+			const size_t off = toks[t].slot * slot_stride + (size_t)kh * n_ctx * hd;
 			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			if (attn_fast)
-				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, toks[t].pos + 1, (size_t)kv_dim, hd,
+				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, toks[t].pos + 1, (size_t)hd, hd,
 					      1.0f / sqrtf((float)hd), sc->att);
 			else
 				for (int h = 0; h < h1 - h0; h++)
 					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, toks[t].pos,
-					       kv_dim, hd, sc->att);
+					       (size_t)hd, hd, sc->att);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 

@@ -86,8 +86,11 @@ struct nx_state {
 	float *v;       /* (max_batch, kv_dim) values (copied to v_cache as f16 by the band that made them) */
 	float *att_out; /* (max_batch, q_dim) attention output */
 	float *hb;      /* (max_batch, n_ff) SwiGLU output */
-	nx_f16 *k_cache;/* (n_slots, n_layer, n_ctx, kv_dim) */
-	nx_f16 *v_cache;/* (n_slots, n_layer, n_ctx, kv_dim) */
+	/* (n_slots, n_layer, n_head_kv, n_ctx, head_dim): each kv head's keys in
+	 * one run, which attention reads front to back (not every third 128-byte
+	 * piece of a position's row, as with (n_ctx, kv_dim) per layer) */
+	nx_f16 *k_cache;
+	nx_f16 *v_cache;/* same shape as k_cache */
 	float *logits;  /* (max_logits, n_vocab) */
 	/* Set by the owner after nx_state_init (zero by default): */
 	const struct nx_lora_mix *lora; /* (n_lora) adapter sets that nx_tok_in.lora selects; NULL: none */
