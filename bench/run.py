@@ -11,7 +11,8 @@ Cases (docs/bench.md has the details and how to read the numbers):
               client's tok/s against one client alone on the same server
   memory      nxd's summed PSS (supervisor + workers) against model + KV cache, start-to-ready time
               against llama.cpp's load time (Llama() and llama-server's /health)
-  qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode and prefill
+  qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
+              4 clients, as above
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -443,12 +444,11 @@ def main():
         prefill_case("prefill", "smollm2-135m Q8_0(nx)", requant("q8_0"), a.reps)
 
     # -------------------------------------------------------- concurrent
-    if "concurrent" in cases:
-        case = "concurrent"
-        reps = min(a.reps, MIN_REPS)
-        cprompts = [text_ids(q41, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]}<|im_end|>\n"
-                                  "<|im_start|>assistant\n") for i in range(SLOTS)]
-        log(f"bench: {case}: {SLOTS} clients x {DECODE_N} tokens x {reps}")
+    def concurrent_case(case, key, path, reps):
+        reps = min(reps, MIN_REPS)
+        cprompts = [text_ids(path, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]}<|im_end|>\n"
+                                   "<|im_start|>assistant\n") for i in range(SLOTS)]
+        log(f"bench: {case}: {key}: {SLOTS} clients x {DECODE_N} tokens x {reps}")
 
         def conc(gen_alone, gen_many):
             gen_alone(cprompts[0])  # warm-up
@@ -469,7 +469,7 @@ def main():
             return {"alone_tok_s": alone, "total_tok_s": totals, "per_client_tok_s": pers}
 
         def conc_ours():
-            with ours.daemon(q41, slots=SLOTS) as d:
+            with ours.daemon(path, slots=SLOTS) as d:
                 c = nxd_side.Conn(d.sock)
                 try:
                     return conc(lambda p: c.generate(p, DECODE_N),
@@ -480,23 +480,27 @@ def main():
         def conc_llama():
             if not srv_bin or not os.access(srv_bin, os.X_OK):
                 raise RuntimeError(f"llama-server not built ({srv_bin})")
-            with llama_server.Server(srv_bin, q41, THREADS, SLOTS, CTX, N_BATCH) as s:
+            with llama_server.Server(srv_bin, path, THREADS, SLOTS, CTX, N_BATCH) as s:
                 return conc(lambda p: s.generate(p, DECODE_N), lambda ps: s.concurrent(ps, DECODE_N))
 
         o, l = both(case, conc_ours, conc_llama)
-        res["raw"]["concurrent"] = {"ours": o, "llama": l}
-        bpt = model_info("smollm2-135m Q4_1", q41)["bytes_per_token"]
+        res["raw"][f"{case}/{key}/concurrent"] = {"ours": o, "llama": l}
+        bpt = model_info(key, path)["bytes_per_token"]
         om, lm = (med(o["total_tok_s"]) if o else None), (med(l["total_tok_s"]) if l else None)
         # 4 sequences share one read of the weights per step: the limit is per step, not per token.
-        table.add(case, f"Q4_1 total tok/s ({SLOTS} clients)", "tok/s", om, lm,
+        table.add(case, f"{key} total tok/s ({SLOTS} clients)", "tok/s", om, lm,
                   pct_bw(om / SLOTS if om else None, bpt, bw_gbs), pct_bw(lm / SLOTS if lm else None, bpt, bw_gbs),
                   note="%bw: per step (4 tokens share one weight read)")
         oa, la = (med(o["alone_tok_s"]) if o else None), (med(l["alone_tok_s"]) if l else None)
-        table.add(case, "Q4_1 1 client alone, same server", "tok/s", oa, la)
+        table.add(case, f"{key} 1 client alone, same server", "tok/s", oa, la)
         op = med([x for rep in o["per_client_tok_s"] for x in rep]) if o else None
         lp = med([x for rep in l["per_client_tok_s"] for x in rep]) if l else None
-        table.add(case, f"Q4_1 per client ({SLOTS} at once)", "tok/s", op, lp)
-        table.add(case, "per client / alone", "x", op / oa if op and oa else None, lp / la if lp and la else None)
+        table.add(case, f"{key} per client ({SLOTS} at once)", "tok/s", op, lp)
+        table.add(case, f"{key} per client / alone", "x", op / oa if op and oa else None,
+                  lp / la if lp and la else None)
+
+    if "concurrent" in cases:
+        concurrent_case("concurrent", "smollm2-135m Q4_1", q41, a.reps)
 
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:
@@ -566,6 +570,7 @@ def main():
         reps = a.reps
         decode_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
+        concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
 
     # -------------------------------------------------------- report
     res["table"] = table.rows
