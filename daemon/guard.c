@@ -101,6 +101,7 @@ static bool state_same(const struct nx_state *a, const struct nx_state *b)
 	       a->q_dim == b->q_dim && a->n_ff == b->n_ff && a->n_vocab == b->n_vocab && a->n_layer == b->n_layer &&
 	       a->x == b->x && a->q == b->q && a->k == b->k && a->v == b->v && a->att_out == b->att_out &&
 	       a->hb == b->hb && a->k_cache == b->k_cache && a->v_cache == b->v_cache && a->logits == b->logits &&
+	       a->att_part == b->att_part && a->att_ms == b->att_ms &&
 	       a->lora == b->lora && a->n_lora == b->n_lora; /* lora.c sets both copies: the mix table */
 }
 
@@ -108,6 +109,7 @@ static bool scratch_same(const struct nx_scratch *a, const struct nx_scratch *b)
 {
 	return a->xn == b->xn && a->xq == b->xq && a->xq_stride == b->xq_stride && a->xq_d == b->xq_d &&
 	       a->xq_s == b->xq_s && a->xq_c == b->xq_c && a->xq_c16 == b->xq_c16 && a->att == b->att &&
+	       a->att_in == b->att_in &&
 	       a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y;
 }
 
@@ -118,12 +120,13 @@ static void state_restore(struct nx_state *a, const struct nx_state *b)
 	a->n_vocab = b->n_vocab, a->n_layer = b->n_layer;
 	a->x = b->x, a->q = b->q, a->k = b->k, a->v = b->v, a->att_out = b->att_out, a->hb = b->hb;
 	a->k_cache = b->k_cache, a->v_cache = b->v_cache, a->logits = b->logits;
+	a->att_part = b->att_part, a->att_ms = b->att_ms;
 	a->lora = b->lora, a->n_lora = b->n_lora;
 }
 
 static void scratch_restore(struct nx_scratch *a, const struct nx_scratch *b)
 {
-	a->xn = b->xn, a->xq = b->xq, a->xq_stride = b->xq_stride, a->att = b->att;
+	a->xn = b->xn, a->xq = b->xq, a->xq_stride = b->xq_stride, a->att = b->att, a->att_in = b->att_in;
 	a->xq_d = b->xq_d, a->xq_s = b->xq_s, a->xq_c = b->xq_c, a->xq_c16 = b->xq_c16;
 	a->rope = b->rope;
 	a->lora_u = b->lora_u, a->lora_y = b->lora_y;

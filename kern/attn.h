@@ -21,10 +21,12 @@ int nx_attn_group(int hd);
  * out_i = sum_j p_j v_j with p = softmax(scale * q_i . k_j) over j < n, where
  * q_i = q + i * hd and out_i = out + i * hd (n_q x hd floats each), keys at
  * kc + j * ld and values at vc + j * ld (f16). att: scratch of
- * min(n_q, nx_attn_group(hd)) * n floats.
+ * min(n_q, nx_attn_group(hd)) * n floats. ms: NULL, or n_q x 2 floats that
+ * get each head's largest score (scale * q_i . k_j) and sum of e^(score -
+ * largest), to merge outputs over parts of a longer range of keys.
  * Each head's output is bit-identical whatever n_q and the other heads are,
  * and deterministic for given inputs (no dependence on anything but them). */
 void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
-		   int hd, float scale, float *att);
+		   int hd, float scale, float *att, float *ms);
 
 #endif

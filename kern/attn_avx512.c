@@ -54,7 +54,7 @@ INL __m512 ld16(const nx_f16 *p)
  * head's own arithmetic is the same operations in the same order as with G = 1,
  * so its output does not depend on G or on the other heads. */
 INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld, const int hd,
-		const int G, float scale, float *att)
+		const int G, float scale, float *att, float *ms)
 {
 	const int nc = hd / 16;
 	/* zeros: only so that at a generic hd (nc not known) GCC sees no unset elements */
@@ -153,6 +153,10 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 			sumv = _mm512_add_ps(sumv, _mm512_maskz_mov_ps(m, e));
 		}
 		sum[g] = _mm512_reduce_add_ps(sumv);
+		if (ms) {
+			ms[2 * g] = mx[g];
+			ms[2 * g + 1] = sum[g];
+		}
 	}
 
 	/* out = sum_j p_j v_j / sum, two keys at a time into two accumulator sets;
@@ -206,27 +210,27 @@ int nx_attn_group(int hd)
  * nx_attn_group(hd) as there can be, as even as can be (7: 3, 2, 2), each
  * reusing att. */
 TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
-		       int hd, float scale, float *att)
+		       int hd, float scale, float *att, float *ms)
 {
 	const int gmax = nx_attn_group(hd), passes = (n_q + gmax - 1) / gmax;
 	for (int i = 0, h = 0; i < passes; i++) {
 		const int g = n_q / passes + (i < n_q % passes);
-		float *o = out + (size_t)h * hd;
+		float *o = out + (size_t)h * hd, *m = ms ? ms + 2 * h : NULL;
 		const float *qh = q + (size_t)h * hd;
 		if (hd == 64 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 64, 3, scale, att);
+			attend(o, qh, kc, vc, n, ld, 64, 3, scale, att, m);
 		else if (hd == 64 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 64, 2, scale, att);
+			attend(o, qh, kc, vc, n, ld, 64, 2, scale, att, m);
 		else if (hd == 64)
-			attend(o, qh, kc, vc, n, ld, 64, 1, scale, att);
+			attend(o, qh, kc, vc, n, ld, 64, 1, scale, att, m);
 		else if (hd == 128 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 128, 3, scale, att);
+			attend(o, qh, kc, vc, n, ld, 128, 3, scale, att, m);
 		else if (hd == 128 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 128, 2, scale, att);
+			attend(o, qh, kc, vc, n, ld, 128, 2, scale, att, m);
 		else if (hd == 128)
-			attend(o, qh, kc, vc, n, ld, 128, 1, scale, att);
+			attend(o, qh, kc, vc, n, ld, 128, 1, scale, att, m);
 		else
-			attend(o, qh, kc, vc, n, ld, hd, 1, scale, att);
+			attend(o, qh, kc, vc, n, ld, hd, 1, scale, att, m);
 		h += g;
 	}
 }

@@ -54,11 +54,29 @@ static int max_in(const struct nx_hparams *hp)
 	return m;
 }
 
+/* Attention splits a token's positions into spans of NX_ATTN_SPAN (the last
+ * one shorter), each a unit of work of its own, and merges the spans' outputs
+ * (merge_spans). Fixed spans, not a split by how many tokens a step has: a
+ * token's output depends on its position only, never on the batch it ran in.
+ * With one sequence, a few kv heads cannot keep the bands busy alone; spans
+ * can, without each band reading the K/V of a kv head whose query heads are
+ * shared out (SmolLM2, one sequence, nx-perf --profile: attention at ~1550
+ * positions 1980-2090 -> 1470 us per token and band; at ~4000 positions decode
+ * 118-122 -> 130-131 tok/s). A token within one span takes the path it took
+ * before spans: the same arithmetic, no merge. */
+#define NX_ATTN_SPAN 256
+
+static int attn_spans(int n_pos)
+{
+	return (n_pos + NX_ATTN_SPAN - 1) / NX_ATTN_SPAN;
+}
+
 /* Walks the state layout once for both sizing and carving: mem NULL sizes it. */
 static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparams *hp, const struct nx_state_cfg *c)
 {
 	size_t B = (size_t)c->max_batch, dim = hp->dim, q_dim = (size_t)hp->n_head * hp->head_dim,
 	       kv_dim = (size_t)hp->n_head_kv * hp->head_dim, n_ff = hp->n_ff, n_vocab = hp->n_vocab;
+	const size_t spans = (size_t)attn_spans(c->n_ctx), heads = B * (size_t)hp->n_head;
 	size_t cache;
 	if (__builtin_mul_overflow((size_t)c->n_slots * hp->n_layer, (size_t)c->n_ctx, &cache) ||
 	    __builtin_mul_overflow(cache, kv_dim, &cache))
@@ -68,7 +86,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	    !add_buf(&total, B * kv_dim, sizeof(float)) || !add_buf(&total, B * kv_dim, sizeof(float)) ||
 	    !add_buf(&total, B * q_dim, sizeof(float)) || !add_buf(&total, B * n_ff, sizeof(float)) ||
 	    !add_buf(&total, cache, sizeof(nx_f16)) || !add_buf(&total, cache, sizeof(nx_f16)) ||
-	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)))
+	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
+	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
@@ -81,6 +100,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->k_cache = take(&p, cache, sizeof(nx_f16));
 		s->v_cache = take(&p, cache, sizeof(nx_f16));
 		s->logits = take(&p, (size_t)c->max_logits * n_vocab, sizeof(float));
+		s->att_part = take(&p, heads * spans * hp->head_dim, sizeof(float));
+		s->att_ms = take(&p, heads * spans * 2, sizeof(float));
 	}
 	return total;
 }
@@ -133,8 +154,9 @@ static int attn_chunk_max(const struct nx_hparams *hp)
 
 /* Chunks each group's query heads are cut into for attention, as even as can
  * be: the fewest that keep each within attn_chunk_max and leave the bands at
- * least 2 units each to balance (n tokens x n_head_kv groups x chunks), so
- * that heads share K/V reads where there is work enough to go round. */
+ * least 2 units each to balance (n spans of all tokens x n_head_kv groups x
+ * chunks), so that heads share K/V reads where there is work enough to go
+ * round. */
 static int attn_chunks(const struct nx_hparams *hp, int n, int n_bands)
 {
 	const int group = hp->n_head / hp->n_head_kv, cmax = attn_chunk_max(hp);
@@ -152,6 +174,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
 	    !add_buf(&total, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float)) ||
+	    !add_buf(&total, B * (size_t)hp->n_head * hp->head_dim, sizeof(float)) ||
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
 		return 0;
@@ -165,6 +188,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->xq_c = take(&p, sides, sizeof(int32_t));
 		sc->xq_c16 = take(&p, 2 * sides, sizeof(int32_t));
 		sc->att = take(&p, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float));
+		sc->att_in = take(&p, B * (size_t)hp->n_head * hp->head_dim, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
 		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
 		sc->lora_y = take(&p, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float));
@@ -719,9 +743,10 @@ static void capture(const struct nx_state *s, const struct nx_hparams *hp, int n
 /* ---------------------------------------------------------------- the pass */
 
 /* Attention of one (token, head): softmax(q . k_j / sqrt(hd)) over j <= pos, times v
- * (key and value j at kc + j * ld, vc + j * ld). */
+ * (key and value j at kc + j * ld, vc + j * ld); ms: NULL or the largest score
+ * and the sum of e^(score - largest), as nx_attend_f16 gives them. */
 static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int pos, size_t ld, int hd,
-		   float *att)
+		   float *att, float *ms)
 {
 	const float scale = 1.0f / sqrtf((float)hd);
 	float mx = -INFINITY;
@@ -750,6 +775,36 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	const float inv = 1.0f / sum;
 	for (int i = 0; i < hd; i++)
 		out[i] *= inv;
+	if (ms) {
+		ms[0] = mx;
+		ms[1] = sum;
+	}
+}
+
+/* One token's attention output (n_head heads of hd) over its n_span spans,
+ * from each span's output (softmax within the span) part[c][h] and its largest
+ * score and sum ms[c][h] = (m_c, l_c): weights l_c e^(m_c - m) / their sum, m
+ * the largest m_c, summed in span order. */
+static void merge_spans(float *out, const float *part, const float *ms, int n_head, int n_span, int hd)
+{
+	for (int h = 0; h < n_head; h++) {
+		const float *m = ms + 2 * (size_t)h;
+		const size_t mstep = 2 * (size_t)n_head, pstep = (size_t)n_head * hd;
+		float mx = m[0], z = 0.0f;
+		for (int c = 1; c < n_span; c++)
+			mx = m[c * mstep] > mx ? m[c * mstep] : mx;
+		for (int c = 0; c < n_span; c++)
+			z += m[c * mstep + 1] * expf(m[c * mstep] - mx);
+		float *o = out + (size_t)h * hd;
+		for (int i = 0; i < hd; i++)
+			o[i] = 0.0f;
+		for (int c = 0; c < n_span; c++) {
+			const float w = m[c * mstep + 1] * expf(m[c * mstep] - mx) / z;
+			const float *p = part + c * pstep + (size_t)h * hd;
+			for (int i = 0; i < hd; i++)
+				o[i] += w * p[i];
+		}
+	}
 }
 
 void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
@@ -762,7 +817,15 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const float eps = hp->norm_eps;
 	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
 	const bool attn_fast = nx_attn_fast(hd);
-	const int n_chunk = attn_chunks(hp, n, n_bands);
+	const int ns_max = attn_spans(n_ctx); /* att_part / att_ms hold ns_max spans per (token, head) */
+	int n_span_all = 0;                    /* spans of all tokens */
+	bool multi_span = false;
+	for (int t = 0; t < n; t++) {
+		n_span_all += attn_spans(toks[t].pos + 1);
+		multi_span |= attn_spans(toks[t].pos + 1) > 1;
+	}
+	const int n_chunk = attn_chunks(hp, n_span_all, n_bands);
+	const int n_units = n_span_all * n_head_kv * n_chunk;
 	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
@@ -841,33 +904,61 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		band_sync(sync, sc, NX_PROF_ATTN);
 
 		/* [B] attention over positions 0..pos of the token's slot, per (token, kv head,
-		 * chunk of that kv head's query heads): a chunk's heads share each K/V read
-		 * (nx_attend_f16). */
-		FOR_ROWS(sp, 0, n * n_head_kv * n_chunk, 1, lo, hi)
+		 * chunk of that kv head's query heads, span of positions): a chunk's heads share
+		 * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
+		 * more, each span's output and (max, sum) to att_part / att_ms, merged below. */
+		const int per_span = n_head_kv * n_chunk;
+		int t = 0, t_base = 0; /* units of tokens < t */
+		FOR_ROWS(sp, 0, n_units, 1, lo, hi)
 		for (int u = lo; u < hi; u++) {
-			const int t = u / (n_head_kv * n_chunk), kh = u / n_chunk % n_head_kv, ch = u % n_chunk;
+			if (u < t_base)
+				t = t_base = 0;
+			while (u >= t_base + per_span * attn_spans(toks[t].pos + 1))
+				t_base += per_span * attn_spans(toks[t++].pos + 1);
+			const int ns = attn_spans(toks[t].pos + 1), r = u - t_base, sn = r % ns;
+			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
-			const size_t off = toks[t].slot * slot_stride + (size_t)kh * n_ctx * hd;
-			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd;
+			const int p0 = sn * NX_ATTN_SPAN, np = (sn + 1 < ns ? p0 + NX_ATTN_SPAN : toks[t].pos + 1) - p0;
+			const size_t off = toks[t].slot * slot_stride + ((size_t)kh * n_ctx + p0) * hd;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
+			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
+			if (ns > 1) { /* (token, span, head) */
+				const size_t at = ((size_t)t * ns_max + sn) * n_head + h0;
+				out = s->att_part + at * hd;
+				ms = s->att_ms + at * 2;
+			}
 			if (attn_fast)
-				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, toks[t].pos + 1, (size_t)hd, hd,
-					      1.0f / sqrtf((float)hd), sc->att);
+				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, np, (size_t)hd, hd,
+					      1.0f / sqrtf((float)hd), sc->att, ms);
 			else
 				for (int h = 0; h < h1 - h0; h++)
-					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, toks[t].pos,
-					       (size_t)hd, hd, sc->att);
+					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, np - 1,
+					       (size_t)hd, hd, sc->att, ms ? ms + 2 * h : NULL);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
-		/* [C] x += Wo att_out: this band's rows of x. */
-		capture(s, hp, n, il, NX_CAP_ATTN_OUT, s->att_out, band);
+		/* [C] x += Wo att: this band's rows of x, from att_out or (when some token has
+		 * more than one span) its own merged copy. */
+		const float *att = s->att_out;
+		if (multi_span) {
+			for (int i = 0; i < n; i++) {
+				float *dst = sc->att_in + (size_t)i * q_dim;
+				const int ns = attn_spans(toks[i].pos + 1);
+				if (ns == 1)
+					memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
+				else
+					merge_spans(dst, s->att_part + (size_t)i * ns_max * n_head * hd,
+						    s->att_ms + (size_t)i * ns_max * n_head * 2, n_head, ns, hd);
+			}
+			att = sc->att_in;
+		}
+		capture(s, hp, n, il, NX_CAP_ATTN_OUT, att, band);
 		sc->xq_src = NULL;
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
-			matmul(&L->wo, prep_act(sc, s->att_out, n, q_dim, &L->wo, toks, false), n,
+			matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, toks, false), n,
 			       lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_O, s->att_out, q_dim, s->x, dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 

@@ -92,6 +92,10 @@ struct nx_state {
 	nx_f16 *k_cache;
 	nx_f16 *v_cache;/* same shape as k_cache */
 	float *logits;  /* (max_logits, n_vocab) */
+	/* Attention of tokens with more than one span of positions (forward.c:
+	 * NX_ATTN_SPAN), before the merge; spans = n_ctx / NX_ATTN_SPAN rounded up */
+	float *att_part;/* (max_batch, spans, n_head, head_dim) each span's output */
+	float *att_ms;  /* (max_batch, spans, n_head, 2) each span's largest score and sum of e^(score - it) */
 	/* Set by the owner after nx_state_init (zero by default): */
 	const struct nx_lora_mix *lora; /* (n_lora) adapter sets that nx_tok_in.lora selects; NULL: none */
 	int n_lora;
@@ -118,6 +122,8 @@ struct nx_scratch {
 	bool xq_c16_ok;
 	float *att;     /* (min(group, nx_attn_group(head_dim)), n_ctx) attention scores of one
 			 * (token, kv head, chunk of its query heads); group = n_head / n_head_kv */
+	float *att_in;  /* (max_batch, n_head * head_dim) the step's attention output with its
+			 * tokens' spans merged: Wo's input when a token has more than one span */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
 	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta, per token and adapter */
 	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */

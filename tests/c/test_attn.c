@@ -85,8 +85,10 @@ static size_t att_len(const struct attn_case *c)
 }
 
 /* nx_attend_f16 on heads [h0, h0 + n_q) of the case into out (n_q x hd floats), with
- * poisoned guards after out and the scratch, which must come back untouched. */
-static void run(const struct attn_case *c, int h0, int n_q, float *out)
+ * poisoned guards after out and the scratch, which must come back untouched; with ms
+ * (n_q x 2 floats) non-NULL, once more asking for each head's largest score and sum,
+ * which must not change a bit of out. */
+static void run(const struct attn_case *c, int h0, int n_q, float *out, float *ms)
 {
 	const size_t n_out = (size_t)n_q * c->hd;
 	struct attn_case one = *c;
@@ -99,18 +101,26 @@ static void run(const struct attn_case *c, int h0, int n_q, float *out)
 	for (size_t i = 0; i < n_att + GUARD; i++)
 		memcpy(att + i, &poison, sizeof(poison));
 	nx_attend_f16(o, c->q + (size_t)h0 * c->hd, n_q, c->kc + c->hd, c->vc + c->hd, c->n, c->ld, c->hd, c->scale,
-		      att);
+		      att, NULL);
 	for (size_t i = 0; i < GUARD; i++) {
 		assert_memory_equal(o + n_out + i, &poison, sizeof(poison));
 		assert_memory_equal(att + n_att + i, &poison, sizeof(poison));
 	}
 	memcpy(out, o, n_out * sizeof(float));
+	if (ms) {
+		nx_attend_f16(o, c->q + (size_t)h0 * c->hd, n_q, c->kc + c->hd, c->vc + c->hd, c->n, c->ld, c->hd,
+			      c->scale, att, ms);
+		assert_memory_equal(o, out, n_out * sizeof(float));
+	}
 	free(o);
 	free(att);
 }
 
-/* out (hd doubles) = the case's head h, in double from the f16 values; *bound as in the header. */
-static void reference(const struct attn_case *c, int h, double *out, double *bound)
+/* out (hd doubles) = the case's head h, in double from the f16 values; *bound as in the
+ * header; ms: the largest score and the sum of e^(score - it), and bounds on their errors
+ * (a score's, as above; the sum's: each weight's e^d, d up to twice that, plus the exp's
+ * ~4 ulps and n / 16 + 4 float additions). */
+static void reference(const struct attn_case *c, int h, double *out, double *bound, double ms[4])
 {
 	const int n = c->n, hd = c->hd;
 	const float *q = c->q + (size_t)h * hd;
@@ -142,6 +152,8 @@ static void reference(const struct attn_case *c, int h, double *out, double *bou
 	for (int i = 0; i < hd; i++)
 		out[i] /= sum;
 	*bound = ldexp(4.0 * (hd / 16 + 4) * S + n + 64, -24) * V;
+	const double es = ldexp(2.0 * (hd / 16 + 4) * S, -24);
+	ms[0] = mx, ms[1] = sum, ms[2] = es, ms[3] = sum * (2 * es + ldexp(n / 16 + 8, -24));
 	free(s);
 }
 
@@ -175,11 +187,15 @@ static void test_reference(void **state)
 						continue;
 					struct attn_case c;
 					case_init(&c, n, hd, n_q, scale);
-					float *out = xmalloc((size_t)n_q * hd * sizeof(float));
-					double *ref = xmalloc((size_t)hd * sizeof(double)), bound;
-					run(&c, 0, n_q, out);
+					float *out = xmalloc((size_t)n_q * hd * sizeof(float)), ms[2 * MAX_Q];
+					double *ref = xmalloc((size_t)hd * sizeof(double)), bound, rms[4];
+					run(&c, 0, n_q, out, ms);
 					for (int h = 0; h < n_q; h++) {
-						reference(&c, h, ref, &bound);
+						reference(&c, h, ref, &bound, rms);
+						if (!(fabs(ms[2 * h] - rms[0]) <= rms[2] && fabs(ms[2 * h + 1] - rms[1]) <= rms[3]))
+							fail_msg("hd %d n %d n_q %d head %d: largest score %.9g sum %.9g, want %.9g "
+								 "(+-%.3g) and %.9g (+-%.3g)", hd, n, n_q, h, (double)ms[2 * h],
+								 (double)ms[2 * h + 1], rms[0], rms[2], rms[1], rms[3]);
 						for (int i = 0; i < hd; i++) {
 							const double e = fabs(out[(size_t)h * hd + i] - ref[i]);
 							if (!(e <= bound))
@@ -214,10 +230,10 @@ static void test_grouped_bits(void **state)
 			float *alone = xmalloc((size_t)MAX_Q * hd * sizeof(float));
 			float *grouped = xmalloc((size_t)MAX_Q * hd * sizeof(float));
 			for (int h = 0; h < MAX_Q; h++)
-				run(&c, h, 1, alone + (size_t)h * hd);
+				run(&c, h, 1, alone + (size_t)h * hd, NULL);
 			for (int h0 = 0; h0 < MAX_Q; h0++)
 				for (int n_q = 1; h0 + n_q <= MAX_Q; n_q++) {
-					run(&c, h0, n_q, grouped);
+					run(&c, h0, n_q, grouped, NULL);
 					for (int h = 0; h < n_q; h++)
 						if (memcmp(grouped + (size_t)h * hd, alone + (size_t)(h0 + h) * hd,
 							   (size_t)hd * sizeof(float)))

@@ -178,6 +178,46 @@ def test_logits_match_reference(tiny, name, report):
                                        f"within {emu_close:.1e}"
 
 
+# Attention cuts a token's positions into spans of 256 and merges the spans'
+# outputs (model/forward.c: NX_ATTN_SPAN): contexts past 512 positions, with
+# steps that start and end on and off the span boundaries.
+LONG_LENS = {0: 700, 1: 300}
+
+
+def long_plans():
+    whole = [f"step {s}:{i}:{min(128, n - i)}" for s, n in LONG_LENS.items() for i in range(0, n, 128)]
+    mixed, done = [], {0: 0, 1: 0}
+    for chunk0, chunk1 in [(255, 40), (2, 216), (300, 1), (100, 40)]:  # then both decode one token a step
+        mixed.append(f"step 0:{done[0]}:{chunk0} 1:{done[1]}:{chunk1}")
+        done[0] += chunk0
+        done[1] += chunk1
+    while any(done[s] < n for s, n in LONG_LENS.items()):
+        mixed.append("step " + " ".join(f"{s}:{done[s]}:1" for s, n in LONG_LENS.items() if done[s] < n))
+        for s, n in LONG_LENS.items():
+            done[s] = min(done[s] + 1, n)
+    return {"whole": whole, "mixed": mixed}
+
+
+@pytest.mark.parametrize("name", ["llama-f32-rope32", "llama-mixed"])
+def test_long_context_spans(tiny, name, report):
+    """Past one span of positions: the same logits under every plan and thread
+    count, bit for bit, and the float64 reference's within the usual bounds."""
+    model = tiny[name]
+    rng = np.random.default_rng(7)
+    ref = Reference(model)
+    seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in LONG_LENS.items()}
+    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in long_plans().items() for th in (1, 2)}
+    base = runs[("whole", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (whole, 1 thread) by {np.abs(logits - base).max()}"
+    ours = np.split(base, [LONG_LENS[0]])
+    err = np.concatenate([np.abs(got - ref.logits(toks)) / ref.logits(toks).std()
+                          for toks, got in zip(seqs.values(), ours)])
+    max_tol, mean_tol = TOL[family(VARIANTS[name])]
+    report(f"forward {name:22s} {LONG_LENS[0]} positions: max|d|/std {err.max():.2e} mean {err.mean():.2e}")
+    assert err.max() <= max_tol and err.mean() <= mean_tol, (err.max(), err.mean())
+
+
 @pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied"])
 def test_generate_matches_teacher_forcing(tiny, name):
     """--generate (prefill, then one-token decode steps) continues exactly as the
