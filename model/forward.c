@@ -908,10 +908,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		 * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
 		 * more, each span's output and (max, sum) to att_part / att_ms, merged below. */
 		const int per_span = n_head_kv * n_chunk;
-		int t = 0, t_base = 0; /* units of tokens < t */
+		int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
 		FOR_ROWS(sp, 0, n_units, 1, lo, hi)
 		for (int u = lo; u < hi; u++) {
-			if (u < t_base)
+			if (u < t_base) /* a range behind the last one (taken from another band's end) */
 				t = t_base = 0;
 			while (u >= t_base + per_span * attn_spans(toks[t].pos + 1))
 				t_base += per_span * attn_spans(toks[t++].pos + 1);
