@@ -95,7 +95,7 @@ static void *run(void *arg)
 }
 
 /* ns per vpdpbusd of 512 bits when this core issues nothing else (12 chains,
- * so latency does not count); 0 without AVX-512 VNNI. The tile kernels issue
+ * so latency does not count); only on CPUs with AVX-512 VNNI. The tile kernels issue
  * 16 per token, 32-element block and 16-row group (8 per activation part): the
  * ratio of the two says how far they are from the integer units' limit. */
 __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
