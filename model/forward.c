@@ -783,27 +783,29 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 
 /* One token's attention output (n_head heads of hd) over its n_span spans,
  * from each span's output (softmax within the span) part[c][h] and its largest
- * score and sum ms[c][h] = (m_c, l_c): weights l_c e^(m_c - m) / their sum, m
- * the largest m_c, summed in span order. */
+ * score and sum ms[c][h] = (m_c, l_c): the spans' outputs weighted by
+ * l_c e^(m_c - m), m the largest m_c, summed in span order, over the weights' sum. */
 static void merge_spans(float *out, const float *part, const float *ms, int n_head, int n_span, int hd)
 {
+	const size_t mstep = 2 * (size_t)n_head, pstep = (size_t)n_head * hd;
 	for (int h = 0; h < n_head; h++) {
 		const float *m = ms + 2 * (size_t)h;
-		const size_t mstep = 2 * (size_t)n_head, pstep = (size_t)n_head * hd;
 		float mx = m[0], z = 0.0f;
 		for (int c = 1; c < n_span; c++)
 			mx = m[c * mstep] > mx ? m[c * mstep] : mx;
-		for (int c = 0; c < n_span; c++)
-			z += m[c * mstep + 1] * expf(m[c * mstep] - mx);
 		float *o = out + (size_t)h * hd;
 		for (int i = 0; i < hd; i++)
 			o[i] = 0.0f;
 		for (int c = 0; c < n_span; c++) {
-			const float w = m[c * mstep + 1] * expf(m[c * mstep] - mx) / z;
+			const float w = m[c * mstep + 1] * expf(m[c * mstep] - mx);
 			const float *p = part + c * pstep + (size_t)h * hd;
+			z += w;
 			for (int i = 0; i < hd; i++)
 				o[i] += w * p[i];
 		}
+		const float inv = 1.0f / z;
+		for (int i = 0; i < hd; i++)
+			o[i] *= inv;
 	}
 }
 
@@ -819,11 +821,9 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const bool attn_fast = nx_attn_fast(hd);
 	const int ns_max = attn_spans(n_ctx); /* att_part / att_ms hold ns_max spans per (token, head) */
 	int n_span_all = 0;                    /* spans of all tokens */
-	bool multi_span = false;
-	for (int t = 0; t < n; t++) {
+	for (int t = 0; t < n; t++)
 		n_span_all += attn_spans(toks[t].pos + 1);
-		multi_span |= attn_spans(toks[t].pos + 1) > 1;
-	}
+	const bool multi_span = n_span_all > n; /* some token has more than one */
 	const int n_chunk = attn_chunks(hp, n_span_all, n_bands);
 	const int n_units = n_span_all * n_head_kv * n_chunk;
 	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
