@@ -2,7 +2,7 @@
  * decode step's layer matrices: how fast the kernels stream the weights from DRAM
  * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
  *
- *   nx-packbench [-t threads] [-a tokens] [-b] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
  *
  * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
  * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
@@ -10,7 +10,9 @@
  * which each of the threads dots its share of every matrix's row groups (thread b
  * takes groups [b * n / t, (b + 1) * n / t), as fixed bands would) with the
  * two-part activations of -a tokens; -b adds a spinning barrier after every
- * matrix, as the engine has one after every op. Prints the mean over the steps
+ * matrix, as the engine has one after every op; -c makes every matrix read the
+ * same bytes (from layer 0's first on: 0.55 MB in Q4_1, 0.94 in Q8_0), so the
+ * weights stay in L2 and the kernels' own speed shows. Prints the mean over the steps
  * after a warm-up: ms per step and weight GB/s, for all threads together; and,
  * with AVX-512 VNNI, the kernels' time per vpdpbusd against what the core
  * issues when it does nothing else.
@@ -38,7 +40,7 @@ static const int op_in[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
 
 static enum nx_type wtype = NX_Q4_1;
 static int n_threads = 2, n_tok = 1, n_steps = 50;
-static bool use_barrier;
+static bool use_barrier, in_cache;
 static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
 static uint8_t *act;                  /* n_tok tokens' hi and lo rows of 1536 elements */
 static _Atomic unsigned arrived, round_no;
@@ -83,7 +85,7 @@ static void *run(void *arg)
 				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL};
 				const int ng = op_rows[o] / NX_PACK_ROWS;
 				for (int g = b * ng / n_threads; g < (b + 1) * ng / n_threads; g++)
-					kern(mats[l][o] + (size_t)g * gb, &a, n_tok, out, op_in[o]);
+					kern((in_cache ? mats[0][0] : mats[l][o]) + (size_t)g * gb, &a, n_tok, out, op_in[o]);
 				if (use_barrier)
 					barrier();
 			}
@@ -122,7 +124,7 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
 			"[-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
 	exit(2);
 }
@@ -142,11 +144,12 @@ static bool parse_type(const char *name)
 int main(int argc, char **argv)
 {
 	int opt;
-	while ((opt = getopt(argc, argv, "t:a:bT:s:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:a:bcT:s:")) != -1) {
 		switch (opt) {
 		case 't': n_threads = atoi(optarg); break;
 		case 'a': n_tok = atoi(optarg); break;
 		case 'b': use_barrier = true; break;
+		case 'c': in_cache = true; break;
 		case 's': n_steps = atoi(optarg); break;
 		case 'T':
 			if (!parse_type(optarg))
@@ -210,8 +213,9 @@ int main(int argc, char **argv)
 		pthread_join(th[b], NULL);
 	for (int b = 0; b < n_threads; b++)
 		ms = thread_ms[b] > ms ? thread_ms[b] : ms;
-	printf("%s, %d layers (%.1f MB), %d thread%s, %d token%s%s: %.3f ms per step, %.1f GB/s of weights\n",
-	       nx_type_name(wtype), N_LAYER, total / 1e6, n_threads, n_threads > 1 ? "s" : "", n_tok, n_tok > 1 ? "s" : "",
+	printf("%s, %d layers (%.1f MB%s), %d thread%s, %d token%s%s: %.3f ms per step, %.1f GB/s of weights\n",
+	       nx_type_name(wtype), N_LAYER, total / 1e6, in_cache ? ", every matrix reading the same bytes" : "",
+	       n_threads, n_threads > 1 ? "s" : "", n_tok, n_tok > 1 ? "s" : "",
 	       use_barrier ? ", a barrier after each matrix" : "", ms, total / (ms * 1e-3) / 1e9);
 	__builtin_cpu_init();
 	if (nx_pack_fast(wtype) && __builtin_cpu_supports("avx512vnni")) {
