@@ -51,16 +51,16 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		for (int i = 0; i < NA; i++) {
 			/* four chains: the hi part (h*) and the lo part (l*), low and high nibbles */
 			const int32_t off = SHIFT ? a->c[i * nb + b] / (1 << SHIFT) : 0;
-			__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 0, b, 0));
-			__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 0, b, 16));
-			__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-off), lo[0], act4(a, i, 1, b, 0));
-			__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 1, b, 16));
+			__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
+			__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b, 16);
+			__m512i l0 = dp4(_mm512_set1_epi32(-off), lo[0], a, i, 1, b, 0);
+			__m512i l1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 1, b, 16);
 			#pragma GCC unroll 3
 			for (int c = 1; c < 4; c++) {
-				h0 = _mm512_dpbusd_epi32(h0, lo[c], act4(a, i, 0, b, 4 * c));
-				h1 = _mm512_dpbusd_epi32(h1, hi[c], act4(a, i, 0, b, 16 + 4 * c));
-				l0 = _mm512_dpbusd_epi32(l0, lo[c], act4(a, i, 1, b, 4 * c));
-				l1 = _mm512_dpbusd_epi32(l1, hi[c], act4(a, i, 1, b, 16 + 4 * c));
+				h0 = dp4(h0, lo[c], a, i, 0, b, 4 * c);
+				h1 = dp4(h1, hi[c], a, i, 0, b, 16 + 4 * c);
+				l0 = dp4(l0, lo[c], a, i, 1, b, 4 * c);
+				l1 = dp4(l1, hi[c], a, i, 1, b, 16 + 4 * c);
 			}
 			const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
 			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));

@@ -82,16 +82,16 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 #pragma GCC unroll 4
 			for (int i = 0; i < NA; i++) {
 				/* sub-blocks b (low nibbles) and b + 1 (high), hi part (h*) and lo part (l*) */
-				__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 0, b, 0));
-				__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 0, b + 1, 0));
-				__m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], act4(a, i, 1, b, 0));
-				__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], act4(a, i, 1, b + 1, 0));
+				__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
+				__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b + 1, 0);
+				__m512i l0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 1, b, 0);
+				__m512i l1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 1, b + 1, 0);
 #pragma GCC unroll 7
 				for (int w = 1; w < 8; w++) {
-					h0 = _mm512_dpbusd_epi32(h0, lo[w], act4(a, i, 0, b, 4 * w));
-					h1 = _mm512_dpbusd_epi32(h1, hi[w], act4(a, i, 0, b + 1, 4 * w));
-					l0 = _mm512_dpbusd_epi32(l0, lo[w], act4(a, i, 1, b, 4 * w));
-					l1 = _mm512_dpbusd_epi32(l1, hi[w], act4(a, i, 1, b + 1, 4 * w));
+					h0 = dp4(h0, lo[w], a, i, 0, b, 4 * w);
+					h1 = dp4(h1, hi[w], a, i, 0, b + 1, 4 * w);
+					l0 = dp4(l0, lo[w], a, i, 1, b, 4 * w);
+					l1 = dp4(l1, hi[w], a, i, 1, b + 1, 4 * w);
 				}
 				const int64_t k = i * nb + b;
 				acc[i] = _mm512_fmadd_ps(dsc0, _mm512_mul_ps(_mm512_cvtepi32_ps(comb(h0, l0)), _mm512_set1_ps(a->d[k])), acc[i]);
@@ -151,16 +151,16 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			for (int i = 0; i < NA; i++) {
 				/* halves 0 and 1 of block b, hi part (h*) and lo part (l*, from the offsets) */
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
-				__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], act4(a, i, 0, b, 0));
-				__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], act4(a, i, 0, b, 16));
-				__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[0]), q[0], act4(a, i, 1, b, 0));
-				__m512i l1 = _mm512_dpbusd_epi32(_mm512_set1_epi32(c16[1]), q[4], act4(a, i, 1, b, 16));
+				__m512i h0 = dp4(_mm512_setzero_si512(), q[0], a, i, 0, b, 0);
+				__m512i h1 = dp4(_mm512_setzero_si512(), q[4], a, i, 0, b, 16);
+				__m512i l0 = dp4(_mm512_set1_epi32(c16[0]), q[0], a, i, 1, b, 0);
+				__m512i l1 = dp4(_mm512_set1_epi32(c16[1]), q[4], a, i, 1, b, 16);
 #pragma GCC unroll 3
 				for (int w = 1; w < 4; w++) {
-					h0 = _mm512_dpbusd_epi32(h0, q[w], act4(a, i, 0, b, 4 * w));
-					h1 = _mm512_dpbusd_epi32(h1, q[4 + w], act4(a, i, 0, b, 16 + 4 * w));
-					l0 = _mm512_dpbusd_epi32(l0, q[w], act4(a, i, 1, b, 4 * w));
-					l1 = _mm512_dpbusd_epi32(l1, q[4 + w], act4(a, i, 1, b, 16 + 4 * w));
+					h0 = dp4(h0, q[w], a, i, 0, b, 4 * w);
+					h1 = dp4(h1, q[4 + w], a, i, 0, b, 16 + 4 * w);
+					l0 = dp4(l0, q[w], a, i, 1, b, 4 * w);
+					l1 = dp4(l1, q[4 + w], a, i, 1, b, 16 + 4 * w);
 				}
 				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(comb(h1, l1)),
 								 _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(comb(h0, l0))));
