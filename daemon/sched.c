@@ -546,6 +546,7 @@ void nxd_sched_step_done(struct nxd *d)
 	double t1 = nxd_now();
 	const float *logits = d->shm.state.logits; /* the supervisor's own pointer */
 	int n_vocab = d->model.n_vocab, seqs = 0, ntok = 0, n_prompt = 0;
+	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		if (!s->req || s->chunk == 0)
@@ -561,12 +562,14 @@ void nxd_sched_step_done(struct nxd *d)
 		s->row = -1;
 		if (s->req->cancelled || row < 0)
 			continue;
-		/* The sampler copies the row before looking at it and treats NaN
-		 * and inf as the workers' fault, not ours. */
+		/* The sampler copies what it looks at (the row, or for greedy its
+		 * group maxima and one group) and treats NaN and inf as the
+		 * workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
-		int32_t tok = nx_sample(&s->smp, logits + (size_t)row * (size_t)n_vocab, s->hist, s->n_hist,
-					r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
+		int32_t tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
+						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
+						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
 		if (tok < 0 || tok >= n_vocab) {
 			slot_release(s);
 			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");

@@ -6,6 +6,7 @@
 #include "kern/norm.h"
 #include "kern/pack.h"
 #include "kern/pack_act.h"
+#include "sample/sampler.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -77,6 +78,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	size_t B = (size_t)c->max_batch, dim = hp->dim, q_dim = (size_t)hp->n_head * hp->head_dim,
 	       kv_dim = (size_t)hp->n_head_kv * hp->head_dim, n_ff = hp->n_ff, n_vocab = hp->n_vocab;
 	const size_t spans = (size_t)attn_spans(c->n_ctx), heads = B * (size_t)hp->n_head;
+	const size_t n_groups = (n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
 	size_t cache;
 	if (__builtin_mul_overflow((size_t)c->n_slots * hp->n_layer, (size_t)c->n_ctx, &cache) ||
 	    __builtin_mul_overflow(cache, kv_dim, &cache))
@@ -87,6 +89,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	    !add_buf(&total, B * q_dim, sizeof(float)) || !add_buf(&total, B * n_ff, sizeof(float)) ||
 	    !add_buf(&total, cache, sizeof(nx_f16)) || !add_buf(&total, cache, sizeof(nx_f16)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
+	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
 	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)))
 		return 0;
 	if (mem) {
@@ -100,6 +103,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->k_cache = take(&p, cache, sizeof(nx_f16));
 		s->v_cache = take(&p, cache, sizeof(nx_f16));
 		s->logits = take(&p, (size_t)c->max_logits * n_vocab, sizeof(float));
+		s->logit_gmax = take(&p, (size_t)c->max_logits * n_groups, sizeof(float));
 		s->att_part = take(&p, heads * spans * hp->head_dim, sizeof(float));
 		s->att_ms = take(&p, heads * spans * 2, sizeof(float));
 	}
@@ -245,6 +249,7 @@ static void band_range(int n, int g, int band, int n_bands, int *lo, int *hi)
 }
 
 #define ROW_GRAIN 16
+_Static_assert(ROW_GRAIN % NX_SAMPLE_GROUP == 0, "a band writes whole groups of logits");
 
 /* Rows [0, n) of one op, in units of `grain` rows, shared out between the
  * bands. With the sync's take (and a dynamic split), band b has the b-th of
@@ -999,9 +1004,15 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		if (toks[t].logits_row >= 0)
 			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
 	sc->xq_src = NULL;
-	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi)
+	const size_t n_groups = (size_t)(hp->n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi) {
 		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, &m->output, toks, true),
 			      toks, n, lo, hi, s->logits, hp->n_vocab);
+		for (int t = 0; t < n; t++) /* while the rows are in this core's cache */
+			if (toks[t].logits_row >= 0)
+				nx_sample_group_max(s->logits + (size_t)toks[t].logits_row * hp->n_vocab + lo, hi - lo,
+						    s->logit_gmax + (size_t)toks[t].logits_row * n_groups + lo / NX_SAMPLE_GROUP);
+	}
 	band_sync(sync, sc, NX_PROF_OTHER);
 	prof_to(sc, NX_PROF_OTHER);
 }

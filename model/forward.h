@@ -92,6 +92,9 @@ struct nx_state {
 	nx_f16 *k_cache;
 	nx_f16 *v_cache;/* same shape as k_cache */
 	float *logits;  /* (max_logits, n_vocab) */
+	/* (max_logits, ceil(n_vocab / NX_SAMPLE_GROUP)) each logits row's group
+	 * maxima (sample/sampler.h: nx_sample_group_max), by the band that wrote the group */
+	float *logit_gmax;
 	/* Attention of tokens with more than one span of positions (forward.c:
 	 * NX_ATTN_SPAN), before the merge; spans = n_ctx / NX_ATTN_SPAN rounded up */
 	float *att_part;/* (max_batch, spans, n_head, head_dim) each span's output */

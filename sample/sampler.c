@@ -2,6 +2,7 @@
 #include "sample/sampler.h"
 
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,54 @@ static int32_t first_max(const float *w, int n)
 	for (; w[i] != mx; i++)
 		;
 	return i;
+}
+
+void nx_sample_group_max(const float *x, int n, float *gmax)
+{
+	const v4f big = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
+	const v4f ninf = -(v4f){INFINITY, INFINITY, INFINITY, INFINITY};
+	int i = 0, g = 0;
+	for (; i + NX_SAMPLE_GROUP <= n; i += NX_SAMPLE_GROUP, g++) {
+		v4f m = ninf;
+		for (int k = 0; k < NX_SAMPLE_GROUP; k += 4) {
+			const v4f v = v4_load(x + i + k);
+			const v4f y = v4_sel(v != v, ninf, v4_sel(v > big, big, v));
+			m = v4_sel(y > m, y, m);
+		}
+		float mx = m[0];
+		for (int j = 1; j < 4; j++)
+			mx = m[j] > mx ? m[j] : mx;
+		gmax[g] = mx;
+	}
+	if (i < n) {
+		float mx = -INFINITY;
+		for (; i < n; i++) {
+			const float v = x[i] != x[i] ? -INFINITY : x[i] < FLT_MAX ? x[i] : FLT_MAX;
+			mx = v > mx ? v : mx;
+		}
+		gmax[g] = mx;
+	}
+}
+
+/* Greedy from the group maxima: the first id with the largest value, or -1
+ * when the row must be scanned instead (no finite maximum, or the group gmax
+ * points to does not hold it). gmax is copied before it is looked at: the
+ * workers could change it under us. */
+static int32_t grouped_first_max(struct nx_sampler *s, const float *logits, const float *gmax)
+{
+	const int n = s->n_vocab, ng = (n + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	sanitize(s->work, gmax, ng);
+	const int32_t g = first_max(s->work, ng);
+	if (g < 0)
+		return -1;
+	const float mx = s->work[g];
+	const int end = (g + 1) * NX_SAMPLE_GROUP < n ? (g + 1) * NX_SAMPLE_GROUP : n;
+	for (int i = g * NX_SAMPLE_GROUP; i < end; i++) {
+		const float x = logits[i];
+		if ((x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX) == mx)
+			return i;
+	}
+	return -1;
 }
 
 /* --- ordering of candidate ids ----------------------------------------- */
@@ -421,10 +470,15 @@ float nx_sampler_last_logprob(const struct nx_sampler *s)
 
 /* Divides positive logits by the penalty and multiplies negative ones, once
  * per distinct token among the last repeat_last_n of history. */
+static bool penalty_applies(const struct nx_sampler *s, const int32_t *history, int n_history)
+{
+	return s->p.repeat_penalty != 1.0f && s->p.repeat_last_n != 0 && history && n_history > 0;
+}
+
 static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_history)
 {
 	const float pen = s->p.repeat_penalty;
-	if (pen == 1.0f || s->p.repeat_last_n == 0 || !history || n_history <= 0)
+	if (!penalty_applies(s, history, n_history))
 		return;
 	if (++s->gen == 0) { /* wrapped: old stamps could collide */
 		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
@@ -467,6 +521,12 @@ static int top_logprobs(const struct nx_sampler *s, double lse, struct nx_logpro
 int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *history, int n_history,
 		  struct nx_logprob *top, int *n_top)
 {
+	return nx_sample_grouped(s, logits, NULL, history, n_history, top, n_top);
+}
+
+int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
+			  int n_history, struct nx_logprob *top, int *n_top)
+{
 	const struct nx_sample_params *p = &s->p;
 	const int n = s->n_vocab;
 	float *w = s->work, *wt = s->weight;
@@ -475,6 +535,15 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 	if (n_top)
 		*n_top = 0;
 	s->last_logprob = 0.0f;
+	const float inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
+	/* a subnormal temperature (1/T = inf) is greedy too: 0 * inf would make
+	 * the best token's weight NaN below */
+	const bool greedy = p->temperature == 0.0f || isinf(inv_t);
+	if (gmax && greedy && !penalty_applies(s, history, n_history) && p->n_logprobs == 0) {
+		const int32_t tok = grouped_first_max(s, logits, gmax);
+		if (tok >= 0)
+			return tok;
+	}
 
 	sanitize(w, logits, n);
 	apply_penalty(s, history, n_history);
@@ -495,10 +564,7 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 	}
 
 	int32_t tok = best;
-	const float inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
-	/* greedy; a subnormal temperature (1/T = inf) too, where 0 * inf would
-	 * make the best token's weight NaN */
-	if (p->temperature == 0.0f || isinf(inv_t))
+	if (greedy)
 		goto out;
 
 	int c;

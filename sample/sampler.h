@@ -98,6 +98,25 @@ int nx_sampler_reset(struct nx_sampler *s, const struct nx_sample_params *p, str
 int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *history, int n_history,
 		  struct nx_logprob *top, int *n_top);
 
+/* Logits rows are written by the workers, who also write each row's group
+ * maxima: one value per NX_SAMPLE_GROUP ids. Greedy decoding then reads those
+ * and one group instead of the whole row (the supervisor's pass over 49152
+ * logits written on other cores was the largest part of its turn between
+ * two steps). */
+#define NX_SAMPLE_GROUP 16
+
+/* gmax[g] = the largest of x[16g .. min(16g + 16, n)), NaN counting as -inf
+ * and +inf as FLT_MAX, for g < ceil(n / 16). */
+void nx_sample_group_max(const float *x, int n, float *gmax);
+
+/* nx_sample, given the row's group maxima gmax (ceil(n_vocab / 16) values,
+ * or NULL). Greedy without penalty or log-probs reads gmax and the first
+ * group holding their largest value; when that group does not hold it (gmax
+ * not what nx_sample_group_max gives: a faulty worker), and otherwise, it
+ * does what nx_sample does. The result is nx_sample's whenever gmax is right. */
+int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
+			  int n_history, struct nx_logprob *top, int *n_top);
+
 /* The log-probability (same distribution as top[]) of the token the last
  * nx_sample() returned; only computed when n_logprobs > 0, else 0. */
 float nx_sampler_last_logprob(const struct nx_sampler *s);

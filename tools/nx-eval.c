@@ -39,6 +39,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/repack.h"
+#include "sample/sampler.h"
 
 static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 static void die(const char *fmt, ...)
@@ -227,6 +228,18 @@ static int find_slot(struct seq *seqs, int n_seqs, int slot)
 	return -1;
 }
 
+/* The group maxima the bands wrote beside the first n logits rows are the rows'
+ * (the daemon's greedy sampling trusts them): every plan a test runs checks it. */
+static void check_group_max(const struct nx_state *s, int n, float *gm)
+{
+	const size_t ng = ((size_t)s->n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	for (int r = 0; r < n; r++) {
+		nx_sample_group_max(s->logits + (size_t)r * s->n_vocab, s->n_vocab, gm);
+		if (memcmp(gm, s->logit_gmax + r * ng, ng * sizeof(float)))
+			die("logits row %d: the group maxima written by the bands are not the row's", r);
+	}
+}
+
 static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 {
 	struct seq *seqs = NULL;
@@ -320,7 +333,8 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 
 	float *out = malloc(rows * n_vocab * sizeof(float));
 	struct nx_tok_in *toks = malloc(max_batch * sizeof(*toks));
-	if (!out || !toks)
+	float *gm = malloc((n_vocab / NX_SAMPLE_GROUP + 1) * sizeof(float));
+	if (!out || !toks || !gm)
 		die("out of memory");
 	for (int i = 0; i < n_steps; i++) {
 		int n = 0;
@@ -331,6 +345,7 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 				toks[n] = (struct nx_tok_in){sq->toks[p], p, sq->slot, n, tok_lora};
 		}
 		run_step(&e, toks, n);
+		check_group_max(&e.s, n, gm);
 		n = 0;
 		for (int c = 0; c < steps[i].n_chunks; c++) {
 			struct chunk *ch = &steps[i].chunks[c];
@@ -345,6 +360,7 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 	engine_free(&e);
 	free(out);
 	free(toks);
+	free(gm);
 	for (int i = 0; i < n_seqs; i++)
 		free(seqs[i].toks);
 	for (int i = 0; i < n_steps; i++)

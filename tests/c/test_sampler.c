@@ -742,6 +742,93 @@ static void test_vocab_lengths(void **state)
 	}
 }
 
+/* Group maxima (what the workers write beside each logits row) and greedy
+ * from them: nx_sample_group_max against its definition, and
+ * nx_sample_grouped gives nx_sample's token for every length (a partial last
+ * group), ties across and within groups, NaN and infinities; with wrong
+ * maxima (a faulty worker) it still gives nx_sample's token; with a penalty,
+ * log-probs or a temperature it does what nx_sample does, draw for draw. */
+static void test_grouped_greedy(void **state)
+{
+	(void)state;
+	enum { NMAX = 1003, G = NX_SAMPLE_GROUP };
+	static float l[NMAX], gm[NMAX / G + 1], bad[NMAX / G + 1];
+	lcg_state = 91;
+	for (int n = 1; n <= NMAX; n += n < 70 ? 1 : 311) {
+		const int ng = (n + G - 1) / G;
+		for (int round = 0; round < 16; round++) {
+			for (int i = 0; i < n; i++) {
+				float r = frand();
+				l[i] = floorf(r * 6.0f); /* few values: ties within and across groups */
+				if (round % 4 == 1 && r < 0.1f)
+					l[i] = NAN;
+				if (round % 4 == 2 && r > 0.95f)
+					l[i] = r > 0.975f ? INFINITY : -INFINITY;
+				if (round % 4 == 3)
+					l[i] = r < 0.9f ? -INFINITY : NAN; /* mostly or wholly no finite logit */
+			}
+			nx_sample_group_max(l, n, gm);
+			for (int g = 0; g < ng; g++) {
+				float want = -INFINITY;
+				for (int i = g * G; i < n && i < (g + 1) * G; i++)
+					want = clean(l[i]) > want ? clean(l[i]) : want;
+				if (gm[g] != want && !(isnan(gm[g]) && isnan(want)))
+					fail_msg("n %d round %d: group %d max %g, want %g", n, round, g, gm[g], want);
+			}
+			struct nx_sample_params p = plain(0.0f, 3);
+			struct nx_sampler s;
+			init_ok(&s, n, &p);
+			const int want = nx_sample(&s, l, NULL, 0, NULL, NULL);
+			int got = nx_sample_grouped(&s, l, gm, NULL, 0, NULL, NULL);
+			if (got != want)
+				fail_msg("n %d round %d: grouped greedy %d, nx_sample %d", n, round, got, want);
+			/* wrong maxima: one the group does not hold makes it scan the row;
+			 * a lower one (NaN counts as -inf) can hide the group, which only a
+			 * worker that could as well have written other logits can do: the
+			 * answer is still an id of the row or -1 */
+			const float lies[] = { INFINITY, 1000.0f, -INFINITY, NAN, -1.0f };
+			for (size_t k = 0; k < sizeof(lies) / sizeof(lies[0]); k++) {
+				const int lg = (int)(k * 7) % ng;
+				for (int g = 0; g < ng; g++)
+					bad[g] = g == lg ? lies[k] : gm[g];
+				got = nx_sample_grouped(&s, l, bad, NULL, 0, NULL, NULL);
+				if (clean(lies[k]) > gm[lg] ? got != want : got < -1 || got >= n)
+					fail_msg("n %d round %d lie %zu: grouped greedy %d, nx_sample %d", n, round, k, got, want);
+			}
+			nx_sampler_free(&s);
+		}
+	}
+	/* the paths that do not take the shortcut: same tokens, same draws */
+	enum { N = 300 };
+	static float v[N], g2[N / G + 1];
+	static const int32_t hist[] = { 5, 17, 17, 250 };
+	for (int i = 0; i < N; i++)
+		v[i] = 4.0f * frand();
+	v[17] = 9.0f; /* the best, penalized below */
+	nx_sample_group_max(v, N, g2);
+	struct nx_sample_params ps[4] = { plain(0.0f, 1), plain(0.0f, 1), plain(0.7f, 42), plain(0.0f, 1) };
+	ps[1].repeat_penalty = 20.0f;
+	ps[2].top_k = 20;
+	ps[3].n_logprobs = 3;
+	for (int k = 0; k < 4; k++) {
+		struct nx_sampler a, b;
+		init_ok(&a, N, &ps[k]);
+		init_ok(&b, N, &ps[k]);
+		struct nx_logprob ta[3], tb[3];
+		int na = 0, nb = 0;
+		for (int d = 0; d < 50; d++) {
+			const int x = nx_sample(&a, v, hist, 4, ta, &na);
+			const int y = nx_sample_grouped(&b, v, g2, hist, 4, tb, &nb);
+			assert_int_equal(x, y);
+			assert_int_equal(na, nb);
+			if (k == 1)
+				assert_int_not_equal(x, 17);
+		}
+		nx_sampler_free(&a);
+		nx_sampler_free(&b);
+	}
+}
+
 /* Default parameters on a vocabulary the size of SmolLM2's: every draw is
  * in the top 40; then top-p alone over the whole vocabulary. */
 static void test_defaults_large_vocab(void **state)
@@ -1027,6 +1114,7 @@ int main(void)
 		cmocka_unit_test(test_logprobs),
 		cmocka_unit_test(test_non_finite_logits),
 		cmocka_unit_test(test_vocab_lengths),
+		cmocka_unit_test(test_grouped_greedy),
 		cmocka_unit_test(test_defaults_large_vocab),
 		cmocka_unit_test(test_stop_across_pieces),
 		cmocka_unit_test(test_stop_holdback_release),

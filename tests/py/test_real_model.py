@@ -6,11 +6,13 @@ once with the HF `tokenizers` BPE built from the GGUF's own vocab and merges),
 so this test does not depend on our tokenizer.
 """
 import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 from conftest import tool
+from nxd_helpers import Client, Daemon
 from reference import Reference
 
 # Two paragraphs (lighthouses, bread), 337 tokens, no BOS (SmolLM2 adds none).
@@ -100,3 +102,25 @@ def test_greedy_golden(model_path, ref):
     want = ref.logits(PROMPT_IDS + GOLDEN)[len(PROMPT_IDS) - 1:-1]
     assert want.argmax(1).tolist() == GOLDEN
     assert got == GOLDEN
+
+
+def test_daemon_greedy_golden(model_path, tmp_path):
+    """The daemon's greedy path (the workers' group maxima, sample/sampler.h) picks the golden tokens too,
+    alone and with other sequences in the same steps; with log-probs (the full scan) the same."""
+    with Daemon(model_path, tmp_path, args=["--slots", "4"]) as d:
+        req = dict(tokens=PROMPT_IDS, max_tokens=len(GOLDEN), temperature=0, ignore_eos=True)
+        with Client(d.sock) as c:
+            assert c.generate(rid="alone", **req)[0] == GOLDEN
+            assert c.generate(rid="scan", logprobs=2, **req)[0] == GOLDEN
+        got = {}
+
+        def run(i):
+            with Client(d.sock) as c:
+                got[i] = c.generate(rid=i, **req)[0]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == {i: GOLDEN for i in range(3)}
