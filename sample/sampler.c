@@ -518,6 +518,71 @@ static int top_logprobs(const struct nx_sampler *s, double lse, struct nx_logpro
 	return c;
 }
 
+/* Top-k from the group maxima (0 < k <= NX_SAMPLE_HEAP_K): the k ids that
+ * come first, in before() order, into idx[0..ret), with w (sanitized,
+ * penalized) set at every id of the groups that can hold them; -1 when the
+ * row must be scanned instead. Each of the k largest group maxima is an id at
+ * least as good as the k-th largest of them, thr, so the k first ids all lie
+ * in the groups whose maximum reaches thr. A penalty lowers logits (one that
+ * raises them, repeat_penalty < 1, sends the row to the scan); the P ids it
+ * touches can push at most P others up, so thr is taken over k + P groups.
+ * A group that does not hold the maximum gmax gives it sends the row to the
+ * scan too (one lower than it holds cannot be seen without the scan: a faulty
+ * worker can hide a group, as it could write other logits). Memory: the
+ * groups' maxima, then their logits side by side, in weight; the groups, the
+ * heap's positions and the ids in idx. */
+static int grouped_top_k(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
+			 int n_history, int k)
+{
+	enum { G = NX_SAMPLE_GROUP };
+	const int n = s->n_vocab, ng = (n + G - 1) / G;
+	float *w = s->work, *gw = s->weight;
+	int32_t *idx = s->idx;
+	int pen = 0;
+	if (penalty_applies(s, history, n_history)) {
+		if (s->p.repeat_penalty < 1.0f)
+			return -1;
+		pen = n_history < s->p.repeat_last_n ? n_history : s->p.repeat_last_n;
+	}
+	const int kk = k + pen, cap = 4 * kk; /* more groups than cap reach thr: many equal maxima, scan */
+	if (kk >= ng || cap * G > n || cap + 2 * k > n)
+		return -1;
+	sanitize(gw, gmax, ng); /* a copy: the workers could change gmax under us */
+	if (heap_top(gw, ng, kk, idx) < kk)
+		return -1; /* fewer groups with a finite maximum */
+	const float thr = gw[idx[0]];
+	int m = 0;
+	for (int g = 0; g < ng; g++)
+		if (gw[g] >= thr) {
+			if (m == cap)
+				return -1;
+			idx[m++] = g;
+		}
+	for (int i = 0; i < m; i++) {
+		const int a = idx[i] * G, len = a + G < n ? G : n - a;
+		sanitize(w + a, logits + a, len);
+		float mx = -INFINITY;
+		for (int j = 0; j < len; j++)
+			mx = w[a + j] > mx ? w[a + j] : mx;
+		if (mx != gw[idx[i]])
+			return -1; /* a maximum the group does not hold would have raised thr */
+	}
+	apply_penalty(s, history, n_history);
+	for (int i = 0; i < m; i++)
+		for (int j = 0; j < G; j++) {
+			const int id = idx[i] * G + j;
+			gw[i * G + j] = id < n ? w[id] : -INFINITY;
+		}
+	/* positions follow ids, so heap_top's ties go to the lower id as before() does */
+	int32_t *pos = idx + m, *ids = pos + k;
+	const int c = heap_top(gw, m * G, k, pos);
+	for (int i = 0; i < c; i++)
+		ids[i] = idx[pos[i] / G] * G + pos[i] % G;
+	memmove(idx, ids, (size_t)c * sizeof(*idx));
+	sort_ids(idx, c, w);
+	return c;
+}
+
 int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *history, int n_history,
 		  struct nx_logprob *top, int *n_top)
 {
@@ -539,47 +604,56 @@ int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float
 	/* a subnormal temperature (1/T = inf) is greedy too: 0 * inf would make
 	 * the best token's weight NaN below */
 	const bool greedy = p->temperature == 0.0f || isinf(inv_t);
+	const bool heap_k = p->top_k > 0 && p->top_k <= NX_SAMPLE_HEAP_K && p->top_k < n;
 	if (gmax && greedy && !penalty_applies(s, history, n_history) && p->n_logprobs == 0) {
 		const int32_t tok = grouped_first_max(s, logits, gmax);
-		if (tok >= 0)
+		if (tok >= 0) {
+			s->n_grouped++;
 			return tok;
-	}
-
-	sanitize(w, logits, n);
-	apply_penalty(s, history, n_history);
-
-	const int32_t best = first_max(w, n);
-	if (best < 0)
-		return -1;
-	const float wmax = w[best];
-
-	double lse = 0.0;
-	if (p->n_logprobs > 0) {
-		double z = 0.0;
-		for (int i = 0; i < n; i++)
-			z += exp((double)w[i] - wmax);
-		lse = wmax + log(z);
-		if (top && n_top)
-			*n_top = top_logprobs(s, lse, top, p->n_logprobs < n ? p->n_logprobs : n);
-	}
-
-	int32_t tok = best;
-	if (greedy)
-		goto out;
-
-	int c;
-	if (p->top_k > 0 && p->top_k <= NX_SAMPLE_HEAP_K && p->top_k < n) {
-		c = heap_top(w, n, p->top_k, idx);
-	} else {
-		c = 0;
-		for (int32_t i = 0; i < n; i++)
-			if (w[i] != -INFINITY)
-				idx[c++] = i;
-		if (p->top_k > 0 && p->top_k < c) {
-			select_top(idx, c, p->top_k, w);
-			c = p->top_k;
 		}
 	}
+
+	/* The candidates idx[0..c) and the best token (w holds their logits). */
+	int c = -1;
+	int32_t best, tok;
+	double lse = 0.0;
+	if (gmax && !greedy && heap_k && p->n_logprobs == 0)
+		c = grouped_top_k(s, logits, gmax, history, n_history, p->top_k);
+	if (c > 0) {
+		best = idx[0];
+		s->n_grouped++;
+	} else {
+		sanitize(w, logits, n);
+		apply_penalty(s, history, n_history);
+		best = first_max(w, n);
+		if (best < 0)
+			return -1;
+		if (p->n_logprobs > 0) {
+			double z = 0.0;
+			for (int i = 0; i < n; i++)
+				z += exp((double)w[i] - w[best]);
+			lse = w[best] + log(z);
+			if (top && n_top)
+				*n_top = top_logprobs(s, lse, top, p->n_logprobs < n ? p->n_logprobs : n);
+		}
+		tok = best;
+		if (greedy)
+			goto out;
+		if (heap_k) {
+			c = heap_top(w, n, p->top_k, idx);
+			sort_ids(idx, c, w); /* the order grouped_top_k gives: the draw below depends on it */
+		} else {
+			c = 0;
+			for (int32_t i = 0; i < n; i++)
+				if (w[i] != -INFINITY)
+					idx[c++] = i;
+			if (p->top_k > 0 && p->top_k < c) {
+				select_top(idx, c, p->top_k, w);
+				c = p->top_k;
+			}
+		}
+	}
+	const float wmax = w[best];
 
 	/* Weights relative to the best token (whose weight is exactly 1); the
 	 * best token survives every filter below. */

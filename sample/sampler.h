@@ -19,8 +19,9 @@
  *      gives the same tokens.
  *
  * Nothing sorts the vocabulary. Top-k with k <= NX_SAMPLE_HEAP_K keeps a
- * k-entry heap in one pass over the logits (most tokens cost one compare);
- * larger k uses quickselect. Top-p uses a quickselect that partitions by
+ * k-entry heap in one pass over the logits (most tokens cost one compare),
+ * then sorts the k; larger k uses quickselect. With the workers' group maxima
+ * (nx_sample_grouped) greedy and top-k read a few groups instead of the row. Top-p uses a quickselect that partitions by
  * logit and sums the probability mass on the better side, recursing into the
  * side that holds the cut: expected O(n), and the kept set is exactly the
  * smallest prefix in (logit desc, id asc) order, left unordered (the draw
@@ -75,6 +76,7 @@ struct nx_sampler {
 	uint32_t *stamp;      /* (n_vocab) penalty dedupe: stamp[id] == gen means seen this call */
 	uint32_t gen;
 	float last_logprob;   /* log-softmax of the last token drawn (n_logprobs > 0) */
+	uint64_t n_grouped;   /* calls nx_sample_grouped answered from the group maxima */
 };
 
 /* The documented defaults. */
@@ -99,10 +101,10 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 		  struct nx_logprob *top, int *n_top);
 
 /* Logits rows are written by the workers, who also write each row's group
- * maxima: one value per NX_SAMPLE_GROUP ids. Greedy decoding then reads those
- * and one group instead of the whole row (the supervisor's pass over 49152
- * logits written on other cores was the largest part of its turn between
- * two steps). */
+ * maxima: one value per NX_SAMPLE_GROUP ids. Greedy decoding and top-k then
+ * read those and the few groups that can hold the answer instead of the
+ * whole row (the supervisor's pass over 49152 logits written on other cores
+ * was the largest part of its turn between two steps). */
 #define NX_SAMPLE_GROUP 16
 
 /* gmax[g] = the largest of x[16g .. min(16g + 16, n)), NaN counting as -inf
@@ -110,10 +112,12 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 void nx_sample_group_max(const float *x, int n, float *gmax);
 
 /* nx_sample, given the row's group maxima gmax (ceil(n_vocab / 16) values,
- * or NULL). Greedy without penalty or log-probs reads gmax and the first
- * group holding their largest value; when that group does not hold it (gmax
- * not what nx_sample_group_max gives: a faulty worker), and otherwise, it
- * does what nx_sample does. The result is nx_sample's whenever gmax is right. */
+ * or NULL). Without log-probs, greedy without a penalty reads gmax and the
+ * first group holding their largest value; top-k (k <= NX_SAMPLE_HEAP_K, a
+ * penalty >= 1) the groups whose maxima are among the k + P largest (P ids
+ * penalized). When a group it reads does not hold the maximum gmax gives it
+ * (a faulty worker), when many groups tie, and otherwise, it scans the row as
+ * nx_sample does. Tokens and draws are nx_sample's whenever gmax is right. */
 int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
 			  int n_history, struct nx_logprob *top, int *n_top);
 

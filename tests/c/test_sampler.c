@@ -782,6 +782,7 @@ static void test_grouped_greedy(void **state)
 			int got = nx_sample_grouped(&s, l, gm, NULL, 0, NULL, NULL);
 			if (got != want)
 				fail_msg("n %d round %d: grouped greedy %d, nx_sample %d", n, round, got, want);
+			assert_int_equal(s.n_grouped, want >= 0); /* from the maxima whenever a logit is finite */
 			/* wrong maxima: one the group does not hold makes it scan the row;
 			 * a lower one (NaN counts as -inf) can hide the group, which only a
 			 * worker that could as well have written other logits can do: the
@@ -826,6 +827,86 @@ static void test_grouped_greedy(void **state)
 		}
 		nx_sampler_free(&a);
 		nx_sampler_free(&b);
+	}
+}
+
+/* Top-k from the group maxima draws what the scan draws, draw for draw: any k
+ * up to NX_SAMPLE_HEAP_K, top-p, min-p, temperatures, a penalty on the best
+ * tokens (and one below 1, which scans), ties within and across groups, NaN
+ * and infinities, a partial last group; maxima above what a group holds make
+ * it scan; lower ones (a faulty worker) still give an id of the row. */
+static void test_grouped_top_k(void **state)
+{
+	(void)state;
+	enum { NMAX = 49152, G = NX_SAMPLE_GROUP };
+	static float l[NMAX], gm[NMAX / G + 1];
+	static const int sizes[] = { 100, 1003, 4096, NMAX };
+	static const int ks[] = { 1, 5, 40, 256 };
+	int32_t hist[64];
+	lcg_state = 123;
+	for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+		const int n = sizes[si], ng = (n + G - 1) / G;
+		for (int round = 0; round < 8; round++) {
+			for (int i = 0; i < n; i++) {
+				float r = frand();
+				l[i] = round % 2 ? floorf(r * 10.0f) : 8.0f * r * r * r; /* ties / a long tail */
+				if (round % 4 == 2 && r < 0.05f)
+					l[i] = NAN;
+				if (round % 4 == 3 && r > 0.995f)
+					l[i] = r > 0.998f ? INFINITY : -INFINITY;
+			}
+			nx_sample_group_max(l, n, gm);
+			for (int h = 0; h < 64; h++) /* mostly the best tokens, so the penalty changes the top */
+				hist[h] = h % 2 ? (int)(frand() * n) : argmax(l, n) + h / 2 < n ? argmax(l, n) + h / 2 : h;
+			for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+				for (int v = 0; v < 4; v++) {
+					struct nx_sample_params p = plain(v == 3 ? 2.0f : 0.8f, 1000 + round);
+					p.top_k = ks[ki];
+					p.top_p = v == 1 ? 0.9f : 1.0f;
+					p.min_p = v == 2 ? 0.05f : 0.0f;
+					p.repeat_penalty = v == 2 ? 1.3f : v == 3 ? 0.8f : 1.0f;
+					struct nx_sampler a, b;
+					init_ok(&a, n, &p);
+					init_ok(&b, n, &p);
+					for (int d = 0; d < 12; d++) {
+						const int x = nx_sample(&a, l, hist, 64, NULL, NULL);
+						const int y = nx_sample_grouped(&b, l, gm, hist, 64, NULL, NULL);
+						if (x != y)
+							fail_msg("n %d round %d k %d variant %d draw %d: grouped %d, scan %d", n,
+								 round, ks[ki], v, d, y, x);
+					}
+					/* the shortcut was taken on a vocabulary of real size without
+					 * ties everywhere (a penalty below 1 always scans) */
+					if (n == NMAX && round % 2 == 0 && (v == 3) == (b.n_grouped > 0))
+						fail_msg("n %d round %d k %d variant %d: %llu of 12 from the group maxima", n,
+							 round, ks[ki], v, (unsigned long long)b.n_grouped);
+					nx_sampler_free(&a);
+					nx_sampler_free(&b);
+				}
+			}
+			/* wrong maxima */
+			struct nx_sample_params p = plain(0.8f, 7);
+			p.top_k = 40;
+			struct nx_sampler a, b;
+			init_ok(&a, n, &p);
+			init_ok(&b, n, &p);
+			static float bad[NMAX / G + 1];
+			for (int g = 0; g < ng; g++)
+				bad[g] = g % 3 == 0 && gm[g] < 1e30f ? 1e30f : gm[g]; /* above what the group holds */
+			for (int d = 0; d < 12; d++) {
+				const int y = nx_sample_grouped(&b, l, bad, NULL, 0, NULL, NULL), x = nx_sample(&a, l, NULL, 0, NULL, NULL);
+				if (x != y)
+					fail_msg("n %d round %d draw %d: raised maxima: grouped %d, scan %d", n, round, d, y, x);
+			}
+			for (int g = 0; g < ng; g++)
+				bad[g] = g % 2 ? -INFINITY : NAN;
+			for (int d = 0; d < 12; d++) {
+				const int y = nx_sample_grouped(&b, l, bad, NULL, 0, NULL, NULL);
+				assert_true(y >= -1 && y < n);
+			}
+			nx_sampler_free(&a);
+			nx_sampler_free(&b);
+		}
 	}
 }
 
@@ -1115,6 +1196,7 @@ int main(void)
 		cmocka_unit_test(test_non_finite_logits),
 		cmocka_unit_test(test_vocab_lengths),
 		cmocka_unit_test(test_grouped_greedy),
+		cmocka_unit_test(test_grouped_top_k),
 		cmocka_unit_test(test_defaults_large_vocab),
 		cmocka_unit_test(test_stop_across_pieces),
 		cmocka_unit_test(test_stop_holdback_release),
