@@ -10,9 +10,9 @@
  *
  * Cost per token: 2 * rank * (n_in + n_out) flops (rank * n_in for A @ x,
  * rank * n_out for B @ u, one multiply-add each) and no memory traffic beyond
- * A and B themselves. f32 inputs, f32 accumulation; x is the f32 input of the
- * matmul (before it is quantized for the weight's dot), so the delta does not
- * see activation-quantization error.
+ * A and B themselves. f32 inputs, f32 accumulation (nx_lora_dot_fast); x is
+ * the f32 input of the matmul (before it is quantized for the weight's dot),
+ * so the delta does not see activation-quantization error.
  *
  * s = user_scale * t->scale. Nothing here allocates or makes a syscall.
  *
@@ -46,39 +46,49 @@ void nx_lora_delta_b(const struct nx_lora_t *t, const float *u, size_t ldu, int 
 void nx_lora_delta(const struct nx_lora_t *t, float s, const float *x, size_t ldx, int n, float *y, size_t ldy,
 		   int64_t r0, int64_t r1, float *u);
 
-/* sum_j a[j] * x[j] in f32, eight lanes (GCC vectors: SSE or AVX, whatever the
- * build targets) then the lanes in a fixed order: the same result wherever a
- * and x are and however the caller bands its rows. */
-typedef float nx_lora_v8 __attribute__((vector_size(32)));
+/* sum_j a[j] * x[j] in f32, eight lanes (j mod 8, two 16-byte GCC vectors:
+ * 32-byte ones on a build without AVX kept their sums on the stack, and
+ * runtime LoRA decode ran at a third of its speed) summed pairwise, then the
+ * lanes in a fixed order: the same result wherever a and x are and however
+ * the caller bands its rows. */
+typedef float nx_lora_v4 __attribute__((vector_size(16)));
+static inline nx_lora_v4 nx_lora_ld4(const float *p)
+{
+	nx_lora_v4 v;
+	__builtin_memcpy(&v, p, 16);
+	return v;
+}
+
 static inline float nx_lora_dot(const float *a, const float *x, int64_t n)
 {
-	nx_lora_v8 acc0 = {0}, acc1 = {0}, va, vx;
+	/* lanes 0-3 and 4-7 of two eight-lane sums, for j mod 16 < 8 and >= 8 */
+	nx_lora_v4 s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
 	int64_t j = 0;
 	for (; j + 16 <= n; j += 16) {
-		__builtin_memcpy(&va, a + j, 32);
-		__builtin_memcpy(&vx, x + j, 32);
-		acc0 += va * vx;
-		__builtin_memcpy(&va, a + j + 8, 32);
-		__builtin_memcpy(&vx, x + j + 8, 32);
-		acc1 += va * vx;
+		s0 += nx_lora_ld4(a + j) * nx_lora_ld4(x + j);
+		s1 += nx_lora_ld4(a + j + 4) * nx_lora_ld4(x + j + 4);
+		t0 += nx_lora_ld4(a + j + 8) * nx_lora_ld4(x + j + 8);
+		t1 += nx_lora_ld4(a + j + 12) * nx_lora_ld4(x + j + 12);
 	}
 	for (; j + 8 <= n; j += 8) {
-		__builtin_memcpy(&va, a + j, 32);
-		__builtin_memcpy(&vx, x + j, 32);
-		acc0 += va * vx;
+		s0 += nx_lora_ld4(a + j) * nx_lora_ld4(x + j);
+		s1 += nx_lora_ld4(a + j + 4) * nx_lora_ld4(x + j + 4);
 	}
-	acc0 += acc1;
-	float d = ((acc0[0] + acc0[4]) + (acc0[1] + acc0[5])) + ((acc0[2] + acc0[6]) + (acc0[3] + acc0[7]));
+	s0 += t0;
+	s1 += t1;
+	float d = ((s0[0] + s1[0]) + (s0[1] + s1[1])) + ((s0[2] + s1[2]) + (s0[3] + s1[3]));
 	for (; j < n; j++)
 		d += a[j] * x[j];
 	return d;
 }
 
 /* s-free delta of one output row for one token: sum_k B[r, k] * u[k]. */
-static inline float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u)
-{
-	return nx_lora_dot(t->b + (size_t)r * t->rank, u, t->rank);
-}
+float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u);
+
+/* The dot product the functions above use: AVX-512 (sixteen lanes, fused
+ * multiply-adds, a masked tail) where the CPU has it and NX_KERN is not ref
+ * or avx2, else nx_lora_dot; chosen once, the same for every call. */
+float nx_lora_dot_fast(const float *a, const float *x, int64_t n);
 
 /* Flops of the delta per token (2 * rank * (n_in + n_out)). */
 int64_t nx_lora_delta_flops(const struct nx_lora_t *t);

@@ -17,6 +17,7 @@
 #include "lora/fold.h"
 #include "lora/safetensors.h"
 #include "model/gguf.h"
+#include "rng.h"
 
 /* ---------------------------------------------------------------- buffers */
 
@@ -1022,6 +1023,33 @@ static void test_delta(void **state)
 	nx_lora_delta_a(&t, x, DIM, N, 0, 2, u2, R);
 	nx_lora_delta_a(&t, x, DIM, N, 2, R, u2, R);
 	assert_memory_equal(u, u2, sizeof(u));
+
+	/* Inexact values (rounding shows), rows of 100 (a tail under the mask): each u[i][k] is the same
+	 * whichever range of k computes it (A's rows go four at a time where they can), it is
+	 * nx_lora_dot_fast's, and within f32 rounding of the exact sum. */
+	enum { RK = 9, NI = 100 };
+	static float a2[RK * NI], x2[N * NI], w1[N * RK], w2[N * RK];
+	rng_state = 99;
+	for (int i = 0; i < RK * NI; i++)
+		a2[i] = rng_sym() * 1.3f;
+	for (int i = 0; i < N * NI; i++)
+		x2[i] = rng_sym() * 3.0f;
+	struct nx_lora_t t2 = {.layer = 0, .which = NX_LORA_Q, .rank = RK, .n_in = NI, .n_out = 1, .scale = 1, .a = a2,
+			       .b = bm};
+	nx_lora_delta_a(&t2, x2, NI, N, 0, RK, w1, RK);
+	for (int k = 0; k < RK; k++)
+		nx_lora_delta_a(&t2, x2, NI, N, k, k + 1, w2, RK);
+	assert_memory_equal(w1, w2, sizeof(w1));
+	for (int i = 0; i < N; i++)
+		for (int k = 0; k < RK; k++) {
+			double e = 0, mag = 0;
+			for (int j = 0; j < NI; j++) {
+				e += (double)a2[k * NI + j] * x2[i * NI + j];
+				mag += fabs((double)a2[k * NI + j] * x2[i * NI + j]);
+			}
+			assert_true(w1[i * RK + k] == nx_lora_dot_fast(a2 + k * NI, x2 + i * NI, NI));
+			assert_true(fabs(w1[i * RK + k] - e) <= 1e-6 * mag);
+		}
 }
 
 int main(void)
