@@ -562,9 +562,9 @@ void nxd_sched_step_done(struct nxd *d)
 		s->row = -1;
 		if (s->req->cancelled || row < 0)
 			continue;
-		/* The sampler copies what it looks at (the row, or for greedy its
-		 * group maxima and one group) and treats NaN and inf as the
-		 * workers' fault, not ours. */
+		/* The sampler copies what it looks at (the row, or its group
+		 * maxima and the few groups greedy and top-k need) and treats NaN
+		 * and inf as the workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
 		int32_t tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,

@@ -229,7 +229,7 @@ static int find_slot(struct seq *seqs, int n_seqs, int slot)
 }
 
 /* The group maxima the bands wrote beside the first n logits rows are the rows'
- * (the daemon's greedy sampling trusts them): every plan a test runs checks it. */
+ * (the daemon's greedy and top-k sampling read them): every plan a test runs checks it. */
 static void check_group_max(const struct nx_state *s, int n, float *gm)
 {
 	const size_t ng = ((size_t)s->n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
