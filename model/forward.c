@@ -639,30 +639,83 @@ static int tok_rank(const struct nx_state *s, const struct nx_tok_in *tk, int il
 	return r;
 }
 
-/* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
- * token that adapts matrix (il, w). Every band computes A @ x whole (rank *
- * n_in per token, small next to its rows of W), so no barrier is added.
- * Adjacent tokens with the same adapters (a prompt chunk; slots with the
- * same set) go through together, so A and B are read once for the run;
- * each (token, row) is computed the same way in any run. */
-static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
-		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1)
+/* The end of the run of tokens from t that carry the same adapters (a prompt
+ * chunk; slots with the same set): A and B are read once for a run. A token
+ * without adapters is a run of its own. */
+static int lora_run_end(const struct nx_state *s, const struct nx_tok_in *toks, int n, int t)
+{
+	const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
+	int t1 = t + 1;
+	while (mx && t1 < n && tok_mix(s, &toks[t1]) &&
+	       (tok_mix(s, &toks[t1]) == mx || !memcmp(tok_mix(s, &toks[t1]), mx, sizeof(*mx))))
+		t1++;
+	return t1;
+}
+
+/* Whether every op's A @ x for the whole step fits half of lora_u (two
+ * matrices' at once: K and V, gate and up), so a band computes it once per op
+ * (lora_a) and the op's rows can be shared out dynamically. */
+static bool lora_fits(const struct nx_state *s, const struct nx_tok_in *toks, int n)
+{
+	size_t need = 0;
+	for (int t = 0; t < n; t++) {
+		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
+		for (int k = 0; mx && k < mx->n; k++)
+			need += (size_t)mx->l[k]->rank;
+	}
+	return need <= NX_LORA_U_CAP / 2;
+}
+
+/* u = A @ x of matrix (il, w) for every token of the step: token after token,
+ * the rank values of each of its adapters that adapts the matrix, in mix
+ * order (tok_rank values per token). */
+static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
+		   const float *x, size_t ldx, float *u)
 {
 	for (int t = 0; t < n;) {
 		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
-		int t1 = t + 1;
-		while (mx && t1 < n && tok_mix(s, &toks[t1]) &&
-		       (tok_mix(s, &toks[t1]) == mx || !memcmp(tok_mix(s, &toks[t1]), mx, sizeof(*mx))))
-			t1++;
-		for (int k = 0; mx && k < mx->n; k++) {
+		const int t1 = lora_run_end(s, toks, n, t), R = tok_rank(s, &toks[t], il, w);
+		for (int k = 0, ko = 0; mx && k < mx->n; k++) {
 			const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
 			if (lt->layer < 0)
 				continue;
+			nx_lora_delta_a(lt, x + (size_t)t * ldx, ldx, t1 - t, 0, lt->rank, u + ko, (size_t)R);
+			ko += lt->rank;
+		}
+		u += (size_t)R * (t1 - t);
+		t = t1;
+	}
+}
+
+/* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
+ * token that adapts matrix (il, w), with u = A @ x from lora_a, or (u NULL)
+ * computed here per call: every band computes A @ x whole (rank * n_in per
+ * token, small next to its rows of W), so no barrier is added. Each (token,
+ * row) is computed the same way in any run and either way. */
+static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
+		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1,
+		     const float *u)
+{
+	for (int t = 0; t < n;) {
+		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
+		const int t1 = lora_run_end(s, toks, n, t), R = tok_rank(s, &toks[t], il, w);
+		for (int k = 0, ko = 0; mx && k < mx->n; k++) {
+			const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
+			if (lt->layer < 0)
+				continue;
+			const float sk = mx->scale[k] * lt->scale;
+			if (u) {
+				nx_lora_delta_b(lt, u + ko, (size_t)R, t1 - t, sk, y + (size_t)t * ldy, ldy, r0, r1);
+				ko += lt->rank;
+				continue;
+			}
 			const int per = NX_LORA_U_CAP / lt->rank; /* tokens whose A @ x fit lora_u */
 			for (int i = t; i < t1; i += per)
-				nx_lora_delta(lt, mx->scale[k] * lt->scale, x + (size_t)i * ldx, ldx, t1 - i < per ? t1 - i : per,
+				nx_lora_delta(lt, sk, x + (size_t)i * ldx, ldx, t1 - i < per ? t1 - i : per,
 					      y + (size_t)i * ldy, ldy, r0, r1, sc->lora_u);
 		}
+		if (u)
+			u += (size_t)R * (t1 - t);
 		t = t1;
 	}
 }
@@ -670,14 +723,16 @@ static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const stru
 /* hb = silu(hb) * (W_up xn + the up deltas) on rows [r0, r1), in a step where
  * some token adapts up (the delta must land before the product). Runs of
  * tokens without an up adapter take the fused MM_SWIGLU matmul as always;
- * runs with one are done in groups whose A_up @ x fits lora_u, NX_LORA_Y_ROWS
- * rows at a time through lora_y. Each token's arithmetic is the same in any
- * grouping, so its result does not depend on the batch around it. */
+ * runs with one are done in groups (their A_up @ x from u_up, lora_a's, or
+ * when u_up is NULL computed here into lora_u), NX_LORA_Y_ROWS rows at a
+ * time through lora_y. Each token's arithmetic is the same in any grouping,
+ * so its result does not depend on the batch around it. */
 static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
 			const struct nx_wt *w, struct act a, const float *xn, int dim, float *hb, int n_ff, int r0,
-			int r1)
+			int r1, const float *u_up)
 {
 	int t = 0;
+	size_t u_at = 0; /* the u_up values of the tokens before t */
 	while (t < n) {
 		int t1 = t;
 		if (!tok_rank(s, &toks[t], il, NX_LORA_UP)) {
@@ -691,17 +746,17 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 		size_t used = 0;
 		while (t1 < n && t1 - t < NX_LORA_Y_TOK) {
 			int rk = tok_rank(s, &toks[t1], il, NX_LORA_UP);
-			if (!rk || used + (size_t)rk > NX_LORA_U_CAP)
+			if (!rk || (!u_up && used + (size_t)rk > NX_LORA_U_CAP))
 				break;
 			const struct nx_lora_mix *mx = tok_mix(s, &toks[t1]);
-			for (int k = 0; k < mx->n; k++) {
+			for (int k = 0; !u_up && k < mx->n; k++) {
 				const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
 				if (lt->layer < 0)
 					continue;
 				nx_lora_delta_a(lt, xn + (size_t)t1 * dim, (size_t)dim, 1, 0, lt->rank, sc->lora_u + used,
 						(size_t)lt->rank);
-				used += (size_t)lt->rank;
 			}
+			used += (size_t)rk;
 			t1++;
 		}
 		struct act at = act_from(a, t, w->n_in);
@@ -714,7 +769,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 				wc.packed = (const uint8_t *)w->packed + (size_t)c0 * w->row_bytes;
 			wc.n_out = c1 - c0;
 			matmul(&wc, at, t1 - t, 0, c1 - c0, sc->lora_y, NX_LORA_Y_ROWS, NULL, MM_STORE);
-			const float *u = sc->lora_u;
+			const float *u = u_up ? u_up + u_at : sc->lora_u;
 			for (int i = t; i < t1; i++) {
 				float *yi = sc->lora_y + (size_t)(i - t) * NX_LORA_Y_ROWS;
 				const struct nx_lora_mix *mx = tok_mix(s, &toks[i]);
@@ -732,6 +787,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 					h[r] = h[r] / (1.0f + expf(-h[r])) * yi[r - c0];
 			}
 		}
+		u_at += used;
 		t = t1;
 	}
 }
@@ -834,9 +890,13 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
-	/* Dynamic splits (struct split) except with runtime LoRA deltas, which
-	 * compute A x once per range: there each band keeps one range per op. */
-	const bool dyn = !lora;
+	/* Dynamic splits (struct split). With runtime LoRA deltas each band computes
+	 * an op's A @ x for the step once (lora_a, into u1 and u2) before its rows
+	 * are shared out; when that does not fit lora_u, A @ x is computed per
+	 * range and each band keeps one range per op. */
+	const bool lora_once = lora && lora_fits(s, toks, n);
+	const bool dyn = !lora || lora_once;
+	float *const u1 = lora_once ? sc->lora_u : NULL, *const u2 = lora_once ? sc->lora_u + NX_LORA_U_CAP / 2 : NULL;
 	struct split sp;
 
 	if (sc->prof) {
@@ -874,14 +934,20 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
+		if (lora_once)
+			lora_a(s, toks, n, il, NX_LORA_Q, sc->xn, dim, u1);
 		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
 			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo,
 			       hi, s->q, q_dim, L->bq, MM_STORE);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi, u1);
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
 			prof_to(sc, NX_PROF_MATMUL);
+		}
+		if (lora_once) {
+			lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, u1);
+			lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, u2);
 		}
 		FOR_ROWS(sp, 1, kv_dim, rgrain, lo, hi) {
 			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo,
@@ -889,8 +955,8 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo,
 			       hi, s->v, kv_dim, L->bv, MM_STORE);
 			if (lora) {
-				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
-				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi, u1);
+				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi, u2);
 			}
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
@@ -959,11 +1025,13 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		}
 		capture(s, hp, n, il, NX_CAP_ATTN_OUT, att, band);
 		sc->xq_src = NULL;
+		if (lora_once)
+			lora_a(s, toks, n, il, NX_LORA_O, att, q_dim, u1);
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, toks, false), n,
 			       lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi, u1);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
@@ -972,15 +1040,19 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
+		if (lora_once) {
+			lora_a(s, toks, n, il, NX_LORA_GATE, sc->xn, dim, u1);
+			lora_a(s, toks, n, il, NX_LORA_UP, sc->xn, dim, u2);
+		}
 		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
 			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, &L->w_gate, toks, false),
 			       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi, u1);
 			if (lora)
 				lora_swiglu(s, sc, toks, n, il, &L->w_up,
 					    prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
-					    sc->xn, dim, s->hb, n_ff, lo, hi);
+					    sc->xn, dim, s->hb, n_ff, lo, hi, u2);
 			else
 				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
 				       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
@@ -990,11 +1062,13 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		/* [E] x += Wdown hb: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
+		if (lora_once)
+			lora_a(s, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, u1);
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, toks, false),
 			       n, lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi, u1);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 	}
