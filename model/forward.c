@@ -934,8 +934,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
 		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
 		sc->xq_src = NULL;
-		if (lora_once)
+		if (lora_once) {
+			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
 			lora_a(s, toks, n, il, NX_LORA_Q, sc->xn, dim, u1);
+		}
 		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
 			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo,
 			       hi, s->q, q_dim, L->bq, MM_STORE);
@@ -946,6 +948,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			prof_to(sc, NX_PROF_MATMUL);
 		}
 		if (lora_once) {
+			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
 			lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, u1);
 			lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, u2);
 		}
@@ -1025,8 +1028,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		}
 		capture(s, hp, n, il, NX_CAP_ATTN_OUT, att, band);
 		sc->xq_src = NULL;
-		if (lora_once)
+		if (lora_once) {
+			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
 			lora_a(s, toks, n, il, NX_LORA_O, att, q_dim, u1);
+		}
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, toks, false), n,
 			       lo, hi, s->x, dim, NULL, MM_ADD);
@@ -1041,6 +1046,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
 		sc->xq_src = NULL;
 		if (lora_once) {
+			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
 			lora_a(s, toks, n, il, NX_LORA_GATE, sc->xn, dim, u1);
 			lora_a(s, toks, n, il, NX_LORA_UP, sc->xn, dim, u2);
 		}
@@ -1062,8 +1068,10 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		/* [E] x += Wdown hb: this band's rows of x. */
 		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
 		sc->xq_src = NULL;
-		if (lora_once)
+		if (lora_once) {
+			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
 			lora_a(s, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, u1);
+		}
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, toks, false),
 			       n, lo, hi, s->x, dim, NULL, MM_ADD);
