@@ -1,5 +1,6 @@
 /* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 throughout: AVX-512 dots where the CPU has
- * them (A @ x four rows of A at a time, each row's sum as one dot gives it), nx_lora_dot elsewhere. */
+ * them (A @ x four rows of A at a time, B @ u sixteen rows at a time, each row's sum as one dot gives
+ * it), nx_lora_dot elsewhere. */
 #include "lora/delta.h"
 
 #include <stdatomic.h>
@@ -53,6 +54,54 @@ static TGT void dot4_avx512(const float *a, size_t lda, const float *x, int64_t 
 	out[3] = _mm512_reduce_add_ps(c3);
 }
 
+/* out[q] = dot_avx512(b + q * rank, u, rank) for the nr <= 16 rows q < nr (B's rows, rank apart):
+ * the same fused multiply-adds per row, and the sixteen rows' lanes summed together in a tree that
+ * pairs them as _mm512_reduce_add_ps does (lane j with j + 8, then j + 4, j + 2, j + 1), so each
+ * row's value is bit for bit the single dot's at a tenth of the shuffles. */
+static TGT void rows16_avx512(const float *b, int64_t rank, int nr, const float *u, float *out)
+{
+	/* Every loop over rows has a constant count, unrolled, so the sixteen sums stay in registers (a
+	 * loop to nr kept them on the stack); rows past nr stay zero. */
+	__m512 acc[16];
+#pragma GCC unroll 16
+	for (int q = 0; q < 16; q++)
+		acc[q] = _mm512_setzero_ps();
+	/* row after row, so B is read front to back as one stream */
+	const int64_t kf = rank / 16 * 16;
+	const __mmask16 mt = (__mmask16)((1u << (rank - kf)) - 1);
+#pragma GCC unroll 16
+	for (int q = 0; q < 16; q++) {
+		if (q >= nr)
+			continue;
+		const float *bq = b + q * rank;
+		for (int64_t k = 0; k < kf; k += 16)
+			acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(bq + k), _mm512_loadu_ps(u + k), acc[q]);
+		if (kf < rank)
+			acc[q] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, bq + kf), _mm512_maskz_loadu_ps(mt, u + kf), acc[q]);
+	}
+	/* lane j + lane j + 8: two rows per vector, [row 2i: 8 lanes | row 2i+1: 8 lanes] */
+	__m512 h[8];
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++)
+		h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0x44),
+				     _mm512_shuffle_f32x4(acc[2 * i], acc[2 * i + 1], 0xee));
+	/* + lane j + 4: four rows per vector, 4 lanes each (rows 4i .. 4i+3 in 128-bit chunks) */
+	__m512 g[4];
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++)
+		g[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+				     _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xdd));
+	/* + lane j + 2, then + lane j + 1, within each 128-bit chunk */
+	const __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x44), _mm512_shuffle_ps(g[0], g[1], 0xee));
+	const __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(g[2], g[3], 0x44), _mm512_shuffle_ps(g[2], g[3], 0xee));
+	const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xdd));
+	/* chunk c of f holds rows c, 4 + c, 8 + c, 12 + c in lanes 0..3 */
+	float t[16];
+	_mm512_storeu_ps(t, f);
+	for (int q = 0; q < nr; q++)
+		out[q] = t[4 * (q % 4) + q / 4];
+}
+
 /* 0: not yet known, 1: nx_lora_dot, 2: AVX-512. Decided on first use without locks (every caller decides
  * the same): pthread_once would end with a futex wake the worker sandbox does not allow. */
 static _Atomic int impl;
@@ -104,6 +153,19 @@ void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int 
 void nx_lora_delta_b(const struct nx_lora_t *t, const float *u, size_t ldu, int n, float s, float *y, size_t ldy,
 		     int64_t r0, int64_t r1)
 {
+	if (use_avx512()) {
+		float d[16];
+		for (int64_t r = r0; r < r1; r += 16) {
+			const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+			for (int i = 0; i < n; i++) {
+				rows16_avx512(t->b + (size_t)r * t->rank, t->rank, nr, u + (size_t)i * ldu, d);
+				float *yi = y + (size_t)i * ldy + r;
+				for (int q = 0; q < nr; q++)
+					yi[q] += s * d[q];
+			}
+		}
+		return;
+	}
 	for (int64_t r = r0; r < r1; r++)
 		for (int i = 0; i < n; i++)
 			y[(size_t)i * ldy + r] += s * nx_lora_delta_row(t, r, u + (size_t)i * ldu);

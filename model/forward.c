@@ -731,6 +731,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 			const struct nx_wt *w, struct act a, const float *xn, int dim, float *hb, int n_ff, int r0,
 			int r1, const float *u_up)
 {
+	const nx_pack_epi_fn epi = nx_pack_epilogue();
 	int t = 0;
 	size_t u_at = 0; /* the u_up values of the tokens before t */
 	while (t < n) {
@@ -777,13 +778,20 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 					const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
 					if (lt->layer < 0)
 						continue;
-					const float sk = mx->scale[k] * lt->scale;
-					for (int r = c0; r < c1; r++)
-						yi[r - c0] += sk * nx_lora_delta_row(lt, r, u);
+					struct nx_lora_t lc = *lt; /* B's rows [c0, c1) */
+					lc.b += (size_t)c0 * lt->rank;
+					lc.n_out = c1 - c0;
+					nx_lora_delta_b(&lc, u, (size_t)lt->rank, 1, mx->scale[k] * lt->scale, yi, NX_LORA_Y_ROWS,
+							0, c1 - c0);
 					u += lt->rank;
 				}
-				float *h = hb + (size_t)i * n_ff;
-				for (int r = c0; r < c1; r++)
+				/* h = silu(h) * (W_up + deltas), 16 rows at a time as the fused matmul does it */
+				int r = c0;
+				for (float *h; r + NX_PACK_ROWS <= c1; r += NX_PACK_ROWS) {
+					h = hb + (size_t)i * n_ff + r;
+					epi(NX_PACK_SWIGLU, &h, yi + (r - c0), NULL, 1);
+				}
+				for (float *h = hb + (size_t)i * n_ff; r < c1; r++)
 					h[r] = h[r] / (1.0f + expf(-h[r])) * yi[r - c0];
 			}
 		}

@@ -1050,6 +1050,32 @@ static void test_delta(void **state)
 			assert_true(w1[i * RK + k] == nx_lora_dot_fast(a2 + k * NI, x2 + i * NI, NI));
 			assert_true(fabs(w1[i * RK + k] - e) <= 1e-6 * mag);
 		}
+
+	/* B @ u over any row range (sixteen rows at a time where they can): each row's value is
+	 * nx_lora_delta_row's, bit for bit, at ranks below, at and above a vector's 16 lanes. */
+	enum { NO = 100, RMAX = 70 };
+	static float b2[NO * RMAX], u3[N * RMAX], y1[N * NO], y2[N * NO];
+	static const int ranks[] = { 1, 3, 8, 16, 21, 64, 70 };
+	for (size_t ri = 0; ri < sizeof(ranks) / sizeof(ranks[0]); ri++) {
+		const int rk = ranks[ri];
+		for (int i = 0; i < NO * rk; i++)
+			b2[i] = rng_sym();
+		for (int i = 0; i < N * rk; i++)
+			u3[i] = rng_sym() * 2.0f;
+		struct nx_lora_t t3 = {.layer = 0, .which = NX_LORA_O, .rank = rk, .n_in = 1, .n_out = NO, .scale = 1,
+				       .a = a2, .b = b2};
+		static const int cuts[][2] = { { 0, NO }, { 5, 37 }, { 16, 32 }, { 99, 100 }, { 0, 15 } };
+		for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+			memset(y1, 0, sizeof(y1));
+			memset(y2, 0, sizeof(y2));
+			nx_lora_delta_b(&t3, u3, (size_t)rk, N, 0.75f, y1, NO, cuts[c][0], cuts[c][1]);
+			for (int r = cuts[c][0]; r < cuts[c][1]; r++)
+				for (int i = 0; i < N; i++)
+					y2[i * NO + r] += 0.75f * nx_lora_delta_row(&t3, r, u3 + i * rk);
+			if (memcmp(y1, y2, sizeof(y1)))
+				fail_msg("rank %d rows [%d, %d): B @ u differs from the rows' dots", rk, cuts[c][0], cuts[c][1]);
+		}
+	}
 }
 
 int main(void)
