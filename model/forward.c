@@ -750,12 +750,13 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 			if (!rk || (!u_up && used + (size_t)rk > NX_LORA_U_CAP))
 				break;
 			const struct nx_lora_mix *mx = tok_mix(s, &toks[t1]);
-			for (int k = 0; !u_up && k < mx->n; k++) {
+			for (int k = 0, ko = 0; !u_up && k < mx->n; k++) {
 				const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
 				if (lt->layer < 0)
 					continue;
-				nx_lora_delta_a(lt, xn + (size_t)t1 * dim, (size_t)dim, 1, 0, lt->rank, sc->lora_u + used,
-						(size_t)lt->rank);
+				nx_lora_delta_a(lt, xn + (size_t)t1 * dim, (size_t)dim, 1, 0, lt->rank,
+						sc->lora_u + used + ko, (size_t)lt->rank);
+				ko += lt->rank;
 			}
 			used += (size_t)rk;
 			t1++;

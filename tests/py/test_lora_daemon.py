@@ -226,9 +226,10 @@ def test_runtime_delta_matches_float64(fx, tmp_path, case, report):
 
 
 def test_runtime_delta_same_in_any_step(fx, tmp_path):
-    """A step whose A @ x does not fit the band's buffer (forward.c lora_fits: 150 tokens x rank 128 >
+    """A step whose A @ x does not fit the band's buffer (forward.c lora_fits: 150 tokens x rank 128 + 8 >
     NX_LORA_U_CAP / 2) computes it per range on fixed bands; steps of 50 compute it once per op and share
-    the rows out dynamically. Every token's logits are the same either way, float for float."""
+    the rows out dynamically. Two adapters at once (the second adapts ffn_up too). Every token's logits
+    are the same either way, float for float."""
     weights, _, heads = make_lora.model_weights(fx / "tiny-q4_1.gguf")
     ab = make_lora.random_adapter(weights, rank=128, alpha=128, seed=7, storage="F32")
     make_lora.write_gguf_lora(tmp_path / "r128.gguf", "llama", ab, alpha=128, dtype="F32", heads=heads)
@@ -237,8 +238,8 @@ def test_runtime_delta_same_in_any_step(fx, tmp_path):
     for name, steps in (("one step", [(0, 150)]), ("steps of 50", [(0, 50), (50, 50), (100, 50)])):
         plan = f"seq 0 {' '.join(map(str, toks))}\n" + "".join(f"step 0:{a}:{n}\n" for a, n in steps)
         p = subprocess.run([str(tool("nx-eval")), str(fx / "tiny-q4_1-tok.gguf"), "--threads", "2",
-                            "--lora", str(tmp_path / "r128.gguf")], input=plan.encode(), capture_output=True,
-                           timeout=300)
+                            "--lora", str(tmp_path / "r128.gguf"), "--lora", f"{fx / 'other.gguf'}:0.5"],
+                           input=plan.encode(), capture_output=True, timeout=300)
         assert p.returncode == 0, p.stderr.decode()
         out[name] = p.stdout
     base = eval_logits(fx / "tiny-q4_1-tok.gguf", toks)
