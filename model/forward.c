@@ -666,11 +666,12 @@ static bool lora_fits(const struct nx_state *s, const struct nx_tok_in *toks, in
 	return need <= NX_LORA_U_CAP / 2;
 }
 
-/* u = A @ x of matrix (il, w) for every token of the step: token after token,
- * the rank values of each of its adapters that adapts the matrix, in mix
- * order (tok_rank values per token). */
-static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
-		   const float *x, size_t ldx, float *u)
+/* Each run of tokens with the same adapters, and in it each adapter that
+ * adapts matrix (il, w), with u laid out token after token, each token's
+ * values adapter after adapter in mix order (tok_rank of them per token):
+ * with y NULL, u = A @ x; else y += scale * B @ u on rows [r0, r1). */
+static void lora_runs(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
+		      const float *x, size_t ldx, float *u, float *y, size_t ldy, int r0, int r1)
 {
 	for (int t = 0; t < n;) {
 		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
@@ -679,7 +680,11 @@ static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n
 			const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
 			if (lt->layer < 0)
 				continue;
-			nx_lora_delta_a(lt, x + (size_t)t * ldx, ldx, t1 - t, 0, lt->rank, u + ko, (size_t)R);
+			if (y)
+				nx_lora_delta_b(lt, u + ko, (size_t)R, t1 - t, mx->scale[k] * lt->scale, y + (size_t)t * ldy,
+						ldy, r0, r1);
+			else
+				nx_lora_delta_a(lt, x + (size_t)t * ldx, ldx, t1 - t, 0, lt->rank, u + ko, (size_t)R);
 			ko += lt->rank;
 		}
 		u += (size_t)R * (t1 - t);
@@ -687,36 +692,36 @@ static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n
 	}
 }
 
+/* u = A @ x of matrix (il, w) for tokens [0, n), laid out as lora_runs says. */
+static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
+		   const float *x, size_t ldx, float *u)
+{
+	lora_runs(s, toks, n, il, w, x, ldx, u, NULL, 0, 0, 0);
+}
+
 /* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
  * token that adapts matrix (il, w), with u = A @ x from lora_a, or (u NULL)
- * computed here per call: every band computes A @ x whole (rank * n_in per
+ * computed here per call, as many tokens at a time as lora_u holds (one
+ * token's mix always fits): every band computes A @ x whole (rank * n_in per
  * token, small next to its rows of W), so no barrier is added. Each (token,
  * row) is computed the same way in any run and either way. */
 static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
-		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1,
-		     const float *u)
+		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1, float *u)
 {
-	for (int t = 0; t < n;) {
-		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
-		const int t1 = lora_run_end(s, toks, n, t), R = tok_rank(s, &toks[t], il, w);
-		for (int k = 0, ko = 0; mx && k < mx->n; k++) {
-			const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
-			if (lt->layer < 0)
-				continue;
-			const float sk = mx->scale[k] * lt->scale;
-			if (u) {
-				nx_lora_delta_b(lt, u + ko, (size_t)R, t1 - t, sk, y + (size_t)t * ldy, ldy, r0, r1);
-				ko += lt->rank;
-				continue;
-			}
-			const int per = NX_LORA_U_CAP / lt->rank; /* tokens whose A @ x fit lora_u */
-			for (int i = t; i < t1; i += per)
-				nx_lora_delta(lt, sk, x + (size_t)i * ldx, ldx, t1 - i < per ? t1 - i : per,
-					      y + (size_t)i * ldy, ldy, r0, r1, sc->lora_u);
+	if (u) {
+		lora_runs(s, toks, n, il, w, NULL, 0, u, y, ldy, r0, r1);
+		return;
+	}
+	for (int t = 0, t1; t < n; t = t1) {
+		size_t need = 0;
+		for (t1 = t; t1 < n; t1++) {
+			const size_t rk = (size_t)tok_rank(s, &toks[t1], il, w);
+			if (need + rk > NX_LORA_U_CAP)
+				break;
+			need += rk;
 		}
-		if (u)
-			u += (size_t)R * (t1 - t);
-		t = t1;
+		lora_a(s, toks + t, t1 - t, il, w, x + (size_t)t * ldx, ldx, sc->lora_u);
+		lora_runs(s, toks + t, t1 - t, il, w, NULL, 0, sc->lora_u, y + (size_t)t * ldy, ldy, r0, r1);
 	}
 }
 
@@ -746,21 +751,14 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 		}
 		size_t used = 0;
 		while (t1 < n && t1 - t < NX_LORA_Y_TOK) {
-			int rk = tok_rank(s, &toks[t1], il, NX_LORA_UP);
+			const int rk = tok_rank(s, &toks[t1], il, NX_LORA_UP);
 			if (!rk || (!u_up && used + (size_t)rk > NX_LORA_U_CAP))
 				break;
-			const struct nx_lora_mix *mx = tok_mix(s, &toks[t1]);
-			for (int k = 0, ko = 0; !u_up && k < mx->n; k++) {
-				const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
-				if (lt->layer < 0)
-					continue;
-				nx_lora_delta_a(lt, xn + (size_t)t1 * dim, (size_t)dim, 1, 0, lt->rank,
-						sc->lora_u + used + ko, (size_t)lt->rank);
-				ko += lt->rank;
-			}
 			used += (size_t)rk;
 			t1++;
 		}
+		if (!u_up) /* the group's A_up @ x */
+			lora_a(s, toks + t, t1 - t, il, NX_LORA_UP, xn + (size_t)t * dim, (size_t)dim, sc->lora_u);
 		struct act at = act_from(a, t, w->n_in);
 		for (int c0 = r0; c0 < r1; c0 += NX_LORA_Y_ROWS) {
 			const int c1 = c0 + NX_LORA_Y_ROWS < r1 ? c0 + NX_LORA_Y_ROWS : r1;

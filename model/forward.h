@@ -128,7 +128,8 @@ struct nx_scratch {
 	float *att_in;  /* (max_batch, n_head * head_dim) the step's attention output with its
 			 * tokens' spans merged: Wo's input when a token has more than one span */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
-	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta, per token and adapter */
+	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta (forward.c lora_runs' layout):
+			 * the step's for two matrices, one per half, or a few tokens' for one */
 	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */
 	/* What xq holds now, so Q/K/V (and gate/up) quantize their shared input once. */
 	const float *xq_src;
