@@ -1,6 +1,6 @@
 /* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 throughout: AVX-512 dots where the CPU has
  * them (A @ x four rows of A at a time, B @ u sixteen rows at a time, each row's sum as one dot gives
- * it), nx_lora_dot elsewhere. */
+ * it), eight-lane plain vectors elsewhere (dot_v4). */
 #include "lora/delta.h"
 
 #include <stdatomic.h>
@@ -11,6 +11,42 @@
 #include <immintrin.h>
 
 #define TGT __attribute__((target("avx512f")))
+
+/* a . x without AVX-512: eight lanes (j mod 8, two 16-byte GCC vectors:
+ * 32-byte ones on a build without AVX kept their sums on the stack, and
+ * runtime LoRA decode ran at a third of its speed) summed pairwise, then the
+ * lanes in a fixed order: the same result wherever a and x are and however
+ * the caller bands its rows. */
+typedef float v4 __attribute__((vector_size(16)));
+static inline v4 ld4(const float *p)
+{
+	v4 v;
+	__builtin_memcpy(&v, p, 16);
+	return v;
+}
+
+static float dot_v4(const float *a, const float *x, int64_t n)
+{
+	/* lanes 0-3 and 4-7 of two eight-lane sums, for j mod 16 < 8 and >= 8 */
+	v4 s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
+	int64_t j = 0;
+	for (; j + 16 <= n; j += 16) {
+		s0 += ld4(a + j) * ld4(x + j);
+		s1 += ld4(a + j + 4) * ld4(x + j + 4);
+		t0 += ld4(a + j + 8) * ld4(x + j + 8);
+		t1 += ld4(a + j + 12) * ld4(x + j + 12);
+	}
+	for (; j + 8 <= n; j += 8) {
+		s0 += ld4(a + j) * ld4(x + j);
+		s1 += ld4(a + j + 4) * ld4(x + j + 4);
+	}
+	s0 += t0;
+	s1 += t1;
+	float d = ((s0[0] + s1[0]) + (s0[1] + s1[1])) + ((s0[2] + s1[2]) + (s0[3] + s1[3]));
+	for (; j < n; j++)
+		d += a[j] * x[j];
+	return d;
+}
 
 /* a . x over n: sixteen lanes of fused multiply-adds, the last n % 16 under a mask, then the lanes'
  * sum in _mm512_reduce_add_ps's order. */
@@ -102,7 +138,7 @@ static TGT void rows16_avx512(const float *b, int64_t rank, int nr, const float 
 		out[q] = t[4 * (q % 4) + q / 4];
 }
 
-/* 0: not yet known, 1: nx_lora_dot, 2: AVX-512. Decided on first use without locks (every caller decides
+/* 0: not yet known, 1: dot_v4, 2: AVX-512. Decided on first use without locks (every caller decides
  * the same): pthread_once would end with a futex wake the worker sandbox does not allow. */
 static _Atomic int impl;
 
@@ -120,7 +156,7 @@ static bool use_avx512(void)
 
 float nx_lora_dot_fast(const float *a, const float *x, int64_t n)
 {
-	return use_avx512() ? dot_avx512(a, x, n) : nx_lora_dot(a, x, n);
+	return use_avx512() ? dot_avx512(a, x, n) : dot_v4(a, x, n);
 }
 
 float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u)
