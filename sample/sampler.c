@@ -117,22 +117,30 @@ static inline int v4_any(v4i m)
 	return (m[0] | m[1] | m[2] | m[3]) != 0;
 }
 
-/* w = logits with NaN as -inf and +inf as FLT_MAX (the finite largest value
- * keeps the order and the arithmetic below finite). */
-static void sanitize(float *w, const float *logits, int n)
+/* A logit as the sampler sees it: NaN as -inf and +inf as FLT_MAX (the
+ * finite largest value keeps the order and the arithmetic below finite). */
+static inline float clean(float x)
+{
+	return x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX;
+}
+
+static inline v4f v4_clean(v4f x)
 {
 	const v4f big = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
 	const v4f ninf = -(v4f){INFINITY, INFINITY, INFINITY, INFINITY};
+	return v4_sel(x != x, ninf, v4_sel(x > big, big, x));
+}
+
+/* w = clean(logits). */
+static void sanitize(float *w, const float *logits, int n)
+{
 	int i = 0;
 	for (; i + 4 <= n; i += 4) {
-		const v4f x = v4_load(logits + i);
-		const v4f y = v4_sel(x != x, ninf, v4_sel(x > big, big, x));
+		const v4f y = v4_clean(v4_load(logits + i));
 		memcpy(w + i, &y, sizeof(y));
 	}
-	for (; i < n; i++) {
-		const float x = logits[i];
-		w[i] = x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX;
-	}
+	for (; i < n; i++)
+		w[i] = clean(logits[i]);
 }
 
 /* The lowest id of the largest value of w[0..n) (no NaN in w); -1 when every
@@ -166,14 +174,11 @@ static int32_t first_max(const float *w, int n)
 
 void nx_sample_group_max(const float *x, int n, float *gmax)
 {
-	const v4f big = {FLT_MAX, FLT_MAX, FLT_MAX, FLT_MAX};
-	const v4f ninf = -(v4f){INFINITY, INFINITY, INFINITY, INFINITY};
 	int i = 0, g = 0;
 	for (; i + NX_SAMPLE_GROUP <= n; i += NX_SAMPLE_GROUP, g++) {
-		v4f m = ninf;
-		for (int k = 0; k < NX_SAMPLE_GROUP; k += 4) {
-			const v4f v = v4_load(x + i + k);
-			const v4f y = v4_sel(v != v, ninf, v4_sel(v > big, big, v));
+		v4f m = v4_clean(v4_load(x + i));
+		for (int k = 4; k < NX_SAMPLE_GROUP; k += 4) {
+			const v4f y = v4_clean(v4_load(x + i + k));
 			m = v4_sel(y > m, y, m);
 		}
 		float mx = m[0];
@@ -183,10 +188,8 @@ void nx_sample_group_max(const float *x, int n, float *gmax)
 	}
 	if (i < n) {
 		float mx = -INFINITY;
-		for (; i < n; i++) {
-			const float v = x[i] != x[i] ? -INFINITY : x[i] < FLT_MAX ? x[i] : FLT_MAX;
-			mx = v > mx ? v : mx;
-		}
+		for (; i < n; i++)
+			mx = clean(x[i]) > mx ? clean(x[i]) : mx;
 		gmax[g] = mx;
 	}
 }
@@ -204,11 +207,9 @@ static int32_t grouped_first_max(struct nx_sampler *s, const float *logits, cons
 		return -1;
 	const float mx = s->work[g];
 	const int end = (g + 1) * NX_SAMPLE_GROUP < n ? (g + 1) * NX_SAMPLE_GROUP : n;
-	for (int i = g * NX_SAMPLE_GROUP; i < end; i++) {
-		const float x = logits[i];
-		if ((x != x ? -INFINITY : x < FLT_MAX ? x : FLT_MAX) == mx)
+	for (int i = g * NX_SAMPLE_GROUP; i < end; i++)
+		if (clean(logits[i]) == mx)
 			return i;
-	}
 	return -1;
 }
 
@@ -468,13 +469,14 @@ float nx_sampler_last_logprob(const struct nx_sampler *s)
 	return s->last_logprob;
 }
 
-/* Divides positive logits by the penalty and multiplies negative ones, once
- * per distinct token among the last repeat_last_n of history. */
+/* Whether apply_penalty changes anything. */
 static bool penalty_applies(const struct nx_sampler *s, const int32_t *history, int n_history)
 {
 	return s->p.repeat_penalty != 1.0f && s->p.repeat_last_n != 0 && history && n_history > 0;
 }
 
+/* Divides positive logits by the penalty and multiplies negative ones, once
+ * per distinct token among the last repeat_last_n of history. */
 static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_history)
 {
 	const float pen = s->p.repeat_penalty;
