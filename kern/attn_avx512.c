@@ -77,6 +77,12 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 		for (int g = 0; g < G; g++)
 			s[g][0] = s[g][1] = s[g][2] = s[g][3] = _mm512_setzero_ps();
 		const nx_f16 *k0 = kc + (size_t)j * ld;
+		/* These keys' value rows towards L2 while the scores are worked out:
+		 * a span of a short context is too short a stream for the hardware
+		 * prefetcher, and V is read right after. */
+		for (int z = 0; z < 4; z++)
+			for (int b = 0; b < hd * (int)sizeof(nx_f16); b += 64)
+				_mm_prefetch((const char *)(vc + (size_t)(j + z) * ld) + b, _MM_HINT_T1);
 #pragma GCC unroll 16
 		for (int c = 0; c < nc; c++) {
 			const __m512 x0 = ld16(k0 + 16 * c), x1 = ld16(k0 + ld + 16 * c);
