@@ -302,6 +302,7 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	printf("tokens:    %lld served, %.1f tokens/s recently, %.2f sequences/step (max %lld)\n",
 	       iget(ev, "tokens_served"), nget(ev, "tokens_per_s"), nget(sps, "mean"),
 	       iget(sps, "max"));
+	printf("cache:     %lld prompt tokens reused from earlier requests\n", iget(ev, "prompt_tokens_cached"));
 	printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
 	       iget(ev, "steps_retried"));
 	if (has_prof) /* nxd started with NXD_PROFILE=1 */

@@ -80,6 +80,7 @@ static void trip(struct nxd *d, const char *why)
 	nxd_err("control block inconsistent: %s; a worker wrote where it must not: killing and respawning every worker",
 		why);
 	d->ctl_dirty = true;
+	nxd_sched_forget_prompts(d, "control block inconsistent");
 	for (int i = 0; i < d->n_workers; i++) {
 		struct nxd_proc *p = &d->procs[i];
 		if (p->pid > 0) {

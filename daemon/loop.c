@@ -646,6 +646,7 @@ static void check_state(struct nxd *d)
 			d->step_gen, d->step_n, now - d->step_t0, d->step_limit);
 		nx_ctl_abort(ctl);
 		d->step_state = NXD_STEP_ABORTING;
+		nxd_sched_forget_prompts(d, "step aborted");
 	}
 
 	if (d->step_state == NXD_STEP_ABORTING) {

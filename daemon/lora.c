@@ -908,6 +908,7 @@ static void unfold_top(struct nxd *d)
 		blk_free(d, f->t[i].mem, f->t[i].size);
 		blk_free(d, f->t[i].pmem, f->t[i].psize);
 	}
+	nxd_sched_forget_prompts(d, "weights unfolded");
 	nxd_info("lora: unfolded '%s' (%d matrices back to their base)", f->ent->name, f->n);
 	f->ent->fold = -1;
 	free(f->t);
@@ -988,6 +989,7 @@ static void job_finish(struct nxd *d, struct job *j)
 			size_t bytes = 0;
 			for (int i = 0; i < f->n; i++)
 				bytes += f->t[i].size + f->t[i].psize;
+			nxd_sched_forget_prompts(d, "weights folded");
 			g->stack[g->n_stack] = *f;
 			f->ent->fold = g->n_stack++;
 			f->t = NULL; /* the stack owns it now */

@@ -38,6 +38,8 @@ static const char usage[] =
 	"  --slots N            sequences generated at once (default 4, at most 256)\n"
 	"  --batch N            token budget of one forward step, >= --slots (default 32)\n"
 	"  --mmap               map the weights from the file instead of loading them into the arena\n"
+	"  --no-prompt-cache    compute every prompt whole, even where a free slot still holds\n"
+	"                       the K/V of its first tokens (default: reuse them)\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
 	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
 	"  --max-clients N      connections at once before a refusal (default 128)\n"
@@ -106,10 +108,11 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		.max_adapters = 16,
 		.max_adapter_mb = 1024,
 		.log_level = NXD_LOG_INFO,
+		.prompt_cache = true,
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -123,6 +126,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "max-tokens", required_argument, 0, O_MAXTOK },  { "socket-group", required_argument, 0, O_SGROUP },
 		{ "admin-group", required_argument, 0, O_AGROUP }, { "max-adapters", required_argument, 0, O_MAXAD },
 		{ "max-adapter-mb", required_argument, 0, O_MAXADMB },
+		{ "no-prompt-cache", no_argument, 0, O_NOCACHE },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -202,6 +206,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			if (parse_long("max-adapter-mb", optarg, 0, 1L << 24, &v)) return 2;
 			o->max_adapter_mb = (size_t)v;
 			break;
+		case O_NOCACHE: o->prompt_cache = false; break;
 		case O_HELP:
 			fputs(usage, stdout);
 			exit(0);

@@ -62,6 +62,7 @@ struct nxd_opts {
 	const char *socket_group; /* access.c: group that may connect (socket mode 0660), or NULL */
 	const char *admin_group;  /* access.c: group whose members may change the model, or NULL */
 	int max_tokens;       /* a request's max_tokens limit (0: the context) */
+	bool prompt_cache;    /* reuse a free slot's K/V for a prompt that starts with its tokens */
 	int max_adapters;     /* adapters loaded at once (access.c: nxd_limits_check_adapter) */
 	size_t max_adapter_mb; /* MiB of adapters in memory at once */
 	bool use_mmap;
@@ -177,6 +178,7 @@ struct nxd_req {
 	bool cancelled;           /* cancel op, disconnect, overflow, shutdown */
 	enum nxp_reason cancel_reason;
 	int slot;                 /* -1 while queued */
+	int n_cached;             /* prompt tokens whose K/V came from the prompt cache */
 	/* non-streamed results */
 	int32_t *gen_toks;        /* (max_tokens) */
 	char *text;
@@ -197,6 +199,11 @@ struct nxd_slot {
 	int row;                  /* logits row in the running step, -1 */
 	int chunk;                /* tokens this slot has in the running step */
 	uint64_t admitted;        /* admission order: prefill goes first-come first-served */
+	/* Prompt cache (sched.c: pick_slot): while the slot is free, hist[0 ..
+	 * n_cached) are tokens whose K/V its cache still holds, computed by the
+	 * model in service without a runtime LoRA delta; 0: nothing to reuse. */
+	int n_cached;
+	uint64_t released;        /* when it was freed (admit_seq's clock): 0 never */
 	struct nx_sampler smp;
 	struct nx_detok detok;
 	struct nx_stop stop;
@@ -206,6 +213,7 @@ struct nxd_slot {
 
 struct nxd_stats {
 	uint64_t steps, steps_retried, tokens_served, completion_tokens;
+	uint64_t prompt_cached;   /* prompt tokens taken from the prompt cache instead of computed */
 	/* recent steps: sequences in the step, completion tokens, end time */
 	int seqs[NXD_STATS_WINDOW];
 	int ntok[NXD_STATS_WINDOW];
@@ -356,6 +364,9 @@ void nxd_sched_pump(struct nxd *d);
 void nxd_sched_step_done(struct nxd *d);
 /* The step could not be completed (retries exhausted, workers failed). */
 void nxd_sched_step_failed(struct nxd *d, const char *why);
+/* The free slots' K/V no longer match their tokens (the weights changed, or
+ * a step was aborted): nothing is reused from them. */
+void nxd_sched_forget_prompts(struct nxd *d, const char *why);
 /* Marks req cancelled; it ends at the next step boundary (or now if idle). */
 void nxd_sched_cancel(struct nxd *d, struct nxd_req *r, enum nxp_reason reason);
 /* A connection is going away: cancel and detach everything it owns. */

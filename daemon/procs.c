@@ -129,6 +129,8 @@ void nxd_proc_died(struct nxd *d, int band)
 	nxd_warn("worker %d (pid %d) %s%s", band, (int)pid, p->last_death,
 		 d->step_state == NXD_STEP_RUNNING ? " during a step" : "");
 
+	/* It may have written anywhere in the arena on its way out. */
+	nxd_sched_forget_prompts(d, "a worker died");
 	/* A step in flight cannot finish without it: release the survivors. The
 	 * step runs again once the band has a process again. */
 	if (d->step_state == NXD_STEP_RUNNING) {

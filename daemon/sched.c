@@ -9,7 +9,16 @@
  * decoders back for more than one step.
  *
  * Only step completion advances n_past; an aborted step changes nothing, so
- * re-planning after a worker death runs exactly the same positions again. */
+ * re-planning after a worker death runs exactly the same positions again.
+ *
+ * Prompt cache. A freed slot keeps its K/V and the tokens they belong to
+ * (n_cached); a request whose prompt begins with those tokens is admitted
+ * there with n_past already past them, so a chat's next turn computes only
+ * what is new. Reuse is exact: a token's arithmetic does not depend on the
+ * batch around it (model/forward.h), so its K/V are the floats a whole prompt
+ * would give; only K/V the model in service computed without a runtime LoRA
+ * delta are kept, and a weight swap (fold, unfold), a worker's death or an
+ * aborted step forgets them all. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
@@ -118,6 +127,7 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.tokens = r->stream ? NULL : r->gen_toks,
 			.n_tokens = r->stream ? 0 : r->n_gen,
 			.prompt_tokens = r->n_prompt,
+			.cached_tokens = r->n_cached,
 			.completion_tokens = r->n_gen,
 			.prefill_ms = prefill * 1e3,
 			.decode_ms = decode * 1e3,
@@ -157,8 +167,11 @@ static void fail_req(struct nxd *d, struct nxd_req *r, enum nxp_code code, const
 	nxd_req_free(r);
 }
 
-static void slot_release(struct nxd_slot *s)
+/* Frees the slot; keep: its K/V stay reusable (the request ended normally). */
+static void slot_release(struct nxd *d, struct nxd_slot *s, bool keep)
 {
+	s->n_cached = keep && s->req && s->req->n_lora == 0 && d->o.prompt_cache ? s->n_past : 0;
+	s->released = ++d->admit_seq;
 	s->req = NULL;
 	s->row = -1;
 	s->chunk = 0;
@@ -173,7 +186,7 @@ static void reap(struct nxd *d)
 		struct nxd_slot *s = &d->slots[i];
 		if (s->req && s->req->cancelled && !(running && s->chunk > 0)) {
 			struct nxd_req *r = s->req;
-			slot_release(s);
+			slot_release(d, s, true);
 			finish(d, r, r->cancel_reason);
 		}
 	}
@@ -240,7 +253,7 @@ void nxd_sched_end_all(struct nxd *d, enum nxp_reason reason)
 		struct nxd_slot *s = &d->slots[i];
 		if (s->req) {
 			struct nxd_req *r = s->req;
-			slot_release(s);
+			slot_release(d, s, true);
 			finish(d, r, reason);
 		}
 	}
@@ -259,7 +272,7 @@ void nxd_sched_fail_all(struct nxd *d, enum nxp_code code, const char *msg)
 		struct nxd_slot *s = &d->slots[i];
 		if (s->req) {
 			struct nxd_req *r = s->req;
-			slot_release(s);
+			slot_release(d, s, false);
 			fail_req(d, r, code, msg);
 		}
 	}
@@ -272,15 +285,27 @@ void nxd_sched_fail_all(struct nxd *d, enum nxp_code code, const char *msg)
 	d->n_queued = 0;
 }
 
+void nxd_sched_forget_prompts(struct nxd *d, const char *why)
+{
+	int n = 0;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		n += d->slots[i].n_cached > 0;
+		d->slots[i].n_cached = 0;
+	}
+	if (n)
+		nxd_debug("prompt cache: forgot %d slots' tokens (%s)", n, why);
+}
+
 void nxd_sched_step_failed(struct nxd *d, const char *why)
 {
+	nxd_sched_forget_prompts(d, "a step failed");
 	/* The sequences of the step that cannot be computed get an error; the
 	 * rest keep their place. */
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		if (s->req && s->chunk > 0) {
 			struct nxd_req *r = s->req;
-			slot_release(s);
+			slot_release(d, s, false);
 			fail_req(d, r, NXP_E_INTERNAL, why);
 		}
 		s->chunk = 0;
@@ -290,7 +315,45 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 
 /* ---------------------------------------------------------------- admission */
 
-static int admit(struct nxd *d, struct nxd_req *r, int si)
+/* Tokens at the start of r's prompt that slot s's cache holds. */
+static int shared_prefix(const struct nxd_slot *s, const struct nxd_req *r)
+{
+	const int n = s->n_cached < r->n_prompt ? s->n_cached : r->n_prompt;
+	int k = 0;
+	while (k < n && s->hist[k] == r->prompt[k])
+		k++;
+	return k;
+}
+
+/* A free slot for r, or -1: the one whose cached tokens r's prompt continues
+ * furthest, as long as it keeps at least half of them (a chat's next turn);
+ * else the one freed longest ago, so that a new conversation does not throw
+ * away a recent one's cache for a shared system prompt. *reuse gets the
+ * prompt tokens r can skip: never the last one, whose logits are needed. */
+static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse)
+{
+	int best = -1, best_k = 0, oldest = -1;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		const struct nxd_slot *s = &d->slots[i];
+		if (s->req)
+			continue;
+		if (oldest < 0 || s->released < d->slots[oldest].released)
+			oldest = i;
+		const int k = r->n_lora ? 0 : shared_prefix(s, r);
+		if (k > best_k && 2 * k >= s->n_cached) {
+			best = i;
+			best_k = k;
+		}
+	}
+	if (best < 0 && oldest >= 0) {
+		best = oldest;
+		best_k = r->n_lora ? 0 : shared_prefix(&d->slots[oldest], r);
+	}
+	*reuse = best_k < r->n_prompt ? best_k : r->n_prompt - 1;
+	return best;
+}
+
+static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse)
 {
 	struct nxd_slot *s = &d->slots[si];
 	struct nx_err err = {{0}};
@@ -302,7 +365,10 @@ static int admit(struct nxd *d, struct nxd_req *r, int si)
 	nx_detok_init(&s->detok, d->model.tok, 0);
 	memcpy(s->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
 	s->n_hist = r->n_prompt;
-	s->n_past = 0;
+	s->n_past = reuse; /* hist[0 .. reuse) are the cached tokens: their K/V are in place */
+	s->n_cached = 0;
+	r->n_cached = reuse;
+	d->stats.prompt_cached += (uint64_t)reuse;
 	s->row = -1;
 	s->chunk = 0;
 	s->admitted = d->admit_seq++;
@@ -312,25 +378,17 @@ static int admit(struct nxd *d, struct nxd_req *r, int si)
 	return 0;
 }
 
-static int free_slot(struct nxd *d)
-{
-	for (int i = 0; i < d->o.n_slots; i++)
-		if (!d->slots[i].req)
-			return i;
-	return -1;
-}
-
 static void admit_queued(struct nxd *d)
 {
-	int si;
-	while (d->q_head && (si = free_slot(d)) >= 0) {
+	int si, reuse;
+	while (d->q_head && (si = pick_slot(d, d->q_head, &reuse)) >= 0) {
 		struct nxd_req *r = d->q_head;
 		d->q_head = r->next;
 		if (!d->q_head)
 			d->q_tail = NULL;
 		d->n_queued--;
 		r->next = NULL;
-		admit(d, r, si);
+		admit(d, r, si, reuse);
 	}
 }
 
@@ -346,9 +404,9 @@ void nxd_sched_submit(struct nxd *d, struct nxd_req *r)
 		fail_req(d, r, NXP_E_INTERNAL, d->fatal);
 		return;
 	}
-	int si = d->q_head ? -1 : free_slot(d);
+	int reuse = 0, si = d->q_head ? -1 : pick_slot(d, r, &reuse);
 	if (si >= 0) {
-		admit(d, r, si);
+		admit(d, r, si, reuse);
 	} else if (d->n_queued < d->o.max_queue) {
 		r->next = NULL;
 		if (d->q_tail)
@@ -537,7 +595,7 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 		s->hist[s->n_hist++] = tok;
 		return;
 	}
-	slot_release(s);
+	slot_release(d, s, true);
 	finish(d, r, reason);
 }
 
@@ -571,7 +629,7 @@ void nxd_sched_step_done(struct nxd *d)
 						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
 						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
 		if (tok < 0 || tok >= n_vocab) {
-			slot_release(s);
+			slot_release(d, s, false);
 			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
 			continue;
 		}
@@ -619,6 +677,7 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.slots_used = nxd_sched_slots_used(d),
 		.queued = d->n_queued,
 		.tokens_served = s->tokens_served,
+		.prompt_tokens_cached = s->prompt_cached,
 		.seqs_per_step_mean = s->count ? sum / s->count : 0,
 		.seqs_per_step_max = mx,
 		.tokens_per_s = dt > 0 ? ntok / dt : 0,

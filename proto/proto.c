@@ -307,8 +307,8 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
-	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}", d->prompt_tokens,
-	      d->completion_tokens);
+	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
+	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");
 	w_num(&w, d->prefill_ms);
 	w_str(&w, ",\"decode_ms\":");
@@ -364,6 +364,7 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_fmt(&w, "],\"slots\":{\"total\":%d,\"used\":%d,\"queued\":%d}", s->slots_total, s->slots_used,
 	      s->queued);
 	w_fmt(&w, ",\"tokens_served\":%" PRIu64, s->tokens_served);
+	w_fmt(&w, ",\"prompt_tokens_cached\":%" PRIu64, s->prompt_tokens_cached);
 	w_str(&w, ",\"sequences_per_step\":{\"mean\":");
 	w_num(&w, s->seqs_per_step_mean);
 	w_fmt(&w, ",\"max\":%d}", s->seqs_per_step_max);

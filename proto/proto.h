@@ -219,6 +219,7 @@ struct nxp_done {
 	const int32_t *tokens;  /* (n_tokens) generated ids, only for non-streamed requests; NULL to omit */
 	int n_tokens;
 	int prompt_tokens;
+	int cached_tokens;      /* of prompt_tokens, those whose K/V came from the prompt cache */
 	int completion_tokens;
 	double prefill_ms;
 	double decode_ms;
@@ -245,6 +246,7 @@ struct nxp_status {
 	int slots_used;
 	int queued;            /* requests waiting for a slot */
 	uint64_t tokens_served;    /* prompt + completion tokens since start */
+	uint64_t prompt_tokens_cached; /* prompt tokens taken from the prompt cache since start */
 	double seqs_per_step_mean; /* sequences per step, recent window */
 	int seqs_per_step_max;
 	double tokens_per_s;       /* completion tokens per second, recent window */

@@ -682,7 +682,7 @@ static void test_enc_done(void **st)
 	int32_t toks[3] = {1, 2, 3};
 	struct nxp_done d = {
 		.reason = NXP_DONE_STOP, .text = "a\x01" "b\xff", .text_len = 4, .tokens = toks, .n_tokens = 3,
-		.prompt_tokens = 10, .completion_tokens = 3, .prefill_ms = 12.5, .decode_ms = 30,
+		.prompt_tokens = 10, .cached_tokens = 7, .completion_tokens = 3, .prefill_ms = 12.5, .decode_ms = 30,
 		.tokens_per_s = 100.0,
 	};
 	size_t n = nxp_enc_done(buf, sizeof(buf), "\"x\"", &d);
@@ -695,6 +695,7 @@ static void test_enc_done(void **st)
 	assert_int_equal(json_integer_value(json_array_get(t, 2)), 3);
 	json_t *u = json_object_get(j, "usage");
 	assert_int_equal(jint(u, "prompt_tokens"), 10);
+	assert_int_equal(jint(u, "cached_tokens"), 7);
 	assert_int_equal(jint(u, "completion_tokens"), 3);
 	json_t *tm = json_object_get(j, "timing");
 	assert_true(json_number_value(json_object_get(tm, "prefill_ms")) == 12.5);
@@ -798,7 +799,7 @@ static void test_enc_status(void **st)
 	struct nxp_status s = {
 		.model = "m", .arch = "llama", .type = "Q4_1", .n_ctx = 2048, .n_vocab = 49152,
 		.workers = w, .n_workers = 2, .slots_total = 8, .slots_used = 3, .queued = 1,
-		.tokens_served = 1ull << 40, .seqs_per_step_mean = 2.5, .seqs_per_step_max = 4,
+		.tokens_served = 1ull << 40, .prompt_tokens_cached = 12345, .seqs_per_step_mean = 2.5, .seqs_per_step_max = 4,
 		.tokens_per_s = 55.5, .uptime_s = 3600.25, .steps = 1000, .steps_retried = 1,
 	};
 	size_t len;
@@ -819,6 +820,7 @@ static void test_enc_status(void **st)
 	assert_int_equal(jint(sl, "used"), 3);
 	assert_int_equal(jint(sl, "queued"), 1);
 	assert_int_equal(jint(j, "tokens_served"), 1ll << 40);
+	assert_int_equal(jint(j, "prompt_tokens_cached"), 12345);
 	json_t *sps = json_object_get(j, "sequences_per_step");
 	assert_true(json_number_value(json_object_get(sps, "mean")) == 2.5);
 	assert_int_equal(jint(sps, "max"), 4);

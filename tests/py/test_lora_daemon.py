@@ -448,6 +448,49 @@ def test_different_adapters_share_steps_exactly(fx, tmp_path):
         assert st["sequences_per_step"]["max"] >= 4  # they did share steps
 
 
+
+def test_prompt_cache_and_adapters(fx, tmp_path):
+    """The prompt cache keeps only K/V the model in service computed without a runtime delta: a request with
+    an adapter neither reuses a slot's tokens nor leaves its own to reuse, and a fold or an unfold forgets
+    every slot's. One slot, so every request lands in the same one; each answer (tokens and logprobs) is
+    that of a daemon without the cache going through the same loads, folds and unfolds."""
+    model = fx / "tiny-q4_1-tok.gguf"
+    p = PROMPTS[1]
+
+    def run(name, args):
+        out = []
+        with daemon(model, tmp_path, name=name, args=["--slots", "1"] + args) as d, Client(d.sock) as c:
+            ok(c, {"id": "l", "op": "lora_load", "name": "a", "path": str(fx / "tiny-r4")}, "lora_loaded")
+
+            def g(lora=None):
+                req = {"id": "g", "op": "generate", "tokens": p, "max_tokens": 4, "temperature": 0, "logprobs": 5,
+                       "ignore_eos": True}
+                if lora:
+                    req["lora"] = [{"name": lora}]
+                c.send(req)
+                steps = []
+                for e in c.events("g"):
+                    if e["event"] == "token":
+                        steps.append((e["token"], [(x["token"], x["logprob"]) for x in e["logprobs"]]))
+                assert e["event"] == "done", e
+                out.append((steps, e["usage"]["cached_tokens"]))
+
+            g(), g(), g("a"), g(), g()
+            ok(c, {"id": "f", "op": "lora_fold", "name": "a"}, "lora_folded")
+            g(), g()
+            ok(c, {"id": "u", "op": "lora_unfold", "name": "a"}, "lora_unfolded")
+            g(), g()
+        return out
+
+    got, want = run("cached", []), run("whole", ["--no-prompt-cache"])
+    assert [s for s, _ in got] == [s for s, _ in want]
+    n = len(p) - 1
+    assert [k for _, k in got] == [0, n, 0, 0, n, 0, n, 0, n]
+    assert [k for _, k in want] == [0] * 9
+    base, delta, folded = got[0][0], got[2][0], got[5][0]
+    assert delta != base and folded != base  # the adapter changes the answer: reusing stale K/V would show
+
+
 def test_malformed_adapters_leave_service_untouched(fx, tmp_path):
     model = fx / "tiny-q4_1-tok.gguf"
     bad = tmp_path / "bad"

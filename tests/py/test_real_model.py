@@ -124,3 +124,62 @@ def test_daemon_greedy_golden(model_path, tmp_path):
         for t in threads:
             t.join()
         assert got == {i: GOLDEN for i in range(3)}
+
+
+
+def _stream(c, rid, req):
+    """One streamed generate: ([(token, [(alt, logprob)...])...], done event)."""
+    c.send(dict(op="generate", id=rid, **req))
+    steps = []
+    for ev in c.events(rid):
+        if ev["event"] == "token":
+            steps.append((ev["token"], [(x["token"], x["logprob"]) for x in ev.get("logprobs", [])]))
+        else:
+            assert ev["event"] == "done", ev
+            return steps, ev
+
+
+def _chat(sock, script):
+    """Runs the requests one after another on one connection; a request given as a function gets the earlier
+    results and returns the request (a chat's next turn needs the first answer's text)."""
+    out = []
+    with Client(sock) as c:
+        for i, req in enumerate(script):
+            out.append(_stream(c, f"r{i}", req(out) if callable(req) else req))
+    return out
+
+
+def test_prompt_cache_reuses_exactly(model_path, tmp_path):
+    """A free slot's K/V serve the next prompt that starts with its tokens: a repeated prompt, a long shared
+    instruction with another question, a chat's next turn (messages through the chat template). The answers -
+    tokens and log-probs, greedy and seeded sampling - are bit for bit those of a daemon that computes every
+    prompt whole (--no-prompt-cache), and usage.cached_tokens says how much was skipped."""
+    kw = dict(temperature=0, ignore_eos=True, logprobs=3)
+    instr = TEXT_IDS[200:330]  # starts unlike TEXT_IDS[:120]: the other slot
+    ask = [{"role": "user", "content": "Name three rivers in Europe."}]
+
+    script = [
+        dict(tokens=TEXT_IDS[:120], max_tokens=8, **kw),
+        dict(tokens=TEXT_IDS[:120], max_tokens=8, **kw),  # the same prompt again
+        dict(tokens=TEXT_IDS[:120], max_tokens=8, temperature=0.8, seed=7, ignore_eos=True, logprobs=3),
+        dict(tokens=instr + TEXT_IDS[:10], max_tokens=6, **kw),
+        dict(tokens=instr + TEXT_IDS[50:70], max_tokens=6, **kw),  # the same instruction, another question
+        dict(messages=ask, max_tokens=40, temperature=0, logprobs=3, stream=False),
+        lambda out: dict(messages=ask + [{"role": "assistant", "content": out[5][1]["text"]},
+                                         {"role": "user", "content": "Which one is the longest?"}],
+                         max_tokens=16, **kw),
+    ]
+    with Daemon(model_path, tmp_path, name="cached", args=["--slots", "2"]) as d:
+        got = _chat(d.sock, script)
+        reused = d.status()["prompt_tokens_cached"]
+    with Daemon(model_path, tmp_path, name="whole", args=["--slots", "2", "--no-prompt-cache"]) as d:
+        want = _chat(d.sock, script)
+        assert d.status()["prompt_tokens_cached"] == 0
+    for i, ((g_steps, g_done), (w_steps, w_done)) in enumerate(zip(got, want)):
+        assert g_steps == w_steps, f"request {i}: tokens or log-probs differ with the prompt cache"
+        assert g_done.get("tokens") == w_done.get("tokens"), f"request {i}"
+        assert w_done["usage"]["cached_tokens"] == 0
+    cached = [dn["usage"]["cached_tokens"] for _, dn in got]
+    assert cached[:5] == [0, 119, 119, 0, 130], cached  # all but the last prompt token; the instruction
+    assert cached[6] >= got[5][1]["usage"]["prompt_tokens"], (cached, got[5][1]["usage"])  # turn 1's prompt
+    assert reused == sum(cached)
