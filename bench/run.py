@@ -127,8 +127,8 @@ class Ours:
         self.ok = os.access(self.nxd, os.X_OK)
         self.why = None if self.ok else f"{self.nxd} is not built"
 
-    def daemon(self, model, batch=None, slots=SLOTS):
-        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=CTX, batch=batch)
+    def daemon(self, model, batch=None, slots=SLOTS, extra=()):
+        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=CTX, batch=batch, extra=extra)
 
     def decode(self, model, prompt, reps):
         with self.daemon(model) as d:
@@ -150,7 +150,8 @@ class Ours:
 
     def prefill(self, model, lengths, reps):
         out = {}
-        with self.daemon(model, batch=N_BATCH) as d:
+        # Whole prompts, as llama.cpp's side computes them (its KV cache cleared).
+        with self.daemon(model, batch=N_BATCH, extra=["--no-prompt-cache"]) as d:
             c = nxd_side.Conn(d.sock)
             c.generate(prompt_ids(1000, min(lengths)), 1)  # warm-up
             for n in lengths:
