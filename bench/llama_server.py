@@ -78,11 +78,12 @@ class Server:
     def pss(self):
         return {self.proc.pid: pss_kib(self.proc.pid)}
 
-    def generate(self, tokens, n_predict):
-        """Streamed greedy completion; returns token arrival times and the final event's timings."""
+    def generate(self, tokens, n_predict, cache_prompt=False):
+        """Streamed greedy completion; returns token arrival times and the final event's timings.
+        cache_prompt: let the server reuse a slot's KV cache for a shared prefix (the chat case)."""
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         body = json.dumps({"prompt": list(tokens), "n_predict": n_predict, "temperature": 0, "top_k": 1,
-                           "ignore_eos": True, "cache_prompt": False, "stream": True, "return_tokens": True})
+                           "ignore_eos": True, "cache_prompt": cache_prompt, "stream": True, "return_tokens": True})
         t_send = time.perf_counter()
         c.request("POST", "/completion", body, {"Content-Type": "application/json"})
         r = c.getresponse()

@@ -13,6 +13,8 @@ Cases (docs/bench.md has the details and how to read the numbers):
               against llama.cpp's load time (Llama() and llama-server's /health)
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
               4 clients, as above
+  chat        a conversation's next turn: time to the first token of a follow-up question after a
+              long first turn, nxd's prompt cache against llama-server's (cache_prompt)
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -35,12 +37,13 @@ import models  # noqa: E402
 import nxd_side  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "chat"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
 DECODE_N = 128
 SLOTS = 4
+CHAT_TURN = (480, 64, 24)  # chat case: first prompt, its answer, the follow-up question (tokens)
 MIN_REPS = 3
 BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
 
@@ -502,6 +505,59 @@ def main():
 
     if "concurrent" in cases:
         concurrent_case("concurrent", "smollm2-135m Q4_1", q41, a.reps)
+
+    # -------------------------------------------------------- chat: a conversation's next turn
+    def chat_case(case, key, path, reps):
+        """Turn 1: a long prompt and its answer; turn 2: all of that plus a short question. Time from
+        sending turn 2 to its first token, each side with its own prompt cache (nxd's default; llama-server
+        with cache_prompt), the first turn's time beside it. A fresh conversation every repetition."""
+        n_first, n_answer, n_follow = CHAT_TURN
+        log(f"bench: {case}: {key}: turn 1 {n_first} + {n_answer} tokens, turn 2 +{n_follow} x {reps}")
+
+        def convo(gen):
+            firsts = []
+
+            def one():
+                k = len(firsts)
+                first = prompt_ids(7000 + k, n_first)
+                r1 = gen(first, n_answer)
+                r2 = gen(first + r1["ids"] + prompt_ids(8000 + k, n_follow), 8)
+                firsts.append(r1["times"][0] - r1["t_send"])
+                t2 = r2["times"][0] - r2["t_send"]
+                return t2, r2["t_done"] - r1["t_send"], None
+
+            gen(prompt_ids(6999, 32), 4)  # warm-up
+            second, _ = repeat(one, reps)
+            return {"turn2_s": second, "turn1_s": firsts}
+
+        def chat_ours(cache):
+            with ours.daemon(path, batch=N_BATCH, extra=[] if cache else ["--no-prompt-cache"]) as d:
+                c = nxd_side.Conn(d.sock)
+                try:
+                    return convo(lambda p, n: c.generate(p, n))
+                finally:
+                    c.close()
+
+        def chat_llama(cache):
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            with llama_server.Server(srv_bin, path, THREADS, SLOTS, CTX, N_BATCH) as s:
+                return convo(lambda p, n: s.generate(p, n, cache_prompt=cache))
+
+        o, l = both(case, lambda: chat_ours(True), lambda: chat_llama(True))
+        o0, l0 = both(case, lambda: chat_ours(False), lambda: chat_llama(False))
+        res["raw"][f"{case}/{key}/chat"] = {"ours": o, "llama": l, "ours_no_cache": o0, "llama_no_cache": l0}
+        ms = lambda r, f: med(r[f]) * 1e3 if r else None  # noqa: E731
+        size = f"turn 2 = turn 1's {n_first} + {n_answer} tokens + {n_follow} new"
+        table.add(case, f"{key} turn 2 first token, prompt caches", "ms", ms(o, "turn2_s"), ms(l, "turn2_s"),
+                  lower_better=True, note=size)
+        table.add(case, f"{key} turn 2 first token, no caches", "ms", ms(o0, "turn2_s"), ms(l0, "turn2_s"),
+                  lower_better=True, note="nxd --no-prompt-cache, llama-server cache_prompt: false")
+        table.add(case, f"{key} turn 1 first token ({n_first}-token prompt)", "ms", ms(o, "turn1_s"),
+                  ms(l, "turn1_s"), lower_better=True)
+
+    if "chat" in cases:
+        chat_case("chat", "smollm2-135m Q4_1", q41, a.reps)
 
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:
