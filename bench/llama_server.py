@@ -78,9 +78,10 @@ class Server:
     def pss(self):
         return {self.proc.pid: pss_kib(self.proc.pid)}
 
-    def generate(self, tokens, n_predict, cache_prompt=False):
+    def generate(self, tokens, n_predict, cache_prompt=False, on_first=None):
         """Streamed greedy completion; returns token arrival times and the final event's timings.
-        cache_prompt: let the server reuse a slot's KV cache for a shared prefix (the chat case)."""
+        cache_prompt: let the server reuse a slot's KV cache for a shared prefix (the chat case);
+        on_first: called when the first token arrives."""
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         body = json.dumps({"prompt": list(tokens), "n_predict": n_predict, "temperature": 0, "top_k": 1,
                            "ignore_eos": True, "cache_prompt": cache_prompt, "stream": True, "return_tokens": True})
@@ -101,9 +102,12 @@ class Server:
             toks = ev.get("tokens") or []
             if toks:
                 now = time.perf_counter()
+                first = not times
                 for t in toks:
                     times.append(now)
                     ids.append(t)
+                if on_first and first:
+                    on_first()
             if ev.get("stop"):
                 final = ev
                 break

@@ -145,8 +145,9 @@ class Conn:
             raise DaemonError("nxd closed the connection")
         return json.loads(line)
 
-    def generate(self, tokens, max_tokens, rid=1):
-        """Greedy, ignore_eos, streamed. Returns dict with token arrival times and the done event."""
+    def generate(self, tokens, max_tokens, rid=1, on_first=None):
+        """Greedy, ignore_eos, streamed. Returns dict with token arrival times and the done event.
+        on_first: called when the first token arrives."""
         t0 = time.perf_counter()
         self.send({"id": rid, "op": "generate", "tokens": list(tokens), "max_tokens": max_tokens,
                    "temperature": 0, "ignore_eos": True, "stream": True})
@@ -157,6 +158,8 @@ class Conn:
             if kind == "token":
                 times.append(time.perf_counter())
                 ids.append(ev.get("token"))
+                if on_first and len(times) == 1:
+                    on_first()
             elif kind == "done":
                 return {"t_send": t0, "times": times, "ids": ids, "done": ev, "t_done": time.perf_counter()}
             elif kind == "error":

@@ -14,7 +14,8 @@ Cases (docs/bench.md has the details and how to read the numbers):
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
               4 clients, as above
   chat        a conversation's next turn: time to the first token of a follow-up question after a
-              long first turn, nxd's prompt cache against llama-server's (cache_prompt)
+              long first turn, nxd's prompt cache against llama-server's (cache_prompt); and a second
+              client with the same long instruction as one that is decoding
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -25,6 +26,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -530,19 +532,48 @@ def main():
             second, _ = repeat(one, reps)
             return {"turn2_s": second, "turn1_s": firsts}
 
+        def shared(gen_a, gen_b):
+            """Client A sends an n_first-token instruction and a question; once A decodes, client B sends
+            the same instruction and another question: B's time to its first token."""
+            out = []
+
+            def one():
+                k = len(out)
+                instr = prompt_ids(9000 + k, n_first)
+                started, res = threading.Event(), []
+                a = threading.Thread(target=lambda: res.append(
+                    gen_a(instr + prompt_ids(9100 + k, n_follow), n_answer, started.set)))
+                a.start()
+                if not started.wait(300):
+                    raise RuntimeError("client A got no token")
+                rb = gen_b(instr + prompt_ids(9200 + k, n_follow), 8)
+                a.join()
+                out.append(rb["times"][0] - rb["t_send"])
+                return out[-1], rb["t_done"] - rb["t_send"], None
+
+            vals, _ = repeat(one, reps)
+            return vals
+
         def chat_ours(cache):
             with ours.daemon(path, batch=N_BATCH, extra=[] if cache else ["--no-prompt-cache"]) as d:
-                c = nxd_side.Conn(d.sock)
+                c, c2 = nxd_side.Conn(d.sock), nxd_side.Conn(d.sock)
                 try:
-                    return convo(lambda p, n: c.generate(p, n))
+                    r = convo(lambda p, n: c.generate(p, n))
+                    r["shared_s"] = shared(lambda p, n, f: c.generate(p, n, on_first=f),
+                                           lambda p, n: c2.generate(p, n, rid=2))
+                    return r
                 finally:
                     c.close()
+                    c2.close()
 
         def chat_llama(cache):
             if not srv_bin or not os.access(srv_bin, os.X_OK):
                 raise RuntimeError(f"llama-server not built ({srv_bin})")
             with llama_server.Server(srv_bin, path, THREADS, SLOTS, CTX, N_BATCH) as s:
-                return convo(lambda p, n: s.generate(p, n, cache_prompt=cache))
+                r = convo(lambda p, n: s.generate(p, n, cache_prompt=cache))
+                r["shared_s"] = shared(lambda p, n, f: s.generate(p, n, cache_prompt=cache, on_first=f),
+                                       lambda p, n: s.generate(p, n, cache_prompt=cache))
+                return r
 
         o, l = both(case, lambda: chat_ours(True), lambda: chat_llama(True))
         o0, l0 = both(case, lambda: chat_ours(False), lambda: chat_llama(False))
@@ -555,6 +586,11 @@ def main():
                   lower_better=True, note="nxd --no-prompt-cache, llama-server cache_prompt: false")
         table.add(case, f"{key} turn 1 first token ({n_first}-token prompt)", "ms", ms(o, "turn1_s"),
                   ms(l, "turn1_s"), lower_better=True)
+        table.add(case, f"{key} 2nd client, same instruction, first token", "ms", ms(o, "shared_s"),
+                  ms(l, "shared_s"), lower_better=True,
+                  note=f"{n_first}-token instruction + {n_follow}, while a client with it decodes")
+        table.add(case, f"{key} 2nd client, same instruction, no caches", "ms", ms(o0, "shared_s"),
+                  ms(l0, "shared_s"), lower_better=True)
 
     if "chat" in cases:
         chat_case("chat", "smollm2-135m Q4_1", q41, a.reps)

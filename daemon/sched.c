@@ -14,11 +14,13 @@
  * Prompt cache. A freed slot keeps its K/V and the tokens they belong to
  * (n_cached); a request whose prompt begins with those tokens is admitted
  * there with n_past already past them, so a chat's next turn computes only
- * what is new. Reuse is exact: a token's arithmetic does not depend on the
- * batch around it (model/forward.h), so its K/V are the floats a whole prompt
- * would give; only K/V the model in service computed without a runtime LoRA
- * delta are kept, and a weight swap (fold, unfold), a worker's death or an
- * aborted step forgets them all. */
+ * what is new. A prompt that shares a longer beginning with another slot,
+ * free or in use (the same long instruction for many clients), gets those
+ * positions' K/V copied from it. Reuse is exact: a token's arithmetic does not
+ * depend on the batch around it (model/forward.h), so its K/V are the floats a
+ * whole prompt would give; only K/V of the model in service without a runtime
+ * LoRA delta are reused (kv_ok), and a weight swap (fold, unfold), a worker's
+ * death or an aborted step makes every slot's unusable. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
@@ -170,7 +172,7 @@ static void fail_req(struct nxd *d, struct nxd_req *r, enum nxp_code code, const
 /* Frees the slot; keep: its K/V stay reusable (the request ended normally). */
 static void slot_release(struct nxd *d, struct nxd_slot *s, bool keep)
 {
-	s->n_cached = keep && s->req && s->req->n_lora == 0 && d->o.prompt_cache ? s->n_past : 0;
+	s->n_cached = keep && s->kv_ok ? s->n_past : 0;
 	s->released = ++d->admit_seq;
 	s->req = NULL;
 	s->row = -1;
@@ -289,8 +291,10 @@ void nxd_sched_forget_prompts(struct nxd *d, const char *why)
 {
 	int n = 0;
 	for (int i = 0; i < d->o.n_slots; i++) {
-		n += d->slots[i].n_cached > 0;
-		d->slots[i].n_cached = 0;
+		struct nxd_slot *s = &d->slots[i];
+		n += s->kv_ok && (s->req ? s->n_past : s->n_cached) > 0;
+		s->kv_ok = false;
+		s->n_cached = 0;
 	}
 	if (n)
 		nxd_debug("prompt cache: forgot %d slots' tokens (%s)", n, why);
@@ -315,22 +319,28 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 
 /* ---------------------------------------------------------------- admission */
 
-/* Tokens at the start of r's prompt that slot s's cache holds. */
-static int shared_prefix(const struct nxd_slot *s, const struct nxd_req *r)
+/* Tokens at the start of r's prompt whose K/V slot s holds and may lend:
+ * all of it for r's prompt but the last token, whose logits are needed. */
+static int shared_prefix(const struct nxd *d, const struct nxd_slot *s, const struct nxd_req *r)
 {
-	const int n = s->n_cached < r->n_prompt ? s->n_cached : r->n_prompt;
+	if (!d->o.prompt_cache || r->n_lora || !s->kv_ok)
+		return 0;
+	const int have = s->req ? s->n_past : s->n_cached, want = r->n_prompt - 1;
+	const int n = have < want ? have : want;
 	int k = 0;
 	while (k < n && s->hist[k] == r->prompt[k])
 		k++;
 	return k;
 }
 
-/* A free slot for r, or -1: the one whose cached tokens r's prompt continues
+/* Where r goes. The slot: a free one whose cached tokens r's prompt continues
  * furthest, as long as it keeps at least half of them (a chat's next turn);
- * else the one freed longest ago, so that a new conversation does not throw
- * away a recent one's cache for a shared system prompt. *reuse gets the
- * prompt tokens r can skip: never the last one, whose logits are needed. */
-static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse)
+ * else the free one freed longest ago, so that a new conversation does not
+ * throw away a recent one's cache for a shared instruction. *reuse: the
+ * prompt tokens r skips; *src: the slot whose K/V of positions past the
+ * chosen slot's own to copy first (a longer shared beginning, in any slot),
+ * or -1. Returns -1 when no slot is free. */
+static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse, int *src)
 {
 	int best = -1, best_k = 0, oldest = -1;
 	for (int i = 0; i < d->o.n_slots; i++) {
@@ -339,7 +349,7 @@ static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse)
 			continue;
 		if (oldest < 0 || s->released < d->slots[oldest].released)
 			oldest = i;
-		const int k = r->n_lora ? 0 : shared_prefix(s, r);
+		const int k = shared_prefix(d, s, r);
 		if (k > best_k && 2 * k >= s->n_cached) {
 			best = i;
 			best_k = k;
@@ -347,13 +357,21 @@ static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse)
 	}
 	if (best < 0 && oldest >= 0) {
 		best = oldest;
-		best_k = r->n_lora ? 0 : shared_prefix(&d->slots[oldest], r);
+		best_k = shared_prefix(d, &d->slots[oldest], r);
 	}
-	*reuse = best_k < r->n_prompt ? best_k : r->n_prompt - 1;
+	*src = -1;
+	*reuse = best_k;
+	for (int i = 0; best >= 0 && i < d->o.n_slots; i++) {
+		const int k = i == best ? 0 : shared_prefix(d, &d->slots[i], r);
+		if (k > *reuse) {
+			*reuse = k;
+			*src = i;
+		}
+	}
 	return best;
 }
 
-static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse)
+static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse, int src)
 {
 	struct nxd_slot *s = &d->slots[si];
 	struct nx_err err = {{0}};
@@ -363,10 +381,15 @@ static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse)
 		return -1;
 	}
 	nx_detok_init(&s->detok, d->model.tok, 0);
+	/* Positions past what this slot holds of r's prompt come from src: a
+	 * free slot, or one in use whose positions below n_past no step writes. */
+	if (src >= 0)
+		nx_state_copy_kv(&d->shm.state, d->model.m.hp.head_dim, si, src, shared_prefix(d, s, r), reuse);
 	memcpy(s->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
 	s->n_hist = r->n_prompt;
-	s->n_past = reuse; /* hist[0 .. reuse) are the cached tokens: their K/V are in place */
+	s->n_past = reuse; /* hist[0 .. reuse) are the prompt's first tokens: their K/V are in place */
 	s->n_cached = 0;
+	s->kv_ok = r->n_lora == 0;
 	r->n_cached = reuse;
 	d->stats.prompt_cached += (uint64_t)reuse;
 	s->row = -1;
@@ -380,15 +403,15 @@ static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse)
 
 static void admit_queued(struct nxd *d)
 {
-	int si, reuse;
-	while (d->q_head && (si = pick_slot(d, d->q_head, &reuse)) >= 0) {
+	int si, reuse, src;
+	while (d->q_head && (si = pick_slot(d, d->q_head, &reuse, &src)) >= 0) {
 		struct nxd_req *r = d->q_head;
 		d->q_head = r->next;
 		if (!d->q_head)
 			d->q_tail = NULL;
 		d->n_queued--;
 		r->next = NULL;
-		admit(d, r, si, reuse);
+		admit(d, r, si, reuse, src);
 	}
 }
 
@@ -404,9 +427,9 @@ void nxd_sched_submit(struct nxd *d, struct nxd_req *r)
 		fail_req(d, r, NXP_E_INTERNAL, d->fatal);
 		return;
 	}
-	int reuse = 0, si = d->q_head ? -1 : pick_slot(d, r, &reuse);
+	int reuse = 0, src = -1, si = d->q_head ? -1 : pick_slot(d, r, &reuse, &src);
 	if (si >= 0) {
-		admit(d, r, si, reuse);
+		admit(d, r, si, reuse, src);
 	} else if (d->n_queued < d->o.max_queue) {
 		r->next = NULL;
 		if (d->q_tail)

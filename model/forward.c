@@ -141,6 +141,20 @@ int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hp
 	return 0;
 }
 
+void nx_state_copy_kv(const struct nx_state *s, int hd, int dst, int src, int p0, int p1)
+{
+	if (p1 <= p0)
+		return;
+	const size_t n_ctx = (size_t)s->cfg.n_ctx, slot = (size_t)s->n_layer * n_ctx * s->kv_dim;
+	const size_t runs = (size_t)s->n_layer * (s->kv_dim / hd); /* (layer, kv head): n_ctx positions each */
+	const size_t len = (size_t)(p1 - p0) * hd * sizeof(nx_f16);
+	for (size_t r = 0; r < runs; r++) {
+		const size_t at = r * n_ctx * hd + (size_t)p0 * hd;
+		memcpy(s->k_cache + dst * slot + at, s->k_cache + src * slot + at, len);
+		memcpy(s->v_cache + dst * slot + at, s->v_cache + src * slot + at, len);
+	}
+}
+
 /* Bytes of xq per token: the hi and lo rows of a quantized activation take at
  * most 2 x 292/256 bytes per element (Q8_K; Q8_0 2 x 34/32), so 4 (a float) is room. */
 static size_t xq_stride(const struct nx_hparams *hp)

@@ -143,6 +143,12 @@ size_t nx_state_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg
 int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hparams *hp,
 		  const struct nx_state_cfg *cfg, struct nx_err *err);
 
+/* Copies the K/V of positions [p0, p1) of slot src into slot dst, every layer
+ * and kv head (head_dim hd): the same floats a step would have written there
+ * for the same tokens. Neither slot may be written by a step meanwhile (the
+ * caller's scheduling: src's positions below its n_past stay as they are). */
+void nx_state_copy_kv(const struct nx_state *s, int hd, int dst, int src, int p0, int p1);
+
 /* Bytes of one band's scratch block (0 when cfg is invalid); laid out like the state. */
 size_t nx_scratch_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg);
 int nx_scratch_init(struct nx_scratch *sc, void *mem, size_t size, const struct nx_hparams *hp,

@@ -491,6 +491,53 @@ def test_prompt_cache_and_adapters(fx, tmp_path):
     assert delta != base and folded != base  # the adapter changes the answer: reusing stale K/V would show
 
 
+
+def test_prompt_cache_lends_only_exact_kv(fx, tmp_path):
+    """A slot in use lends its prompt's K/V to a new request only while they are what the model in service
+    computes: not while its own request carries a runtime delta, and not once a fold swapped the weights
+    under it. The request that could not borrow equals a daemon without the cache, folded the same way."""
+    model = fx / "tiny-q4_1-tok.gguf"
+    p, q = PROMPTS[0] * 6, PROMPTS[0] * 6 + [9, 9]
+    greedy = {"temperature": 0, "ignore_eos": True, "logprobs": 5}
+
+    def b_gen(c, rid):
+        c.send({"id": rid, "op": "generate", "tokens": q, "max_tokens": 4, **greedy})
+        evs = list(c.events(rid))
+        assert evs[-1]["event"] == "done", evs[-1]
+        steps = [(e["token"], [(x["token"], x["logprob"]) for x in e["logprobs"]]) for e in evs[:-1]]
+        return steps, evs[-1]["usage"]["cached_tokens"]
+
+    def long_a(c, rid, lora=None):
+        req = {"id": rid, "op": "generate", "tokens": p, "max_tokens": 3000, **greedy}
+        if lora:
+            req["lora"] = [{"name": lora}]
+        c.send(req)
+        assert c.recv()["event"] == "token"  # decoding: its prompt's K/V are in place
+
+    def stop_a(c, rid):
+        c.send({"id": "x" + rid, "op": "cancel", "target": rid})
+        for e in c.events(rid):
+            pass
+        assert e["event"] == "done" and e["reason"] == "cancelled", e
+
+    with daemon(model, tmp_path, args=["--slots", "2"]) as d, Client(d.sock) as a, Client(d.sock) as b:
+        ok(b, {"id": "l", "op": "lora_load", "name": "a", "path": str(fx / "tiny-r4")}, "lora_loaded")
+        long_a(a, "a1", lora="a")
+        assert b_gen(b, "b1")[1] == 0  # A's K/V carry the delta
+        stop_a(a, "a1")
+        long_a(a, "a2")
+        assert b_gen(b, "b2")[1] == len(p)  # from A, in use: its K/V are the model's
+        ok(b, {"id": "f", "op": "lora_fold", "name": "a"}, "lora_folded")
+        after, k = b_gen(b, "b3")
+        assert k == 0  # A's K/V (and b2's slot's) are the base model's; the model in service is folded
+        stop_a(a, "a2")
+    with daemon(model, tmp_path, name="whole", args=["--slots", "2", "--no-prompt-cache"]) as d, \
+            Client(d.sock) as b:
+        ok(b, {"id": "l", "op": "lora_load", "name": "a", "path": str(fx / "tiny-r4")}, "lora_loaded")
+        ok(b, {"id": "f", "op": "lora_fold", "name": "a"}, "lora_folded")
+        assert b_gen(b, "b") == (after, 0)
+
+
 def test_malformed_adapters_leave_service_untouched(fx, tmp_path):
     model = fx / "tiny-q4_1-tok.gguf"
     bad = tmp_path / "bad"

@@ -183,3 +183,35 @@ def test_prompt_cache_reuses_exactly(model_path, tmp_path):
     assert cached[:5] == [0, 119, 119, 0, 130], cached  # all but the last prompt token; the instruction
     assert cached[6] >= got[5][1]["usage"]["prompt_tokens"], (cached, got[5][1]["usage"])  # turn 1's prompt
     assert reused == sum(cached)
+
+
+def test_prompt_cache_shares_across_slots(model_path, tmp_path):
+    """A prompt that begins like a slot in use (the same long instruction for several clients) starts
+    with that slot's K/V copied: client B, admitted while A decodes, skips the shared instruction, and so
+    does C after both are done (from a free slot). Every answer is bit for bit that of a daemon without
+    the cache."""
+    instr = TEXT_IDS[:150]
+    prompts = [instr + TEXT_IDS[200:210], instr + TEXT_IDS[250:270], instr + TEXT_IDS[300:305]]
+    kw = dict(temperature=0, ignore_eos=True, logprobs=2)
+
+    def run(args):
+        with Daemon(model_path, tmp_path, name="share" + "".join(args), args=["--slots", "3"] + args) as d, \
+                Client(d.sock) as a, Client(d.sock) as b:
+            a.send(dict(op="generate", id="a", tokens=prompts[0], max_tokens=60, **kw))
+            ev = a.recv()
+            assert ev["event"] == "token", ev  # A is decoding: its prompt's K/V are all in place
+            b_steps, b_done = _stream(b, "b", dict(tokens=prompts[1], max_tokens=8, **kw))
+            a_steps = [(ev["token"], [(x["token"], x["logprob"]) for x in ev["logprobs"]])]
+            for e in a.events("a"):
+                if e["event"] == "token":
+                    a_steps.append((e["token"], [(x["token"], x["logprob"]) for x in e["logprobs"]]))
+            assert e["event"] == "done", e
+            c_steps, c_done = _stream(b, "c", dict(tokens=prompts[2], max_tokens=8, **kw))
+        return [a_steps, b_steps, c_steps], [e["usage"]["cached_tokens"], b_done["usage"]["cached_tokens"],
+                                             c_done["usage"]["cached_tokens"]]
+
+    got, cached = run([])
+    want, none = run(["--no-prompt-cache"])
+    assert got == want
+    assert none == [0, 0, 0]
+    assert cached == [0, len(instr), len(instr)], cached
