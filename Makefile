@@ -64,6 +64,7 @@ run: deps venv
 # C unit tests run from the repo root (they find fixtures relative to it).
 test-c: all $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; $$t; done
+	@echo "== $(B)/tests/test_lora (NX_KERN=avx2: the LoRA delta's plain-vector path)"; NX_KERN=avx2 $(B)/tests/test_lora
 
 test-py: all venv
 	NX_BUILD=$(B) NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python -m pytest -q tests/py

@@ -333,8 +333,10 @@ static void check_adapter(const uint8_t *data, size_t size)
 						continue;
 					FUZZ_CHECK(bw && t->n_in == bw->n_in && t->n_out == bw->n_out && t->rank >= 1,
 						   "adapter layer %d matrix %d: shape differs from the base", il, w);
-					volatile float x = t->a[0] + t->a[t->rank * t->n_in - 1] + t->b[0] +
-							   t->b[t->n_out * t->rank - 1];
+					volatile float x = nx_lora_elt(t->dtype, t->a, 0) +
+							   nx_lora_elt(t->dtype, t->a, (size_t)(t->rank * t->n_in - 1)) +
+							   nx_lora_elt(t->dtype, t->b, 0) +
+							   nx_lora_elt(t->dtype, t->b, (size_t)(t->n_out * t->rank - 1));
 					sink += (unsigned)(x == 0);
 				}
 		} else {

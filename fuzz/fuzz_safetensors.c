@@ -143,11 +143,14 @@ static void try_lora(const uint8_t *data, size_t size, const char *config)
 					const struct nx_wt *base = nx_lora_base(&model, il, (enum nx_lora_which)w);
 					FUZZ_CHECK(base && t->n_in == base->n_in && t->n_out == base->n_out && t->rank >= 1,
 						   "layer %d matrix %d: shape differs from the base", il, w);
-					const float *a = t->a, *b = t->b;
-					FUZZ_CHECK((const uint8_t *)a >= (uint8_t *)mem &&
-							   (const uint8_t *)(b + t->n_out * t->rank) <= (uint8_t *)mem + n,
+					const size_t elt = nx_lora_elt_size(t->dtype);
+					const uint8_t *a = t->a, *b = t->b;
+					FUZZ_CHECK(a >= (uint8_t *)mem && b + elt * (size_t)(t->n_out * t->rank) <= (uint8_t *)mem + n,
 						   "layer %d matrix %d: A/B outside mem", il, w);
-					volatile float x = a[0] + a[t->rank * t->n_in - 1] + b[0] + b[t->n_out * t->rank - 1];
+					volatile float x = nx_lora_elt(t->dtype, a, 0) +
+							   nx_lora_elt(t->dtype, a, (size_t)(t->rank * t->n_in - 1)) +
+							   nx_lora_elt(t->dtype, b, 0) +
+							   nx_lora_elt(t->dtype, b, (size_t)(t->n_out * t->rank - 1));
 					sink += (unsigned)(x == 0);
 					seen++;
 				}

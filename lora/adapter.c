@@ -1,5 +1,6 @@
 /* adapter.c - loads LoRA adapters (PEFT safetensors + adapter_config.json, or GGUF) and validates them against the model. */
 #include "lora/adapter.h"
+#include "lora/delta.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -722,55 +723,78 @@ static size_t round_up(size_t n)
 	return (n + ALIGN - 1) / ALIGN * ALIGN;
 }
 
+/* What A and B of s are held as: f16 or bf16 when the file stores both so
+ * and the delta converts them in registers (nx_lora_fast16), else f32. */
+static enum nx_lora_dtype held_as(const struct nx_lora_src_t *s)
+{
+	if (!nx_lora_fast16())
+		return NX_LORA_F32;
+	if (s->is_gguf)
+		return s->gg_a == NX_F16 && s->gg_b == NX_F16	   ? NX_LORA_F16
+		       : s->gg_a == NX_BF16 && s->gg_b == NX_BF16 ? NX_LORA_BF16
+								  : NX_LORA_F32;
+	return s->st_a == NX_ST_F16 && s->st_b == NX_ST_F16	 ? NX_LORA_F16
+	       : s->st_a == NX_ST_BF16 && s->st_b == NX_ST_BF16 ? NX_LORA_BF16
+								: NX_LORA_F32;
+}
+
 size_t nx_lora_size(const struct nx_lora_src *src)
 {
 	size_t total = 0;
 	for (int i = 0; i < src->n; i++) {
 		const struct nx_lora_src_t *t = &src->t[i];
+		const size_t elt = nx_lora_elt_size(held_as(t));
 		size_t a, b;
 		/* rank <= NX_LORA_MAX_RANK and n_in/n_out bounded by the model: no overflow in practice, but check. */
-		if (__builtin_mul_overflow((size_t)t->rank * sizeof(float), (size_t)t->n_in, &a) ||
-		    __builtin_mul_overflow((size_t)t->rank * sizeof(float), (size_t)t->n_out, &b) ||
+		if (__builtin_mul_overflow((size_t)t->rank * elt, (size_t)t->n_in, &a) ||
+		    __builtin_mul_overflow((size_t)t->rank * elt, (size_t)t->n_out, &b) ||
 		    __builtin_add_overflow(total, round_up(a) + round_up(b), &total))
 			return 0;
 	}
 	return total;
 }
 
-/* n elements of A or B as stored -> f32; checks every value is finite. */
-static int convert(float *dst, const uint8_t *data, int64_t n, bool is_gguf, enum nx_st_dtype st, enum nx_type gg,
-		   int64_t cols, const char *name, struct nx_err *err)
+/* n elements of A or B as stored -> held as d (f32, or the same 16-bit
+ * format: copied); checks every value is finite. */
+static int convert(void *dst, enum nx_lora_dtype d, const uint8_t *data, int64_t n, bool is_gguf,
+		   enum nx_st_dtype st, enum nx_type gg, int64_t cols, const char *name, struct nx_err *err)
 {
-	if (is_gguf)
+	if (d != NX_LORA_F32)
+		memcpy(dst, data, (size_t)n * sizeof(uint16_t)); /* held_as: the file's own format */
+	else if (is_gguf)
 		nx_type_ref(gg)->dequant(data, dst, n);
 	else
 		for (int64_t i = 0; i < n; i++)
-			dst[i] = nx_st_elem(st, data, i);
-	for (int64_t i = 0; i < n; i++)
-		if (!isfinite(dst[i]))
-			return nx_errf(err, "lora: '%s' holds a non-finite value (%g) at row %lld, column %lld", name, dst[i],
+			((float *)dst)[i] = nx_st_elem(st, data, i);
+	for (int64_t i = 0; i < n; i++) {
+		const float v = nx_lora_elt(d, dst, (size_t)i);
+		if (!isfinite(v))
+			return nx_errf(err, "lora: '%s' holds a non-finite value (%g) at row %lld, column %lld", name, v,
 				       (long long)(i / cols), (long long)(i % cols));
+	}
 	return 0;
 }
 
 /* llama.cpp's LlamaModel.permute on the rows of B (n_out, rank): within each of
  * n_head heads of hd rows, row j * hd/2 + i (HF: halves) goes to row 2 * i + j
  * (GGUF: interleaved pairs), for j in {0, 1}, i < hd/2. */
-static int permute_rows(float *b, int64_t n_out, int rank, int n_head, const char *name, struct nx_err *err)
+static int permute_rows(void *b, size_t elt, int64_t n_out, int rank, int n_head, const char *name,
+			struct nx_err *err)
 {
 	if (n_head < 1 || n_out % n_head || (n_out / n_head) % 2)
 		return nx_errf(err, "lora: '%s': %lld rows do not split into %d heads of an even size", name,
 			       (long long)n_out, n_head);
 	const int64_t hd = n_out / n_head, half = hd / 2;
-	float *tmp = malloc(sizeof(float) * (size_t)n_out * rank);
+	const size_t row = elt * (size_t)rank;
+	uint8_t *tmp = malloc(row * (size_t)n_out);
 	if (!tmp)
 		return nx_errf(err, "lora: out of memory");
-	memcpy(tmp, b, sizeof(float) * (size_t)n_out * rank);
+	memcpy(tmp, b, row * (size_t)n_out);
 	for (int64_t h = 0; h < n_head; h++)
 		for (int64_t j = 0; j < 2; j++)
 			for (int64_t i = 0; i < half; i++)
-				memcpy(b + (size_t)(h * hd + 2 * i + j) * rank, tmp + (size_t)(h * hd + j * half + i) * rank,
-				       sizeof(float) * (size_t)rank);
+				memcpy((uint8_t *)b + (size_t)(h * hd + 2 * i + j) * row, tmp + (size_t)(h * hd + j * half + i) * row,
+				       row);
 	free(tmp);
 	return 0;
 }
@@ -799,16 +823,20 @@ int nx_lora_init(struct nx_lora *l, void *mem, size_t size, const struct nx_lora
 		t->n_out = s->n_out;
 		/* GGUF without alpha: no alpha/rank factor (llama.cpp's rule). */
 		t->scale = (s->is_gguf && src->alpha == 0) ? 1.0f : scale_of(src->alpha, s->rank, src->rslora);
-		t->a = (float *)p;
-		p += round_up((size_t)s->rank * s->n_in * sizeof(float));
-		t->b = (float *)p;
-		p += round_up((size_t)s->rank * s->n_out * sizeof(float));
-		if (convert(t->a, s->a, (int64_t)s->rank * s->n_in, s->is_gguf, s->st_a, s->gg_a, s->n_in, s->name_a, err) ||
-		    convert(t->b, s->b, (int64_t)s->rank * s->n_out, s->is_gguf, s->st_b, s->gg_b, s->rank, s->name_b, err))
+		t->dtype = held_as(s);
+		const size_t elt = nx_lora_elt_size(t->dtype);
+		t->a = p;
+		p += round_up((size_t)s->rank * s->n_in * elt);
+		t->b = p;
+		p += round_up((size_t)s->rank * s->n_out * elt);
+		if (convert(t->a, t->dtype, s->a, (int64_t)s->rank * s->n_in, s->is_gguf, s->st_a, s->gg_a, s->n_in,
+			    s->name_a, err) ||
+		    convert(t->b, t->dtype, s->b, (int64_t)s->rank * s->n_out, s->is_gguf, s->st_b, s->gg_b, s->rank,
+			    s->name_b, err))
 			return -1;
 		if (!s->is_gguf && src->permute_qk && (s->which == NX_LORA_Q || s->which == NX_LORA_K) &&
-		    permute_rows(t->b, s->n_out, s->rank, s->which == NX_LORA_Q ? src->n_head : src->n_head_kv, s->name_b,
-				 err))
+		    permute_rows(t->b, elt, s->n_out, s->rank, s->which == NX_LORA_Q ? src->n_head : src->n_head_kv,
+				 s->name_b, err))
 			return -1;
 		l->n++;
 	}

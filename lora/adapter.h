@@ -1,4 +1,5 @@
-/* adapter.h - LoRA adapters (PEFT safetensors or GGUF) validated against a bound model and converted to f32.
+/* adapter.h - LoRA adapters (PEFT safetensors or GGUF) validated against a bound model and converted to f32
+ * (or kept in their own 16-bit format).
  *
  * Loading is two-phase, like nx_state_size / nx_state_init, so the floats can
  * live wherever the caller wants (the daemon's shared arena):
@@ -6,7 +7,7 @@
  *   struct nx_lora_src src;                        // parse + validate, no big allocation
  *   nx_lora_open(&src, path, model, &err);
  *   size_t n = nx_lora_size(&src);                 // bytes for every A and B, 64-aligned
- *   nx_lora_init(&lora, mem, n, &src, &err);       // converts to f32 into mem
+ *   nx_lora_init(&lora, mem, n, &src, &err);       // converts (f32, or f16/bf16 as stored) into mem
  *   nx_lora_close(&src);                           // lora stays valid: it points into mem only
  *
  * struct nx_lora is plain data (fixed-size table, pointers into mem only), so
@@ -52,6 +53,7 @@
 #include "common/err.h"
 #include "model/gguf.h"
 #include "model/model.h"
+#include "kern/quant.h"
 #include "lora/safetensors.h"
 
 /* The matrices of a layer an adapter may change. */
@@ -68,6 +70,16 @@ enum nx_lora_which {
 
 #define NX_LORA_MAX_RANK 4096
 
+/* How an adapted matrix's A and B are held: in the file's own 16-bit format
+ * when both are stored in it and the runtime delta converts in registers
+ * (lora/delta.h: nx_lora_fast16) - each value exact as f32, and half the
+ * bytes for the delta to read every token - else as f32. */
+enum nx_lora_dtype {
+	NX_LORA_F32,
+	NX_LORA_F16,
+	NX_LORA_BF16,
+};
+
 /* One adapted matrix: W (n_out, n_in) becomes W + s * B @ A, where
  * s = user_scale * scale. */
 struct nx_lora_t {
@@ -76,9 +88,35 @@ struct nx_lora_t {
 	int rank;
 	int64_t n_in, n_out;        /* of the base W */
 	float scale;                /* alpha / rank, or alpha / sqrt(rank) with rslora */
-	float *a;                   /* (rank, n_in) row-major */
-	float *b;                   /* (n_out, rank) row-major */
+	enum nx_lora_dtype dtype;   /* of a and b */
+	void *a;                    /* (rank, n_in) row-major */
+	void *b;                    /* (n_out, rank) row-major */
 };
+
+static inline size_t nx_lora_elt_size(enum nx_lora_dtype d)
+{
+	return d == NX_LORA_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Element i of an A or B held as d, as f32 (exact for every dtype). */
+static inline float nx_lora_elt(enum nx_lora_dtype d, const void *p, size_t i)
+{
+	if (d == NX_LORA_F32)
+		return ((const float *)p)[i];
+	const uint16_t h = ((const uint16_t *)p)[i];
+	if (d == NX_LORA_F16)
+		return nx_f16_to_f32(h);
+	const uint32_t u = (uint32_t)h << 16;
+	float f;
+	__builtin_memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+/* Row r of A or B (row length n) held as d. */
+static inline const void *nx_lora_row(enum nx_lora_dtype d, const void *p, int64_t r, int64_t n)
+{
+	return (const uint8_t *)p + (size_t)r * (size_t)n * nx_lora_elt_size(d);
+}
 
 struct nx_lora {
 	char name[64];              /* file name without directory, for listings */
@@ -131,7 +169,7 @@ int nx_lora_parse_gguf(struct nx_lora_src *src, const void *gg, size_t gg_size, 
 		       struct nx_err *err);
 void nx_lora_close(struct nx_lora_src *src);
 
-/* Bytes nx_lora_init needs for every A and B as f32 (each 64-byte aligned); 0 on overflow. */
+/* Bytes nx_lora_init needs for every A and B as held (each 64-byte aligned); 0 on overflow. */
 size_t nx_lora_size(const struct nx_lora_src *src);
 /* Converts into mem (size >= nx_lora_size, 64-byte aligned) and fills l.
  * Fails (naming the tensor) on a non-finite value. */

@@ -1,6 +1,7 @@
-/* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 throughout: AVX-512 dots where the CPU has
- * them (A @ x four rows of A at a time, B @ u sixteen rows at a time, each row's sum as one dot gives
- * it), eight-lane plain vectors elsewhere (dot_v4). */
+/* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 arithmetic on A and B held as f32, f16 or
+ * bf16 (each value converted exactly): AVX-512 dots where the CPU has them (A @ x four rows of A at a
+ * time, B @ u sixteen rows at a time, each row's sum as one dot gives it), eight-lane plain vectors
+ * elsewhere (dot_v4). */
 #include "lora/delta.h"
 
 #include <stdatomic.h>
@@ -10,13 +11,15 @@
 
 #include <immintrin.h>
 
-#define TGT __attribute__((target("avx512f")))
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
+#define INL static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,f16c")))
 
 /* a . x without AVX-512: eight lanes (j mod 8, two 16-byte GCC vectors:
  * 32-byte ones on a build without AVX kept their sums on the stack, and
  * runtime LoRA decode ran at a third of its speed) summed pairwise, then the
  * lanes in a fixed order: the same result wherever a and x are and however
- * the caller bands its rows. */
+ * the caller bands its rows. a is held as d; its values as f32 are exact, so
+ * the sums are those of the f32 values. */
 typedef float v4 __attribute__((vector_size(16)));
 static inline v4 ld4(const float *p)
 {
@@ -25,64 +28,94 @@ static inline v4 ld4(const float *p)
 	return v;
 }
 
-static float dot_v4(const float *a, const float *x, int64_t n)
+static inline v4 lda4(enum nx_lora_dtype d, const void *a, int64_t j)
+{
+	if (d == NX_LORA_F32)
+		return ld4((const float *)a + j);
+	return (v4){nx_lora_elt(d, a, (size_t)j), nx_lora_elt(d, a, (size_t)j + 1), nx_lora_elt(d, a, (size_t)j + 2),
+		    nx_lora_elt(d, a, (size_t)j + 3)};
+}
+
+static float dot_v4(enum nx_lora_dtype d, const void *a, const float *x, int64_t n)
 {
 	/* lanes 0-3 and 4-7 of two eight-lane sums, for j mod 16 < 8 and >= 8 */
 	v4 s0 = {0}, s1 = {0}, t0 = {0}, t1 = {0};
 	int64_t j = 0;
 	for (; j + 16 <= n; j += 16) {
-		s0 += ld4(a + j) * ld4(x + j);
-		s1 += ld4(a + j + 4) * ld4(x + j + 4);
-		t0 += ld4(a + j + 8) * ld4(x + j + 8);
-		t1 += ld4(a + j + 12) * ld4(x + j + 12);
+		s0 += lda4(d, a, j) * ld4(x + j);
+		s1 += lda4(d, a, j + 4) * ld4(x + j + 4);
+		t0 += lda4(d, a, j + 8) * ld4(x + j + 8);
+		t1 += lda4(d, a, j + 12) * ld4(x + j + 12);
 	}
 	for (; j + 8 <= n; j += 8) {
-		s0 += ld4(a + j) * ld4(x + j);
-		s1 += ld4(a + j + 4) * ld4(x + j + 4);
+		s0 += lda4(d, a, j) * ld4(x + j);
+		s1 += lda4(d, a, j + 4) * ld4(x + j + 4);
 	}
 	s0 += t0;
 	s1 += t1;
-	float d = ((s0[0] + s1[0]) + (s0[1] + s1[1])) + ((s0[2] + s1[2]) + (s0[3] + s1[3]));
+	float r = ((s0[0] + s1[0]) + (s0[1] + s1[1])) + ((s0[2] + s1[2]) + (s0[3] + s1[3]));
 	for (; j < n; j++)
-		d += a[j] * x[j];
-	return d;
+		r += nx_lora_elt(d, a, (size_t)j) * x[j];
+	return r;
+}
+
+/* Sixteen values of a (held as D, a compile-time constant in every caller) from element j as f32. */
+INL __m512 lda16(const void *a, int64_t j, const int D)
+{
+	if (D == NX_LORA_F32)
+		return _mm512_loadu_ps((const float *)a + j);
+	const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)a + j));
+	if (D == NX_LORA_F16)
+		return _mm512_cvtph_ps(h);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The last m < 16 values of a from element j (zeros after them), as the masked load of f32 gives them. */
+INL __m512 lda16_tail(const void *a, int64_t j, int m, const int D)
+{
+	if (D == NX_LORA_F32)
+		return _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), (const float *)a + j);
+	const __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), (const uint16_t *)a + j); /* 0: +0 */
+	if (D == NX_LORA_F16)
+		return _mm512_cvtph_ps(h);
+	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 /* a . x over n: sixteen lanes of fused multiply-adds, the last n % 16 under a mask, then the lanes'
  * sum in _mm512_reduce_add_ps's order. */
-static TGT float dot_avx512(const float *a, const float *x, int64_t n)
+INL float dot_avx512(const void *a, const float *x, int64_t n, const int D)
 {
 	__m512 acc = _mm512_setzero_ps();
 	int64_t j = 0;
 	for (; j + 16 <= n; j += 16)
-		acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), _mm512_loadu_ps(x + j), acc);
+		acc = _mm512_fmadd_ps(lda16(a, j, D), _mm512_loadu_ps(x + j), acc);
 	if (j < n) {
 		const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-		acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + j), _mm512_maskz_loadu_ps(m, x + j), acc);
+		acc = _mm512_fmadd_ps(lda16_tail(a, j, (int)(n - j), D), _mm512_maskz_loadu_ps(m, x + j), acc);
 	}
 	return _mm512_reduce_add_ps(acc);
 }
 
-/* out[q] = dot_avx512(a + q * lda, x, n) for q < 4, each x vector loaded once for the four rows. */
-static TGT void dot4_avx512(const float *a, size_t lda, const float *x, int64_t n, float *out)
+/* out[q] = dot_avx512(row q of a, x, n) for q < 4 (rows n apart), each x vector loaded once for the four rows. */
+INL void dot4_avx512(const void *a, const float *x, int64_t n, float *out, const int D)
 {
 	__m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
-	const float *a1 = a + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+	const void *a1 = nx_lora_row(D, a, 1, n), *a2 = nx_lora_row(D, a, 2, n), *a3 = nx_lora_row(D, a, 3, n);
 	int64_t j = 0;
 	for (; j + 16 <= n; j += 16) {
 		const __m512 v = _mm512_loadu_ps(x + j);
-		c0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + j), v, c0);
-		c1 = _mm512_fmadd_ps(_mm512_loadu_ps(a1 + j), v, c1);
-		c2 = _mm512_fmadd_ps(_mm512_loadu_ps(a2 + j), v, c2);
-		c3 = _mm512_fmadd_ps(_mm512_loadu_ps(a3 + j), v, c3);
+		c0 = _mm512_fmadd_ps(lda16(a, j, D), v, c0);
+		c1 = _mm512_fmadd_ps(lda16(a1, j, D), v, c1);
+		c2 = _mm512_fmadd_ps(lda16(a2, j, D), v, c2);
+		c3 = _mm512_fmadd_ps(lda16(a3, j, D), v, c3);
 	}
 	if (j < n) {
-		const __mmask16 m = (__mmask16)((1u << (n - j)) - 1);
-		const __m512 v = _mm512_maskz_loadu_ps(m, x + j);
-		c0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + j), v, c0);
-		c1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a1 + j), v, c1);
-		c2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a2 + j), v, c2);
-		c3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a3 + j), v, c3);
+		const int m = (int)(n - j);
+		const __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), x + j);
+		c0 = _mm512_fmadd_ps(lda16_tail(a, j, m, D), v, c0);
+		c1 = _mm512_fmadd_ps(lda16_tail(a1, j, m, D), v, c1);
+		c2 = _mm512_fmadd_ps(lda16_tail(a2, j, m, D), v, c2);
+		c3 = _mm512_fmadd_ps(lda16_tail(a3, j, m, D), v, c3);
 	}
 	out[0] = _mm512_reduce_add_ps(c0);
 	out[1] = _mm512_reduce_add_ps(c1);
@@ -90,11 +123,11 @@ static TGT void dot4_avx512(const float *a, size_t lda, const float *x, int64_t 
 	out[3] = _mm512_reduce_add_ps(c3);
 }
 
-/* out[q] = dot_avx512(b + q * rank, u, rank) for the nr <= 16 rows q < nr (B's rows, rank apart):
+/* out[q] = dot_avx512(row q of b, u, rank) for the nr <= 16 rows q < nr (B's rows, rank apart):
  * the same fused multiply-adds per row, and the sixteen rows' lanes summed together in a tree that
  * pairs them as _mm512_reduce_add_ps does (lane j with j + 8, then j + 4, j + 2, j + 1), so each
  * row's value is bit for bit the single dot's at a tenth of the shuffles. */
-static TGT void rows16_avx512(const float *b, int64_t rank, int nr, const float *u, float *out)
+INL void rows16_avx512(const void *b, int64_t rank, int nr, const float *u, float *out, const int D)
 {
 	/* Every loop over rows has a constant count, unrolled, so the sixteen sums stay in registers (a
 	 * loop to nr kept them on the stack); rows past nr stay zero. */
@@ -109,11 +142,12 @@ static TGT void rows16_avx512(const float *b, int64_t rank, int nr, const float 
 	for (int q = 0; q < 16; q++) {
 		if (q >= nr)
 			continue;
-		const float *bq = b + q * rank;
+		const void *bq = nx_lora_row(D, b, q, rank);
 		for (int64_t k = 0; k < kf; k += 16)
-			acc[q] = _mm512_fmadd_ps(_mm512_loadu_ps(bq + k), _mm512_loadu_ps(u + k), acc[q]);
+			acc[q] = _mm512_fmadd_ps(lda16(bq, k, D), _mm512_loadu_ps(u + k), acc[q]);
 		if (kf < rank)
-			acc[q] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mt, bq + kf), _mm512_maskz_loadu_ps(mt, u + kf), acc[q]);
+			acc[q] = _mm512_fmadd_ps(lda16_tail(bq, kf, (int)(rank - kf), D), _mm512_maskz_loadu_ps(mt, u + kf),
+						 acc[q]);
 	}
 	/* lane j + lane j + 8: two rows per vector, [row 2i: 8 lanes | row 2i+1: 8 lanes] */
 	__m512 h[8];
@@ -148,58 +182,110 @@ static bool use_avx512(void)
 	if (!v) {
 		__builtin_cpu_init();
 		const char *k = getenv("NX_KERN");
-		v = __builtin_cpu_supports("avx512f") && !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2"))) ? 2 : 1;
+		v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+				    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
+				    !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2")))
+			    ? 2
+			    : 1;
 		atomic_store_explicit(&impl, v, memory_order_relaxed);
 	}
 	return v == 2;
 }
 
+static TGT float dot_avx512_any(enum nx_lora_dtype d, const void *a, const float *x, int64_t n)
+{
+	return d == NX_LORA_F16 ? dot_avx512(a, x, n, NX_LORA_F16)
+	       : d == NX_LORA_BF16 ? dot_avx512(a, x, n, NX_LORA_BF16)
+				   : dot_avx512(a, x, n, NX_LORA_F32);
+}
+
+bool nx_lora_fast16(void)
+{
+	return use_avx512();
+}
+
 float nx_lora_dot_fast(const float *a, const float *x, int64_t n)
 {
-	return use_avx512() ? dot_avx512(a, x, n) : dot_v4(a, x, n);
+	return use_avx512() ? dot_avx512_any(NX_LORA_F32, a, x, n) : dot_v4(NX_LORA_F32, a, x, n);
 }
 
 float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u)
 {
-	return nx_lora_dot_fast(t->b + (size_t)r * t->rank, u, t->rank);
+	const void *b = nx_lora_row(t->dtype, t->b, r, t->rank);
+	return use_avx512() ? dot_avx512_any(t->dtype, b, u, t->rank) : dot_v4(t->dtype, b, u, t->rank);
+}
+
+/* Rows [k0, k1) of u from A, four at a time (k0 + 4i), for one dtype. */
+INL int delta_a4(const struct nx_lora_t *t, const float *x, size_t ldx, int n, int k0, int k1, float *u, size_t ldu,
+		 const int D)
+{
+	const int64_t n_in = t->n_in;
+	int k = k0;
+	for (; k + 4 <= k1; k += 4) {
+		const void *a = nx_lora_row(D, t->a, k, n_in);
+		for (int i = 0; i < n; i++) {
+			float d[4];
+			dot4_avx512(a, x + (size_t)i * ldx, n_in, d, D);
+			for (int q = 0; q < 4; q++)
+				u[(size_t)i * ldu + k + q] = d[q];
+		}
+	}
+	return k;
+}
+
+static TGT int delta_a4_any(const struct nx_lora_t *t, const float *x, size_t ldx, int n, int k0, int k1, float *u,
+			    size_t ldu)
+{
+	return t->dtype == NX_LORA_F16	  ? delta_a4(t, x, ldx, n, k0, k1, u, ldu, NX_LORA_F16)
+	       : t->dtype == NX_LORA_BF16 ? delta_a4(t, x, ldx, n, k0, k1, u, ldu, NX_LORA_BF16)
+					  : delta_a4(t, x, ldx, n, k0, k1, u, ldu, NX_LORA_F32);
 }
 
 void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int n, int k0, int k1, float *u,
 		     size_t ldu)
 {
-	const int64_t n_in = t->n_in;
-	int k = k0;
-	if (use_avx512())
-		for (; k + 4 <= k1; k += 4) {
-			const float *a = t->a + (size_t)k * n_in;
-			for (int i = 0; i < n; i++) {
-				float d[4];
-				dot4_avx512(a, (size_t)n_in, x + (size_t)i * ldx, n_in, d);
-				for (int q = 0; q < 4; q++)
-					u[(size_t)i * ldu + k + q] = d[q];
-			}
-		}
+	const bool fast = use_avx512();
+	int k = fast ? delta_a4_any(t, x, ldx, n, k0, k1, u, ldu) : k0;
 	for (; k < k1; k++) {
-		const float *a = t->a + (size_t)k * n_in;
+		const void *a = nx_lora_row(t->dtype, t->a, k, t->n_in);
 		for (int i = 0; i < n; i++)
-			u[(size_t)i * ldu + k] = nx_lora_dot_fast(a, x + (size_t)i * ldx, n_in);
+			u[(size_t)i * ldu + k] = fast ? dot_avx512_any(t->dtype, a, x + (size_t)i * ldx, t->n_in)
+						      : dot_v4(t->dtype, a, x + (size_t)i * ldx, t->n_in);
 	}
+}
+
+/* y rows [r0, r1) += s * B @ u, sixteen rows at a time, for one dtype. */
+INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n, float s, float *y, size_t ldy,
+		   int64_t r0, int64_t r1, const int D)
+{
+	float d[16];
+	for (int64_t r = r0; r < r1; r += 16) {
+		const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+		for (int i = 0; i < n; i++) {
+			rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu, d, D);
+			float *yi = y + (size_t)i * ldy + r;
+			for (int q = 0; q < nr; q++)
+				yi[q] += s * d[q];
+		}
+	}
+}
+
+static TGT void delta_b16_any(const struct nx_lora_t *t, const float *u, size_t ldu, int n, float s, float *y,
+			      size_t ldy, int64_t r0, int64_t r1)
+{
+	if (t->dtype == NX_LORA_F16)
+		delta_b16(t, u, ldu, n, s, y, ldy, r0, r1, NX_LORA_F16);
+	else if (t->dtype == NX_LORA_BF16)
+		delta_b16(t, u, ldu, n, s, y, ldy, r0, r1, NX_LORA_BF16);
+	else
+		delta_b16(t, u, ldu, n, s, y, ldy, r0, r1, NX_LORA_F32);
 }
 
 void nx_lora_delta_b(const struct nx_lora_t *t, const float *u, size_t ldu, int n, float s, float *y, size_t ldy,
 		     int64_t r0, int64_t r1)
 {
 	if (use_avx512()) {
-		float d[16];
-		for (int64_t r = r0; r < r1; r += 16) {
-			const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
-			for (int i = 0; i < n; i++) {
-				rows16_avx512(t->b + (size_t)r * t->rank, t->rank, nr, u + (size_t)i * ldu, d);
-				float *yi = y + (size_t)i * ldy + r;
-				for (int q = 0; q < nr; q++)
-					yi[q] += s * d[q];
-			}
-		}
+		delta_b16_any(t, u, ldu, n, s, y, ldy, r0, r1);
 		return;
 	}
 	for (int64_t r = r0; r < r1; r++)
@@ -212,6 +298,30 @@ void nx_lora_delta(const struct nx_lora_t *t, float s, const float *x, size_t ld
 {
 	nx_lora_delta_a(t, x, ldx, n, 0, t->rank, u, (size_t)t->rank);
 	nx_lora_delta_b(t, u, (size_t)t->rank, n, s, y, ldy, r0, r1);
+}
+
+static TGT void to_f32_avx512(enum nx_lora_dtype d, const void *p, int64_t n, float *out)
+{
+	int64_t j = 0;
+	if (d == NX_LORA_F16)
+		for (; j + 16 <= n; j += 16)
+			_mm512_storeu_ps(out + j, lda16(p, j, NX_LORA_F16));
+	else
+		for (; j + 16 <= n; j += 16)
+			_mm512_storeu_ps(out + j, lda16(p, j, NX_LORA_BF16));
+	for (; j < n; j++)
+		out[j] = nx_lora_elt(d, p, (size_t)j);
+}
+
+void nx_lora_to_f32(enum nx_lora_dtype d, const void *p, int64_t n, float *out)
+{
+	if (d == NX_LORA_F32)
+		memcpy(out, p, (size_t)n * sizeof(float));
+	else if (use_avx512())
+		to_f32_avx512(d, p, n, out);
+	else
+		for (int64_t j = 0; j < n; j++)
+			out[j] = nx_lora_elt(d, p, (size_t)j);
 }
 
 int64_t nx_lora_delta_flops(const struct nx_lora_t *t)

@@ -10,9 +10,11 @@
  *
  * Cost per token: 2 * rank * (n_in + n_out) flops (rank * n_in for A @ x,
  * rank * n_out for B @ u, one multiply-add each) and no memory traffic beyond
- * A and B themselves. f32 inputs, f32 accumulation (nx_lora_dot_fast); x is
- * the f32 input of the matmul (before it is quantized for the weight's dot),
- * so the delta does not see activation-quantization error.
+ * A and B themselves, which is what bounds it: they are read as held (f32, or
+ * the adapter file's f16 / bf16, converted exactly in registers), f32
+ * arithmetic and accumulation (nx_lora_dot_fast's); x is the f32 input of the
+ * matmul (before it is quantized for the weight's dot), so the delta does not
+ * see activation-quantization error.
  *
  * s = user_scale * t->scale. Nothing here allocates or makes a syscall.
  *
@@ -25,6 +27,7 @@
 #ifndef NX_LORA_DELTA_H
 #define NX_LORA_DELTA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +54,15 @@ float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u);
  * once, the same for every call, so a row's value never depends on the
  * caller's banding. */
 float nx_lora_dot_fast(const float *a, const float *x, int64_t n);
+
+/* True when the delta converts 16-bit A and B in registers (the AVX-512
+ * kernels): only then do adapters stay in their file's f16 / bf16
+ * (lora/adapter.c), since the plain-vector path would convert one value at a
+ * time, slower than reading twice the bytes. */
+bool nx_lora_fast16(void);
+
+/* n values of A or B held as d (from p) as f32 into out: exact, with F16C where the CPU has it. */
+void nx_lora_to_f32(enum nx_lora_dtype d, const void *p, int64_t n, float *out);
 
 /* Flops of the delta per token (2 * rank * (n_in + n_out)). */
 int64_t nx_lora_delta_flops(const struct nx_lora_t *t);

@@ -1,5 +1,6 @@
 /* fold.c - W' = quant(dequant(W) + s * B @ A), row by row, with float64 accumulation of B @ A. */
 #include "lora/fold.h"
+#include "lora/delta.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -50,16 +51,21 @@ void nx_fold_exact_row(const struct nx_wt *w, const struct nx_lora_t *t, float s
 		       double *acc)
 {
 	const int64_t n = w->n_in, rank = t->rank;
-	nx_type_get(w->type)->dequant((const uint8_t *)w->data + (size_t)r * w->row_bytes, row, n);
 	for (int64_t j = 0; j < n; j++)
 		acc[j] = 0;
-	const float *b = t->b + (size_t)r * rank;
+	const void *b = nx_lora_row(t->dtype, t->b, r, rank);
 	for (int64_t k = 0; k < rank; k++) {
-		const double bk = b[k];
-		const float *a = t->a + (size_t)k * n;
+		const double bk = nx_lora_elt(t->dtype, b, (size_t)k);
+		const void *ak = nx_lora_row(t->dtype, t->a, k, n);
+		const float *a = ak;
+		if (t->dtype != NX_LORA_F32) { /* row is free until the base row goes in below */
+			nx_lora_to_f32(t->dtype, ak, n, row);
+			a = row;
+		}
 		for (int64_t j = 0; j < n; j++)
 			acc[j] += bk * a[j];
 	}
+	nx_type_get(w->type)->dequant((const uint8_t *)w->data + (size_t)r * w->row_bytes, row, n);
 	const double sd = s;
 	for (int64_t j = 0; j < n; j++)
 		row[j] = (float)((double)row[j] + sd * acc[j]);

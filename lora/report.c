@@ -112,7 +112,7 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 		for (int k = 0; k < rank; k++) {
 			double a = 0;
 			for (int64_t j = 0; j < n_in; j++)
-				a += (double)t->a[(size_t)k * n_in + j] * x[(size_t)p * n_in + j];
+				a += (double)nx_lora_elt(t->dtype, t->a, (size_t)k * n_in + j) * x[(size_t)p * n_in + j];
 			ud[(size_t)p * rank + k] = a;
 		}
 	/* The runtime's delta, exactly as the forward pass computes it. */
@@ -143,7 +143,7 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 		for (int p = 0; p < n_x; p++) {
 			double eff = 0;
 			for (int k = 0; k < rank; k++)
-				eff += (double)t->b[(size_t)r * rank + k] * ud[(size_t)p * rank + k];
+				eff += (double)nx_lora_elt(t->dtype, t->b, (size_t)r * rank + k) * ud[(size_t)p * rank + k];
 			eff *= sd;
 			note(&g->effect, eff, y[p]);
 			note(&g->delta, (double)ydel[(size_t)p * n_out + r] - eff, y[p]);

@@ -128,12 +128,17 @@ static int parse_types(const char *s, int *types, int max)
 	return n;
 }
 
-static uint64_t fnv1a(const float *p, size_t n)
+/* FNV-1a of n values held as d, over their bytes as f32 (the same for an adapter held in any dtype). */
+static uint64_t fnv1a(enum nx_lora_dtype d, const void *p, size_t n)
 {
-	const uint8_t *b = (const uint8_t *)p;
 	uint64_t h = 0xcbf29ce484222325ull;
-	for (size_t i = 0; i < n * sizeof(float); i++)
-		h = (h ^ b[i]) * 0x100000001b3ull;
+	for (size_t i = 0; i < n; i++) {
+		const float v = nx_lora_elt(d, p, i);
+		uint8_t b[sizeof(float)];
+		memcpy(b, &v, sizeof(v));
+		for (size_t k = 0; k < sizeof(b); k++)
+			h = (h ^ b[k]) * 0x100000001b3ull;
+	}
 	return h;
 }
 
@@ -156,8 +161,8 @@ static void cmd_info(const struct nx_model *m, const struct nx_lora *l)
 				continue;
 			printf("blk.%d.%s.weight rank %d n_in %lld n_out %lld scale %.9g a %016llx b %016llx\n", il,
 			       nx_lora_which_gguf(t->which), t->rank, (long long)t->n_in, (long long)t->n_out, t->scale,
-			       (unsigned long long)fnv1a(t->a, (size_t)t->rank * t->n_in),
-			       (unsigned long long)fnv1a(t->b, (size_t)t->rank * t->n_out));
+			       (unsigned long long)fnv1a(t->dtype, t->a, (size_t)t->rank * t->n_in),
+			       (unsigned long long)fnv1a(t->dtype, t->b, (size_t)t->rank * t->n_out));
 		}
 }
 

@@ -478,13 +478,17 @@ static void test_peft_valid(void **state)
 				assert_true(x->scale == 2.0f);
 				assert_int_equal((uintptr_t)x->a % 64, 0);
 				assert_int_equal((uintptr_t)x->b % 64, 0);
+				/* held in the file's own 16-bit format where the delta converts it in registers */
+				assert_int_equal(x->dtype, d == 0 || !nx_lora_fast16() ? NX_LORA_F32
+							   : d == 1			? NX_LORA_F16
+											: NX_LORA_BF16);
 				for (int64_t j = 0; j < 4 * x->n_in; j++)
-					assert_true(x->a[j] == pattern((uint32_t)i, j));
+					assert_true(nx_lora_elt(x->dtype, x->a, (size_t)j) == pattern((uint32_t)i, j));
 				/* q and k rows in GGUF's order (llama): per head, HF's halves interleaved. */
 				int heads = w == NX_LORA_Q ? 4 : w == NX_LORA_K ? 2 : 0;
 				for (int64_t r = 0; r < x->n_out; r++)
 					for (int k = 0; k < 4; k++)
-						assert_true(x->b[r * 4 + k] ==
+						assert_true(nx_lora_elt(x->dtype, x->b, (size_t)(r * 4 + k)) ==
 							    pattern((uint32_t)i + 1, hf_row(r, heads, x->n_out) * 4 + k));
 			}
 		assert_null(nx_lora_get(&l, N_LAYER, NX_LORA_Q));
@@ -516,7 +520,7 @@ static void test_peft_valid(void **state)
 	expect_ok(peft_load(&b, CONFIG(16, 32, ), &l, &mem, &err), err);
 	model.hp.arch = NX_ARCH_LLAMA;
 	for (int64_t j = 0; j < 16 * DIM; j++)
-		assert_true(nx_lora_get(&l, 1, NX_LORA_Q)->b[j] == pattern(1, j));
+		assert_true(nx_lora_elt(NX_LORA_F32, nx_lora_get(&l, 1, NX_LORA_Q)->b, (size_t)j) == pattern(1, j));
 	free(mem);
 
 	/* The buffer must be big enough and aligned. */
@@ -782,9 +786,9 @@ static void test_gguf_valid(void **state)
 			assert_true(x->scale == 2.0f);
 			/* GGUF's A (ne [n_in, r]) is the same row-major (r, n_in) matrix as PEFT's. */
 			for (int64_t j = 0; j < 4 * x->n_in; j++)
-				assert_true(x->a[j] == pattern((uint32_t)i, j));
+				assert_true(nx_lora_elt(x->dtype, x->a, (size_t)j) == pattern((uint32_t)i, j));
 			for (int64_t j = 0; j < 4 * x->n_out; j++)
-				assert_true(x->b[j] == pattern((uint32_t)i + 1, j));
+				assert_true(nx_lora_elt(x->dtype, x->b, (size_t)j) == pattern((uint32_t)i + 1, j));
 		}
 	free(mem);
 	buf_free(&b);
@@ -1078,6 +1082,62 @@ static void test_delta(void **state)
 	}
 }
 
+/* A and B held as f16 or bf16 (the adapter file's own format) give the delta of their values held
+ * as f32, bit for bit: A @ x over any range of A's rows and B @ u over any range of B's rows, at
+ * ranks below, at and above sixteen lanes and rows with a tail. (make test-c runs this file again
+ * with NX_KERN=avx2, for the plain-vector path.) */
+static void test_delta_16bit(void **state)
+{
+	enum { N = 3, NI = 100, NO = 100, RMAX = 70 };
+	static uint16_t a16[RMAX * NI], b16[NO * RMAX];
+	static float a32[RMAX * NI], b32[NO * RMAX], x[N * NI], u[N * RMAX], w1[N * RMAX], w2[N * RMAX], y1[N * NO],
+		y2[N * NO];
+	static const int ranks[] = { 1, 4, 9, 16, 21, 64, 70 };
+	rng_state = 7;
+	for (int i = 0; i < N * NI; i++)
+		x[i] = rng_sym() * 2.0f;
+	for (int d = NX_LORA_F16; d <= NX_LORA_BF16; d++)
+		for (size_t ri = 0; ri < sizeof(ranks) / sizeof(ranks[0]); ri++) {
+			const int rk = ranks[ri];
+			for (int i = 0; i < rk * NI; i++) {
+				a16[i] = d == NX_LORA_F16 ? nx_f32_to_f16(rng_sym()) : nx_f32_to_bf16(rng_sym());
+				a32[i] = nx_lora_elt((enum nx_lora_dtype)d, a16, (size_t)i);
+			}
+			for (int i = 0; i < NO * rk; i++) {
+				b16[i] = d == NX_LORA_F16 ? nx_f32_to_f16(rng_sym()) : nx_f32_to_bf16(rng_sym());
+				b32[i] = nx_lora_elt((enum nx_lora_dtype)d, b16, (size_t)i);
+			}
+			for (int i = 0; i < N * rk; i++)
+				u[i] = rng_sym();
+			struct nx_lora_t h = {.layer = 0, .which = NX_LORA_O, .rank = rk, .n_in = NI, .n_out = NO, .scale = 1,
+					      .dtype = (enum nx_lora_dtype)d, .a = a16, .b = b16};
+			struct nx_lora_t f = h;
+			f.dtype = NX_LORA_F32;
+			f.a = a32;
+			f.b = b32;
+			static const int kc[][2] = { { 0, RMAX }, { 1, 6 }, { 3, 4 }, { 5, RMAX } };
+			for (size_t c = 0; c < sizeof(kc) / sizeof(kc[0]); c++) {
+				const int k0 = kc[c][0] < rk ? kc[c][0] : rk, k1 = kc[c][1] < rk ? kc[c][1] : rk;
+				memset(w1, 0, sizeof(w1));
+				memset(w2, 0, sizeof(w2));
+				nx_lora_delta_a(&h, x, NI, N, k0, k1, w1, RMAX);
+				nx_lora_delta_a(&f, x, NI, N, k0, k1, w2, RMAX);
+				if (memcmp(w1, w2, sizeof(w1)))
+					fail_msg("dtype %d rank %d: A @ x rows [%d, %d) differ from f32's", d, rk, k0, k1);
+			}
+			static const int rc[][2] = { { 0, NO }, { 5, 37 }, { 99, 100 } };
+			for (size_t c = 0; c < sizeof(rc) / sizeof(rc[0]); c++) {
+				memset(y1, 0, sizeof(y1));
+				memset(y2, 0, sizeof(y2));
+				nx_lora_delta_b(&h, u, (size_t)rk, N, 0.75f, y1, NO, rc[c][0], rc[c][1]);
+				nx_lora_delta_b(&f, u, (size_t)rk, N, 0.75f, y2, NO, rc[c][0], rc[c][1]);
+				if (memcmp(y1, y2, sizeof(y1)))
+					fail_msg("dtype %d rank %d: B @ u rows [%d, %d) differ from f32's", d, rk, rc[c][0], rc[c][1]);
+				assert_true(nx_lora_delta_row(&h, rc[c][0], u) == nx_lora_delta_row(&f, rc[c][0], u));
+			}
+		}
+}
+
 int main(void)
 {
 	make_model();
@@ -1097,6 +1157,7 @@ int main(void)
 		cmocka_unit_test(test_open_files),
 		cmocka_unit_test(test_fold),
 		cmocka_unit_test(test_delta),
+		cmocka_unit_test(test_delta_16bit),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
