@@ -215,3 +215,55 @@ def test_prompt_cache_shares_across_slots(model_path, tmp_path):
     assert got == want
     assert none == [0, 0, 0]
     assert cached == [0, len(instr), len(instr)], cached
+
+
+def test_prompt_cache_under_mixed_traffic(model_path, tmp_path):
+    """Three clients on three slots, each a conversation of six requests: new prompts from a few shared
+    beginnings, next turns of its own answers, one request cancelled after its first token. Whatever the
+    cache reused or borrowed (slots free or in use, cancelled ones included), every finished answer is bit
+    for bit what a daemon without the cache gives the same prompt alone."""
+    import random
+    starts = [TEXT_IDS[0:60], TEXT_IDS[100:180], TEXT_IDS[200:230]]
+    kw = dict(temperature=0, ignore_eos=True, logprobs=2)
+    done, errors = [], []
+
+    def conversation(sock, i):
+        rng = random.Random(100 + i)
+        try:
+            with Client(sock) as c:
+                prev = None
+                for k in range(6):
+                    if prev and rng.random() < 0.5:
+                        prompt = prev[0] + [t for t, _ in prev[1]] + TEXT_IDS[rng.randrange(300): ][:rng.randint(1, 12)]
+                    else:
+                        off = rng.randrange(300)
+                        prompt = rng.choice(starts) + TEXT_IDS[off:off + rng.randint(1, 20)]
+                    rid = f"c{i}r{k}"
+                    if i == 0 and k == 2:  # cancelled after its first token
+                        c.send(dict(op="generate", id=rid, tokens=prompt, max_tokens=50, **kw))
+                        assert c.recv()["event"] == "token"
+                        c.send({"op": "cancel", "id": "x", "target": rid})
+                        for ev in c.events(rid):
+                            pass
+                        assert ev["event"] == "done" and ev["reason"] == "cancelled", ev
+                        continue
+                    steps, ev = _stream(c, rid, dict(tokens=prompt, max_tokens=rng.randint(2, 10), **kw))
+                    assert 0 <= ev["usage"]["cached_tokens"] < len(prompt)
+                    prev = (prompt, steps)
+                    done.append((prompt, len(steps), steps, ev["usage"]["cached_tokens"]))
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    with Daemon(model_path, tmp_path, name="mixed", args=["--slots", "3"]) as d:
+        threads = [threading.Thread(target=conversation, args=(d.sock, i)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+    assert len(done) == 17 and sum(k for *_, k in done) > 0  # the cache was used
+    with Daemon(model_path, tmp_path, name="alone", args=["--slots", "1", "--no-prompt-cache"]) as d, \
+            Client(d.sock) as c:
+        for j, (prompt, n, steps, _) in enumerate(done):
+            want, _ = _stream(c, f"a{j}", dict(tokens=prompt, max_tokens=n, **kw))
+            assert steps == want, f"request {j} ({len(prompt)} prompt tokens) differs from the prompt alone"
