@@ -1,11 +1,14 @@
 /* lora.c - the supervisor's LoRA registry: adapters in the arena, per-request runtime deltas, folds swapped in between steps, accuracy reports.
  *
  * Adapters. lora_load validates the file against the model (lora/adapter.h)
- * and converts A and B to f32 into arena blocks, with the struct nx_lora
- * itself: workers reach it through the per-slot mix table (nx_state.lora),
- * no copy. Arena blocks come from a small first-fit free list over the
- * arena's bump allocator; a freed block's pages go back to the kernel
- * (FALLOC_FL_PUNCH_HOLE on the memfd), so load/unload cycles do not grow it.
+ * in the event loop, then the helper thread converts A and B into arena
+ * blocks, with the struct nx_lora itself (a 39 MB adapter held the loop, and
+ * every client's next token, for 66 ms): the entry is reserved but not usable
+ * until the thread is done and the next step boundary registers it. Workers
+ * reach an adapter through the per-slot mix table (nx_state.lora), no copy.
+ * Arena blocks come from a small first-fit free list over the arena's bump
+ * allocator; a freed block's pages go back to the kernel (FALLOC_FL_PUNCH_HOLE
+ * on the memfd), so load/unload cycles do not grow it.
  *
  * Trust. Workers can write the arena, so the supervisor reads only its own
  * heap copy of each struct nx_lora (the arena one and the mix table are for
@@ -30,8 +33,8 @@
  * nx_wt is kept, so unfold puts it back (bit for bit: the base bytes were never
  * written) at a step boundary too, then frees the folded blocks. Folds stack:
  * a fold starts from the model as it is (earlier folds included), so only the
- * latest fold can be undone; unfolding another is refused. One job (fold or
- * report) runs at a time; model-changing requests during it get `busy`.
+ * latest fold can be undone; unfolding another is refused. One job (load,
+ * fold or report) runs at a time; model-changing requests during it get `busy`.
  *
  * Report. Also on the helper thread: the probe prompt runs through the model
  * in service with every matmul input captured (lora/probe.h), each adapted
@@ -44,6 +47,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <linux/magic.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -107,14 +111,17 @@ struct nxd_lora_ent {
 	struct nx_lora *l;        /* arena: what the workers read (through the mix table) */
 	size_t l_size;
 	struct nx_lora *own;      /* heap: our copy of *l, the only one we read (workers can write the arena) */
-	void *mem;                /* arena: every A and B as f32 */
+	void *mem;                /* arena: every A and B as held (lora/adapter.h) */
 	size_t mem_size;
 	int in_use;               /* requests carrying it, queued or running */
 	int fold;                 /* position in the fold stack, -1 */
 	bool busy;                /* a job reads it */
+	bool loading;             /* the load job fills l and mem: not listed, not usable, own is NULL */
 };
 
-enum job_kind { JOB_NONE, JOB_FOLD, JOB_REPORT };
+enum job_kind { JOB_NONE, JOB_LOAD, JOB_FOLD, JOB_REPORT };
+
+static const char *const job_names[] = { "", "load", "fold", "report" };
 
 /* Who asked: the connection (by index and generation: it may be gone) and the request id. */
 struct asker {
@@ -132,8 +139,11 @@ struct job {
 	_Atomic long done, total; /* progress units: rows (fold), matrices (report) */
 	_Atomic int finished;
 	volatile int stop;        /* shutdown: give up early */
+	_Atomic uint32_t *bell;   /* the loop's bell (nx_ctl.bell): rung when the job ends */
 	double t0, t_progress;
 	long sent_done;
+	/* load */
+	struct nx_lora_src src;   /* validated by op_load; the thread converts and closes it */
 	/* fold */
 	struct nxd_fold fold;
 	/* report */
@@ -394,6 +404,9 @@ static bool adapter_path_ok(const char *path)
 	return regular_file(q, 2);
 }
 
+static bool job_running(struct nxd *d, struct nxd_conn *c, const char *id);
+static int job_start(struct nxd *d, struct nx_err *err);
+
 static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const struct nxp_lora_op *o)
 {
 	struct nxd_lora_reg *g = d->lora;
@@ -420,8 +433,9 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, NXD_PATH_REFUSED, o->path);
 		return;
 	}
+	if (job_running(d, c, id))
+		return;
 	struct nx_lora_src src;
-	double t0 = nxd_now();
 	/* Validated against our own copy of the model: shapes are the base's
 	 * whatever is folded (folds keep shapes). */
 	if (nx_lora_open(&src, o->path, &d->model.m, &err)) {
@@ -459,31 +473,53 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 		return;
 	}
 	e->mem_size = mem_size;
-	if (nx_lora_init(e->l, e->mem, mem_size, &src, &err)) {
-		nx_lora_close(&src);
-		blk_free(d, e->l, e->l_size);
-		blk_free(d, e->mem, e->mem_size);
-		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "adapter '%s': %s", o->name, err.msg);
-		memset(e, 0, sizeof(*e));
-		return;
-	}
-	nx_lora_close(&src);
-	if (!(e->own = malloc(sizeof(*e->own)))) {
-		blk_free(d, e->l, e->l_size);
-		blk_free(d, e->mem, e->mem_size);
-		nxd_send_error(d, c, id, NXP_E_INTERNAL, "adapter '%s': out of memory", o->name);
-		memset(e, 0, sizeof(*e));
-		return;
-	}
-	memcpy(e->own, e->l, sizeof(*e->own));
-	e->used = true;
+	/* Reserved under its name (a second load of it is refused), converted on
+	 * the helper thread, registered by load_done. */
+	e->used = e->loading = true;
 	e->scale = scale;
 	snprintf(e->name, sizeof(e->name), "%s", o->name);
 	snprintf(e->path, sizeof(e->path), "%s", o->path);
+	struct job *j = &g->job;
+	j->kind = JOB_LOAD;
+	j->ent = e;
+	j->who = asker_of(c, id);
+	j->src = src;
+	if (job_start(d, &err)) {
+		nx_lora_close(&j->src);
+		blk_free(d, e->l, e->l_size);
+		blk_free(d, e->mem, e->mem_size);
+		memset(e, 0, sizeof(*e));
+		memset(j, 0, sizeof(*j));
+		nxd_send_error(d, c, id, NXP_E_INTERNAL, "adapter '%s': %s", o->name, err.msg);
+	}
+}
+
+/* The load job ended: the adapter is usable from now on, or its blocks go back. */
+static void load_done(struct nxd *d, struct job *j)
+{
+	struct nxd_lora_ent *e = j->ent;
+	struct nxd_conn *c = asker_conn(d, &j->who);
+	if (!j->rc && !(e->own = malloc(sizeof(*e->own)))) {
+		snprintf(j->err, sizeof(j->err), "out of memory");
+		j->rc = -2;
+	}
+	if (j->rc) {
+		if (c)
+			nxd_send_error(d, c, j->who.id, j->rc == -2 ? NXP_E_INTERNAL : NXP_E_BAD_REQUEST, "adapter '%s': %s",
+				       e->name, j->err);
+		blk_free(d, e->l, e->l_size);
+		blk_free(d, e->mem, e->mem_size);
+		memset(e, 0, sizeof(*e));
+		j->ent = NULL;
+		return;
+	}
+	memcpy(e->own, e->l, sizeof(*e->own));
+	e->loading = false;
 	nxd_info("lora: loaded '%s' from %s: rank %d, alpha %g, %d matrices, %.1f MiB in the arena (%.0f ms)", e->name,
 		 e->path, e->own->rank, (double)e->own->alpha, e->own->n, (double)(e->mem_size + e->l_size) / 1048576,
-		 (nxd_now() - t0) * 1e3);
-	send_event(d, c, id, "lora_loaded", json_pack("{s:o}", "adapter", ent_json(d, e)));
+		 (nxd_now() - j->t0) * 1e3);
+	if (c)
+		send_event(d, c, j->who.id, "lora_loaded", json_pack("{s:o}", "adapter", ent_json(d, e)));
 }
 
 static void op_list(struct nxd *d, struct nxd_conn *c, const char *id, const struct nxp_lora_op *o)
@@ -491,7 +527,7 @@ static void op_list(struct nxd *d, struct nxd_conn *c, const char *id, const str
 	struct nxd_lora_reg *g = d->lora;
 	json_t *list = json_array(), *stack = json_array();
 	for (int i = 0; i < NXD_LORA_MAX; i++)
-		if (g->ent[i].used)
+		if (g->ent[i].used && !g->ent[i].loading) /* a loading one shows as the job below */
 			json_array_append_new(list, ent_json(d, &g->ent[i]));
 	for (int i = 0; i < g->n_stack; i++)
 		json_array_append_new(stack, json_string(g->stack[i].ent->name));
@@ -503,7 +539,7 @@ static void op_list(struct nxd *d, struct nxd_conn *c, const char *id, const str
 	}
 	if (g->job.kind != JOB_NONE)
 		json_object_set_new(body, "job",
-				    json_pack("{s:s,s:s,s:I,s:I}", "kind", g->job.kind == JOB_FOLD ? "fold" : "report",
+				    json_pack("{s:s,s:s,s:I,s:I}", "kind", job_names[g->job.kind],
 					      "adapter", g->job.ent->name, "done", (json_int_t)atomic_load(&g->job.done),
 					      "total", (json_int_t)atomic_load(&g->job.total)));
 	send_event(d, c, id, "lora_list", body);
@@ -518,6 +554,11 @@ static void op_unload(struct nxd *d, struct nxd_conn *c, const char *id, const s
 	}
 	if (e->fold >= 0) {
 		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "adapter '%s' is folded into the model; unfold it first",
+			       e->name);
+		return;
+	}
+	if (e->loading) {
+		nxd_send_error(d, c, id, NXP_E_BUSY, "adapter '%s' is still loading; unload it once lora_load answers",
 			       e->name);
 		return;
 	}
@@ -553,7 +594,14 @@ static void *job_main(void *arg)
 	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 	struct nx_err err = {{0}};
 	double t0 = now_s();
-	if (j->kind == JOB_FOLD) {
+	if (j->kind == JOB_LOAD) {
+		struct nxd_lora_ent *e = j->ent;
+		if (nx_lora_init(e->l, e->mem, e->mem_size, &j->src, &err)) {
+			snprintf(j->err, sizeof(j->err), "%s", err.msg);
+			j->rc = -1;
+		}
+		nx_lora_close(&j->src);
+	} else if (j->kind == JOB_FOLD) {
 		struct nxd_fold *f = &j->fold;
 		const struct nx_lora *l = j->ent->own;
 		size_t work_size = 0;
@@ -612,6 +660,9 @@ static void *job_main(void *arg)
 		}
 	}
 	atomic_store(&j->finished, 1);
+	/* Wake the loop: idle, it would notice only at its next tick. */
+	atomic_fetch_add(j->bell, 1);
+	nx_futex_wake(j->bell, INT_MAX);
 	return NULL;
 }
 
@@ -627,6 +678,7 @@ static int job_start(struct nxd *d, struct nx_err *err)
 	struct job *j = &d->lora->job;
 	atomic_store(&j->finished, 0);
 	j->stop = 0;
+	j->bell = &d->shm.ctl->bell;
 	j->t0 = j->t_progress = nxd_now();
 	j->sent_done = -1;
 	int rc = pthread_create(&j->th, NULL, job_main, j);
@@ -658,7 +710,7 @@ static bool job_running(struct nxd *d, struct nxd_conn *c, const char *id)
 		return false;
 	long tot = atomic_load(&j->total), done = atomic_load(&j->done);
 	nxd_send_error(d, c, id, NXP_E_BUSY, "a %s of adapter '%s' is running (%.0f%% done); try again when it ends",
-		       j->kind == JOB_FOLD ? "fold" : "report", j->ent->name, tot > 0 ? 100.0 * (double)done / tot : 0.0);
+		       job_names[j->kind], j->ent->name, tot > 0 ? 100.0 * (double)done / tot : 0.0);
 	return true;
 }
 
@@ -952,7 +1004,8 @@ static void op_unfold(struct nxd *d, struct nxd_conn *c, const char *id, const s
 static void job_progress(struct nxd *d, struct job *j, double now)
 {
 	long done = atomic_load(&j->done), total = atomic_load(&j->total);
-	if (now - j->t0 < PROGRESS_AFTER || now - j->t_progress < PROGRESS_EVERY || done == j->sent_done)
+	if (j->kind == JOB_LOAD || /* short, and no count to report */
+	    now - j->t0 < PROGRESS_AFTER || now - j->t_progress < PROGRESS_EVERY || done == j->sent_done)
 		return;
 	struct nxd_conn *c = asker_conn(d, &j->who);
 	j->t_progress = now;
@@ -960,7 +1013,7 @@ static void job_progress(struct nxd *d, struct job *j, double now)
 	if (c)
 		send_event(d, c, j->who.id, "progress",
 			   json_pack("{s:I,s:I,s:s}", "done", (json_int_t)done, "total", (json_int_t)total, "stage",
-				     j->kind == JOB_FOLD ? "fold" : "report"));
+				     job_names[j->kind]));
 }
 
 static void job_finish(struct nxd *d, struct job *j)
@@ -971,7 +1024,9 @@ static void job_finish(struct nxd *d, struct job *j)
 		pthread_join(j->th, NULL);
 		j->thread_on = false;
 	}
-	if (j->kind == JOB_FOLD) {
+	if (j->kind == JOB_LOAD) {
+		load_done(d, j);
+	} else if (j->kind == JOB_FOLD) {
 		struct nxd_fold *f = &j->fold;
 		if (j->rc) {
 			for (int i = 0; i < f->n; i++) {
@@ -1057,6 +1112,11 @@ int nxd_lora_resolve(struct nxd *d, struct nxd_conn *c, const struct nxp_generat
 		struct nx_err err = {{0}};
 		if (!e) {
 			nxd_send_error(d, c, r->id, NXP_E_NOT_FOUND, "adapter '%s' is not loaded", ref->name);
+			return -1;
+		}
+		if (e->loading) {
+			nxd_send_error(d, c, r->id, NXP_E_BUSY, "adapter '%s' is still loading; try again once lora_load answers",
+				       ref->name);
 			return -1;
 		}
 		if (e->fold >= 0 || (e->busy && d->lora->job.kind == JOB_FOLD)) {

@@ -614,6 +614,46 @@ def smol(model_path, tmp_path_factory):
     return d
 
 
+def test_load_off_the_event_loop(model_path, smol, tmp_path):
+    """lora_load converts a big adapter (rank 128 on every matrix, 78 MB) on the helper thread: a client
+    decoding meanwhile keeps getting tokens, and until lora_load answers the adapter cannot be used or
+    unloaded (busy) and lora_list shows the load as the running job. Then it serves requests."""
+    weights, arch, heads = make_lora.model_weights(model_path)
+    path = tmp_path / "r128.gguf"
+    make_lora.write_gguf_lora(path, arch, make_lora.random_adapter(weights, 128, 128, 5, storage="BF16"),
+                              alpha=128, dtype="BF16", heads=heads)
+    with daemon(model_path, tmp_path) as d, Client(d.sock) as dec, Client(d.sock) as ctl, Client(d.sock) as other:
+        dec.send({"id": "d", "op": "generate", "tokens": [1, 504, 3458, 282], "max_tokens": 600, "temperature": 0,
+                  "ignore_eos": True})
+        assert dec.recv()["event"] == "token"
+        stamps = []
+
+        def read():
+            for ev in dec.events("d"):
+                stamps.append(time.monotonic())
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        t_load = time.monotonic()
+        ctl.send({"id": "l", "op": "lora_load", "name": "big", "path": str(path)})
+        # asked at once, answered while the load runs
+        err(other, {"id": "g", "op": "generate", "tokens": [1, 2], "lora": [{"name": "big"}]}, "busy", "still loading")
+        err(other, {"id": "u", "op": "lora_unload", "name": "big"}, "busy", "still loading")
+        lst = ok(other, {"id": "ls", "op": "lora_list"}, "lora_list")
+        assert lst["adapters"] == [] and lst["job"]["kind"] == "load" and lst["job"]["adapter"] == "big", lst
+        err(other, {"id": "f", "op": "lora_fold", "name": "big"}, "busy", "load of adapter 'big'")
+        e = ctl.recv()
+        t_done = time.monotonic()
+        assert e["event"] == "lora_loaded" and e["adapter"]["tensors"] == 210, e
+        dec.send({"id": "x", "op": "cancel", "target": "d"})
+        reader.join()
+        # Tokens computed while the adapter converted: none, if the conversion held the loop.
+        during = [t for t in stamps if t_load + 0.01 < t < t_done]
+        assert t_done - t_load < 0.05 or len(during) >= 3, (t_done - t_load, len(during))
+        toks, _ = gen(other, [1, 504, 3458, 282], lora=[{"name": "big"}], n=3, rid="after")
+        assert len(toks) == 3
+
+
 def switch_labels(lps, prompt_len, ref):
     """Which model each streamed step matches: 'B' (base), 'F' (folded) or '?' (neither)."""
     labels = []
