@@ -508,7 +508,7 @@ def test_prompt_cache_lends_only_exact_kv(fx, tmp_path):
         return steps, evs[-1]["usage"]["cached_tokens"]
 
     def long_a(c, rid, lora=None):
-        req = {"id": rid, "op": "generate", "tokens": p, "max_tokens": 3000, **greedy}
+        req = {"id": rid, "op": "generate", "tokens": p, "max_tokens": 4000, **greedy}
         if lora:
             req["lora"] = [{"name": lora}]
         c.send(req)
@@ -518,7 +518,7 @@ def test_prompt_cache_lends_only_exact_kv(fx, tmp_path):
         c.send({"id": "x" + rid, "op": "cancel", "target": rid})
         for e in c.events(rid):
             pass
-        assert e["event"] == "done" and e["reason"] == "cancelled", e
+        assert e["event"] == "done" and e["reason"] in ("cancelled", "length"), e
 
     with daemon(model, tmp_path, args=["--slots", "2"]) as d, Client(d.sock) as a, Client(d.sock) as b:
         ok(b, {"id": "l", "op": "lora_load", "name": "a", "path": str(fx / "tiny-r4")}, "lora_loaded")
