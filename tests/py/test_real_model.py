@@ -233,10 +233,10 @@ def test_prompt_cache_under_mixed_traffic(model_path, tmp_path):
             with Client(sock) as c:
                 prev = None
                 for k in range(6):
-                    if prev and rng.random() < 0.5:
-                        prompt = prev[0] + [t for t, _ in prev[1]] + TEXT_IDS[rng.randrange(300): ][:rng.randint(1, 12)]
+                    off = rng.randrange(300)
+                    if prev and rng.random() < 0.5:  # the next turn: the last prompt, its answer, more
+                        prompt = prev[0] + [t for t, _ in prev[1]] + TEXT_IDS[off:off + rng.randint(1, 12)]
                     else:
-                        off = rng.randrange(300)
                         prompt = rng.choice(starts) + TEXT_IDS[off:off + rng.randint(1, 20)]
                     rid = f"c{i}r{k}"
                     if i == 0 and k == 2:  # cancelled after its first token
