@@ -27,7 +27,8 @@ const char nxc_usage_shutdown[] =
 const char nxc_usage_status[] =
 	"usage: nxctl status [--profile] [--json]\n\n"
 	"Shows the model, the workers and their state, slots in use, queued requests,\n"
-	"tokens served, recent throughput and uptime.\n\n"
+	"tokens served, prompt tokens the prompt cache spared, recent throughput and\n"
+	"uptime.\n\n"
 	"  --profile  only where a forward step's time goes (matmul, logits, attention,\n"
 	"             norm+quant, rope+kv, barrier), averaged over the workers and the\n"
 	"             steps since nxd started; nxd keeps these only when started with\n"
