@@ -199,12 +199,11 @@ struct nxd_slot {
 	int row;                  /* logits row in the running step, -1 */
 	int chunk;                /* tokens this slot has in the running step */
 	uint64_t admitted;        /* admission order: prefill goes first-come first-served */
-	/* Prompt cache (sched.c: pick_slot). kv_ok: the K/V of the slot's tokens
-	 * (hist[0 .. n_past) while in use, hist[0 .. n_cached) once free) are what
-	 * the model in service computes for them: no runtime LoRA delta, and no
-	 * weight swap or worker fault since. n_cached: 0, nothing to reuse. */
+	/* Prompt cache (sched.c: place): the K/V of hist[0 .. n_past), in use or
+	 * freed since (a free slot keeps its n_past), are what the model in
+	 * service computes for those tokens: no runtime LoRA delta, and no weight
+	 * swap or worker fault since. False: nothing here may be reused. */
 	bool kv_ok;
-	int n_cached;
 	uint64_t released;        /* when it was freed (admit_seq's clock): 0 never */
 	struct nx_sampler smp;
 	struct nx_detok detok;

@@ -12,7 +12,7 @@
  * re-planning after a worker death runs exactly the same positions again.
  *
  * Prompt cache. A freed slot keeps its K/V and the tokens they belong to
- * (n_cached); a request whose prompt begins with those tokens is admitted
+ * (hist, n_past); a request whose prompt begins with those tokens is admitted
  * there with n_past already past them, so a chat's next turn computes only
  * what is new. A prompt that shares a longer beginning with another slot,
  * free or in use (the same long instruction for many clients), gets those
@@ -169,15 +169,15 @@ static void fail_req(struct nxd *d, struct nxd_req *r, enum nxp_code code, const
 	nxd_req_free(r);
 }
 
-/* Frees the slot; keep: its K/V stay reusable (the request ended normally). */
+/* Frees the slot, keeping hist[0 .. n_past) and their K/V for the prompt
+ * cache; keep false: the request failed, nothing of it is reused. */
 static void slot_release(struct nxd *d, struct nxd_slot *s, bool keep)
 {
-	s->n_cached = keep && s->kv_ok ? s->n_past : 0;
+	s->kv_ok = s->kv_ok && keep;
 	s->released = ++d->admit_seq;
 	s->req = NULL;
 	s->row = -1;
 	s->chunk = 0;
-	s->n_hist = s->n_past = 0;
 }
 
 /* Ends cancelled requests that are not part of a running step. */
@@ -292,9 +292,8 @@ void nxd_sched_forget_prompts(struct nxd *d, const char *why)
 	int n = 0;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
-		n += s->kv_ok && (s->req ? s->n_past : s->n_cached) > 0;
+		n += s->kv_ok && s->n_past > 0;
 		s->kv_ok = false;
-		s->n_cached = 0;
 	}
 	if (n)
 		nxd_debug("prompt cache: forgot %d slots' tokens (%s)", n, why);
@@ -325,55 +324,57 @@ static int shared_prefix(const struct nxd *d, const struct nxd_slot *s, const st
 {
 	if (!d->o.prompt_cache || r->n_lora || !s->kv_ok)
 		return 0;
-	const int have = s->req ? s->n_past : s->n_cached, want = r->n_prompt - 1;
-	const int n = have < want ? have : want;
+	const int n = s->n_past < r->n_prompt - 1 ? s->n_past : r->n_prompt - 1;
 	int k = 0;
 	while (k < n && s->hist[k] == r->prompt[k])
 		k++;
 	return k;
 }
 
-/* Where r goes. The slot: a free one whose cached tokens r's prompt continues
- * furthest, as long as it keeps at least half of them (a chat's next turn);
- * else the free one freed longest ago, so that a new conversation does not
- * throw away a recent one's cache for a shared instruction. *reuse: the
- * prompt tokens r skips; *src: the slot whose K/V of positions past the
- * chosen slot's own to copy first (a longer shared beginning, in any slot),
- * or -1. Returns -1 when no slot is free. */
-static int pick_slot(struct nxd *d, const struct nxd_req *r, int *reuse, int *src)
+/* Where a request goes: the free slot, the prompt tokens whose K/V it holds
+ * already (own), the tokens the request skips (reuse: own, or more copied
+ * from slot src's positions [own, reuse)). slot -1: none free. */
+struct place {
+	int slot, own, reuse, src;
+};
+
+/* The slot: a free one whose tokens r's prompt continues furthest, as long
+ * as it keeps at least half of them (a chat's next turn); else the free one
+ * freed longest ago, so that a new conversation does not throw away a recent
+ * one's cache for a shared instruction. The lender: any other slot, free or
+ * in use, that holds a longer beginning of the prompt. */
+static struct place place(struct nxd *d, const struct nxd_req *r)
 {
-	int best = -1, best_k = 0, oldest = -1;
+	struct place p = { .slot = -1, .src = -1 };
+	int k[NXD_MAX_SLOTS], oldest = -1;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		const struct nxd_slot *s = &d->slots[i];
+		k[i] = shared_prefix(d, s, r);
 		if (s->req)
 			continue;
 		if (oldest < 0 || s->released < d->slots[oldest].released)
 			oldest = i;
-		const int k = shared_prefix(d, s, r);
-		if (k > best_k && 2 * k >= s->n_cached) {
-			best = i;
-			best_k = k;
+		if (k[i] > p.own && 2 * k[i] >= s->n_past) {
+			p.slot = i;
+			p.own = k[i];
 		}
 	}
-	if (best < 0 && oldest >= 0) {
-		best = oldest;
-		best_k = shared_prefix(d, &d->slots[oldest], r);
+	if (p.slot < 0 && oldest >= 0) {
+		p.slot = oldest;
+		p.own = k[oldest];
 	}
-	*src = -1;
-	*reuse = best_k;
-	for (int i = 0; best >= 0 && i < d->o.n_slots; i++) {
-		const int k = i == best ? 0 : shared_prefix(d, &d->slots[i], r);
-		if (k > *reuse) {
-			*reuse = k;
-			*src = i;
+	p.reuse = p.own;
+	for (int i = 0; p.slot >= 0 && i < d->o.n_slots; i++)
+		if (i != p.slot && k[i] > p.reuse) {
+			p.reuse = k[i];
+			p.src = i;
 		}
-	}
-	return best;
+	return p;
 }
 
-static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse, int src)
+static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 {
-	struct nxd_slot *s = &d->slots[si];
+	struct nxd_slot *s = &d->slots[p.slot];
 	struct nx_err err = {{0}};
 	if (nx_sampler_reset(&s->smp, &r->sp, &err) < 0 ||
 	    nx_stop_init(&s->stop, (const char *const *)r->stop, r->n_stop, &err) < 0) {
@@ -383,35 +384,34 @@ static int admit(struct nxd *d, struct nxd_req *r, int si, int reuse, int src)
 	nx_detok_init(&s->detok, d->model.tok, 0);
 	/* Positions past what this slot holds of r's prompt come from src: a
 	 * free slot, or one in use whose positions below n_past no step writes. */
-	if (src >= 0)
-		nx_state_copy_kv(&d->shm.state, d->model.m.hp.head_dim, si, src, shared_prefix(d, s, r), reuse);
+	if (p.src >= 0)
+		nx_state_copy_kv(&d->shm.state, d->model.m.hp.head_dim, p.slot, p.src, p.own, p.reuse);
 	memcpy(s->hist, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
 	s->n_hist = r->n_prompt;
-	s->n_past = reuse; /* hist[0 .. reuse) are the prompt's first tokens: their K/V are in place */
-	s->n_cached = 0;
+	s->n_past = p.reuse; /* hist[0 .. reuse) are the prompt's first tokens: their K/V are in place */
 	s->kv_ok = r->n_lora == 0;
-	r->n_cached = reuse;
-	d->stats.prompt_cached += (uint64_t)reuse;
+	r->n_cached = p.reuse;
+	d->stats.prompt_cached += (uint64_t)p.reuse;
 	s->row = -1;
 	s->chunk = 0;
 	s->admitted = d->admit_seq++;
 	s->req = r;
-	r->slot = si;
-	nxd_lora_admit(d, r, si);
+	r->slot = p.slot;
+	nxd_lora_admit(d, r, p.slot);
 	return 0;
 }
 
 static void admit_queued(struct nxd *d)
 {
-	int si, reuse, src;
-	while (d->q_head && (si = pick_slot(d, d->q_head, &reuse, &src)) >= 0) {
+	struct place p;
+	while (d->q_head && (p = place(d, d->q_head)).slot >= 0) {
 		struct nxd_req *r = d->q_head;
 		d->q_head = r->next;
 		if (!d->q_head)
 			d->q_tail = NULL;
 		d->n_queued--;
 		r->next = NULL;
-		admit(d, r, si, reuse, src);
+		admit(d, r, p);
 	}
 }
 
@@ -427,9 +427,9 @@ void nxd_sched_submit(struct nxd *d, struct nxd_req *r)
 		fail_req(d, r, NXP_E_INTERNAL, d->fatal);
 		return;
 	}
-	int reuse = 0, src = -1, si = d->q_head ? -1 : pick_slot(d, r, &reuse, &src);
-	if (si >= 0) {
-		admit(d, r, si, reuse, src);
+	const struct place p = d->q_head ? (struct place){ .slot = -1 } : place(d, r);
+	if (p.slot >= 0) {
+		admit(d, r, p);
 	} else if (d->n_queued < d->o.max_queue) {
 		r->next = NULL;
 		if (d->q_tail)
