@@ -59,26 +59,27 @@ static float dot_v4(enum nx_lora_dtype d, const void *a, const float *x, int64_t
 	return r;
 }
 
+/* Sixteen f16 or bf16 values (D) as f32, exactly. */
+INL __m512 cvt16(__m256i h, const int D)
+{
+	return D == NX_LORA_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* Sixteen values of a (held as D, a compile-time constant in every caller) from element j as f32. */
 INL __m512 lda16(const void *a, int64_t j, const int D)
 {
 	if (D == NX_LORA_F32)
 		return _mm512_loadu_ps((const float *)a + j);
-	const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)a + j));
-	if (D == NX_LORA_F16)
-		return _mm512_cvtph_ps(h);
-	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+	return cvt16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)a + j)), D);
 }
 
 /* The last m < 16 values of a from element j (zeros after them), as the masked load of f32 gives them. */
 INL __m512 lda16_tail(const void *a, int64_t j, int m, const int D)
 {
+	const __mmask16 k = (__mmask16)((1u << m) - 1);
 	if (D == NX_LORA_F32)
-		return _mm512_maskz_loadu_ps((__mmask16)((1u << m) - 1), (const float *)a + j);
-	const __m256i h = _mm256_maskz_loadu_epi16((__mmask16)((1u << m) - 1), (const uint16_t *)a + j); /* 0: +0 */
-	if (D == NX_LORA_F16)
-		return _mm512_cvtph_ps(h);
-	return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+		return _mm512_maskz_loadu_ps(k, (const float *)a + j);
+	return cvt16(_mm256_maskz_loadu_epi16(k, (const uint16_t *)a + j), D); /* 0 is +0 in either format */
 }
 
 /* a . x over n: sixteen lanes of fused multiply-adds, the last n % 16 under a mask, then the lanes'
