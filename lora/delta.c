@@ -1,7 +1,8 @@
 /* delta.c - the runtime LoRA delta y += s * B @ (A @ x), f32 arithmetic on A and B held as f32, f16 or
  * bf16 (each value converted exactly): AVX-512 dots where the CPU has them (A @ x four rows of A at a
  * time, B @ u sixteen rows at a time, each row's sum as one dot gives it), eight-lane plain vectors
- * elsewhere (dot_v4). */
+ * elsewhere (dot_v4). Also the float64 loops of the fold (B @ A) and the report (dots with the
+ * probes), AVX-512 lanes that give the scalar loops' bits. */
 #include "lora/delta.h"
 
 #include <stdatomic.h>
@@ -301,28 +302,113 @@ void nx_lora_delta(const struct nx_lora_t *t, float s, const float *x, size_t ld
 	nx_lora_delta_b(t, u, (size_t)t->rank, n, s, y, ldy, r0, r1);
 }
 
-static TGT void to_f32_avx512(enum nx_lora_dtype d, const void *p, int64_t n, float *out)
+/* ---- float64 helpers of the fold (lora/fold.c) and the report (lora/report.c) */
+
+/* Sixteen f32 values as two vectors of eight doubles, exactly. */
+INL void to_f64(__m512 v, __m512d *lo, __m512d *hi)
 {
-	int64_t j = 0;
-	if (d == NX_LORA_F16)
-		for (; j + 16 <= n; j += 16)
-			_mm512_storeu_ps(out + j, lda16(p, j, NX_LORA_F16));
-	else
-		for (; j + 16 <= n; j += 16)
-			_mm512_storeu_ps(out + j, lda16(p, j, NX_LORA_BF16));
-	for (; j < n; j++)
-		out[j] = nx_lora_elt(d, p, (size_t)j);
+	*lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+	*hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
 
-void nx_lora_to_f32(enum nx_lora_dtype d, const void *p, int64_t n, float *out)
+/* acc[j] += b[k] * A[k, j] for k = 0, 1, ... rank - 1 in turn and the n columns j of A (rows n apart,
+ * held as D), in float64: each product rounded and then each sum, as the scalar loop in nx_lora_ba_f64
+ * does it (the asm keeps GCC from fusing them into a multiply-add, which rounds once). The sums stay in
+ * registers over k, 32 columns at a time (four chains of adds); returns the columns done. */
+INL int64_t ba_f64(const void *a, int64_t n, int rank, const double *b, double *acc, const int D)
 {
-	if (d == NX_LORA_F32)
-		memcpy(out, p, (size_t)n * sizeof(float));
-	else if (use_avx512())
-		to_f32_avx512(d, p, n, out);
-	else
-		for (int64_t j = 0; j < n; j++)
-			out[j] = nx_lora_elt(d, p, (size_t)j);
+	int64_t j = 0;
+	for (; j + 32 <= n; j += 32) {
+		__m512d s[4];
+		#pragma GCC unroll 4
+		for (int q = 0; q < 4; q++)
+			s[q] = _mm512_loadu_pd(acc + j + 8 * q);
+		const void *ak = a;
+		for (int k = 0; k < rank; k++, ak = nx_lora_row(D, ak, 1, n)) {
+			const __m512d bk = _mm512_set1_pd(b[k]);
+			__m512d v[4];
+			to_f64(lda16(ak, j, D), &v[0], &v[1]);
+			to_f64(lda16(ak, j + 16, D), &v[2], &v[3]);
+			#pragma GCC unroll 4
+			for (int q = 0; q < 4; q++) {
+				v[q] = _mm512_mul_pd(bk, v[q]);
+				__asm__("" : "+v"(v[q]));
+				s[q] = _mm512_add_pd(s[q], v[q]);
+			}
+		}
+		#pragma GCC unroll 4
+		for (int q = 0; q < 4; q++)
+			_mm512_storeu_pd(acc + j + 8 * q, s[q]);
+	}
+	return j;
+}
+
+static TGT int64_t ba_f64_f32(const void *a, int64_t n, int rank, const double *b, double *acc)
+{
+	return ba_f64(a, n, rank, b, acc, NX_LORA_F32);
+}
+static TGT int64_t ba_f64_f16(const void *a, int64_t n, int rank, const double *b, double *acc)
+{
+	return ba_f64(a, n, rank, b, acc, NX_LORA_F16);
+}
+static TGT int64_t ba_f64_bf16(const void *a, int64_t n, int rank, const double *b, double *acc)
+{
+	return ba_f64(a, n, rank, b, acc, NX_LORA_BF16);
+}
+
+void nx_lora_ba_f64(enum nx_lora_dtype d, const void *a, int64_t n, int rank, const double *b, double *acc)
+{
+	int64_t j0 = 0;
+	if (use_avx512())
+		j0 = d == NX_LORA_F32 ? ba_f64_f32(a, n, rank, b, acc)
+		     : d == NX_LORA_F16 ? ba_f64_f16(a, n, rank, b, acc) : ba_f64_bf16(a, n, rank, b, acc);
+	for (int k = 0; k < rank; k++) {
+		const void *ak = nx_lora_row(d, a, k, n);
+		for (int64_t j = j0; j < n; j++)
+			acc[j] += b[k] * (double)nx_lora_elt(d, ak, (size_t)j);
+	}
+}
+
+/* out[p] = sum over j of d[j] * xt[j * n_x + p] for p < n_x, in float64 from 0 in order of j, each
+ * product rounded and then each sum, 32 values of p at a time in registers (masked past n_x). */
+static TGT void dots_f64_avx512(const double *d, const double *xt, int64_t n, int n_x, double *out)
+{
+	for (int p0 = 0; p0 < n_x; p0 += 32) {
+		__mmask8 k[4];
+		__m512d s[4];
+		#pragma GCC unroll 4
+		for (int q = 0; q < 4; q++) {
+			const int m = n_x - p0 - 8 * q;
+			k[q] = (__mmask8)(m >= 8 ? 0xff : m > 0 ? (1u << m) - 1 : 0);
+			s[q] = _mm512_setzero_pd();
+		}
+		for (int64_t j = 0; j < n; j++) {
+			const __m512d dj = _mm512_set1_pd(d[j]);
+			const double *x = xt + j * n_x + p0;
+			#pragma GCC unroll 4
+			for (int q = 0; q < 4; q++) {
+				__m512d v = _mm512_mul_pd(dj, _mm512_maskz_loadu_pd(k[q], x + 8 * q));
+				__asm__("" : "+v"(v));
+				s[q] = _mm512_add_pd(s[q], v);
+			}
+		}
+		#pragma GCC unroll 4
+		for (int q = 0; q < 4; q++)
+			_mm512_mask_storeu_pd(out + p0 + 8 * q, k[q], s[q]);
+	}
+}
+
+void nx_lora_dots_f64(const double *d, const double *xt, int64_t n, int n_x, double *out)
+{
+	if (use_avx512()) {
+		dots_f64_avx512(d, xt, n, n_x, out);
+		return;
+	}
+	for (int p = 0; p < n_x; p++)
+		out[p] = 0;
+	for (int64_t j = 0; j < n; j++)
+		for (int p = 0; p < n_x; p++)
+			out[p] += d[j] * xt[j * n_x + p];
 }
 
 int64_t nx_lora_delta_flops(const struct nx_lora_t *t)

@@ -61,8 +61,15 @@ float nx_lora_dot_fast(const float *a, const float *x, int64_t n);
  * time, slower than reading twice the bytes. */
 bool nx_lora_fast16(void);
 
-/* n values of A or B held as d (from p) as f32 into out: exact, with F16C where the CPU has it. */
-void nx_lora_to_f32(enum nx_lora_dtype d, const void *p, int64_t n, float *out);
+/* acc[j] += b[k] * A[k, j] for k = 0, 1, ... rank - 1 in turn and the n columns of A (rank rows of n
+ * values held as d), in float64, each product and each sum rounded, as a scalar loop does it (AVX-512 where
+ * the CPU has it: the same bits, 16 columns at a time). The fold's row of B @ A (lora/fold.c). */
+void nx_lora_ba_f64(enum nx_lora_dtype d, const void *a, int64_t n, int rank, const double *b, double *acc);
+
+/* out[p] = sum_j d[j] * xt[j * n_x + p] for p < n_x (xt: n rows of n_x), in float64 from 0 in order
+ * of j, each product and each sum rounded (AVX-512 where the CPU has it: the same bits). The report's
+ * dots of a row with every probe (lora/report.c). */
+void nx_lora_dots_f64(const double *d, const double *xt, int64_t n, int n_x, double *out);
 
 /* Flops of the delta per token (2 * rank * (n_in + n_out)). */
 int64_t nx_lora_delta_flops(const struct nx_lora_t *t);

@@ -54,16 +54,12 @@ void nx_fold_exact_row(const struct nx_wt *w, const struct nx_lora_t *t, float s
 	for (int64_t j = 0; j < n; j++)
 		acc[j] = 0;
 	const void *b = nx_lora_row(t->dtype, t->b, r, rank);
-	for (int64_t k = 0; k < rank; k++) {
-		const double bk = nx_lora_elt(t->dtype, b, (size_t)k);
-		const void *ak = nx_lora_row(t->dtype, t->a, k, n);
-		const float *a = ak;
-		if (t->dtype != NX_LORA_F32) { /* row is free until the base row goes in below */
-			nx_lora_to_f32(t->dtype, ak, n, row);
-			a = row;
-		}
-		for (int64_t j = 0; j < n; j++)
-			acc[j] += bk * a[j];
+	double bk[64]; /* B[r, k0 ...] as doubles, a run of k at a time: the sums go on in order of k */
+	for (int64_t k0 = 0; k0 < rank; k0 += 64) {
+		const int m = rank - k0 < 64 ? (int)(rank - k0) : 64;
+		for (int k = 0; k < m; k++)
+			bk[k] = nx_lora_elt(t->dtype, b, (size_t)(k0 + k));
+		nx_lora_ba_f64(t->dtype, nx_lora_row(t->dtype, t->a, k0, n), n, m, bk, acc);
 	}
 	nx_type_get(w->type)->dequant((const uint8_t *)w->data + (size_t)r * w->row_bytes, row, n);
 	const double sd = s;

@@ -46,19 +46,6 @@ static uint64_t rnd(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-/* out[p] = sum_j d[j] * xt[j * n_x + p]: n_x dots at once over the transposed probes. */
-static void dots(const double *d, const double *xt, int64_t n_in, int n_x, double *out)
-{
-	for (int p = 0; p < n_x; p++)
-		out[p] = 0;
-	for (int64_t j = 0; j < n_in; j++) {
-		const double dj = d[j];
-		const double *xr = xt + j * n_x;
-		for (int p = 0; p < n_x; p++)
-			out[p] += dj * xr[p];
-	}
-}
-
 int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float s, const float *x, int n_x,
 			 const enum nx_type *types, int n_types, struct nx_lora_grade *g, struct nx_err *err)
 {
@@ -139,7 +126,7 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 		bt->dequant((const uint8_t *)w->data + (size_t)r * w->row_bytes, wb, n_in);
 		for (int64_t j = 0; j < n_in; j++)
 			e[j] = (double)wb[j] + sd * acc[j];
-		dots(e, xt, n_in, n_x, y);
+		nx_lora_dots_f64(e, xt, n_in, n_x, y);
 		for (int p = 0; p < n_x; p++) {
 			double eff = 0;
 			for (int k = 0; k < rank; k++)
@@ -155,7 +142,7 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 			tt->dequant(q, deq, n_in);
 			for (int64_t j = 0; j < n_in; j++)
 				d[j] = (double)deq[j] - e[j];
-			dots(d, xt, n_in, n_x, dy);
+			nx_lora_dots_f64(d, xt, n_in, n_x, dy);
 			for (int p = 0; p < n_x; p++)
 				note(&g->fold[i], dy[p], y[p]);
 		}
@@ -168,8 +155,8 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 			d[j] = (double)deq[j] - wp[j];
 			e[j] = wp[j];
 		}
-		dots(d, xt, n_in, n_x, dy);
-		dots(e, xt, n_in, n_x, y);
+		nx_lora_dots_f64(d, xt, n_in, n_x, dy);
+		nx_lora_dots_f64(e, xt, n_in, n_x, y);
 		for (int p = 0; p < n_x; p++)
 			note(&g->noise, dy[p], y[p]);
 	}

@@ -1138,6 +1138,62 @@ static void test_delta_16bit(void **state)
 		}
 }
 
+/* The float64 helpers of the fold and the report are, bit for bit, the loops they stand for: each
+ * term in turn, each product rounded and then each sum (no fused multiply-add). The fold's row of B @ A
+ * (nx_lora_ba_f64) from the sums already in acc, A held as f32, f16 or bf16, over column counts with and
+ * without a tail past the vector width; the report's dots with every probe (nx_lora_dots_f64) for probe
+ * counts around the vector width. */
+static void test_f64_helpers(void **state)
+{
+	enum { RMAX = 70, NMAX = 200 };
+	static uint16_t a16[RMAX * NMAX];
+	static float a32[RMAX * NMAX];
+	static double b[RMAX], got[NMAX], want[NMAX];
+	static const int ns[] = { 1, 15, 31, 32, 33, 64, 100, 200 }, ranks[] = { 1, 3, 64, 70 };
+	rng_state = 11;
+	for (int d = NX_LORA_F32; d <= NX_LORA_BF16; d++)
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
+			for (size_t ri = 0; ri < sizeof(ranks) / sizeof(ranks[0]); ri++) {
+				const int n = ns[ni], rk = ranks[ri];
+				for (int i = 0; i < rk * n; i++) {
+					const float v = rng_sym() * 3.0f;
+					a16[i] = d == NX_LORA_F16 ? nx_f32_to_f16(v) : nx_f32_to_bf16(v);
+					a32[i] = d == NX_LORA_F32 ? v : nx_lora_elt((enum nx_lora_dtype)d, a16, (size_t)i);
+				}
+				for (int k = 0; k < rk; k++)
+					b[k] = (double)rng_sym() / 3.0;
+				for (int j = 0; j < n; j++)
+					got[j] = want[j] = (double)rng_sym();
+				for (int k = 0; k < rk; k++)
+					for (int j = 0; j < n; j++) {
+						volatile double p = b[k] * (double)a32[k * n + j]; /* rounded before the sum */
+						want[j] = want[j] + p;
+					}
+				nx_lora_ba_f64((enum nx_lora_dtype)d, d == NX_LORA_F32 ? (const void *)a32 : (const void *)a16, n,
+					       rk, b, got);
+				if (memcmp(got, want, (size_t)n * sizeof(double)))
+					fail_msg("dtype %d, %d columns, rank %d: B @ A differs from the float64 loop", d, n, rk);
+			}
+	static double d[NMAX], xt[NMAX * 40], dots[40];
+	for (int n_x = 1; n_x <= 40; n_x += 3) {
+		const int n = 150;
+		for (int j = 0; j < n; j++)
+			d[j] = (double)rng_sym() * 1e-3;
+		for (int i = 0; i < n * n_x; i++)
+			xt[i] = (double)rng_sym();
+		nx_lora_dots_f64(d, xt, n, n_x, dots);
+		for (int p = 0; p < n_x; p++) {
+			double want = 0;
+			for (int j = 0; j < n; j++) {
+				volatile double t = d[j] * xt[j * n_x + p];
+				want = want + t;
+			}
+			if (memcmp(&want, &dots[p], sizeof(want)))
+				fail_msg("%d probes: dot %d differs from the float64 loop", n_x, p);
+		}
+	}
+}
+
 int main(void)
 {
 	make_model();
@@ -1158,6 +1214,7 @@ int main(void)
 		cmocka_unit_test(test_fold),
 		cmocka_unit_test(test_delta),
 		cmocka_unit_test(test_delta_16bit),
+		cmocka_unit_test(test_f64_helpers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
