@@ -141,6 +141,14 @@ fuzz:
 fuzz-smoke:
 	@fuzz/run --smoke
 
+# nxd under a live systemd (tests/systemd/smoke): make install, socket activation, systemctl
+# start / stop / restart, a crash, a bad nxd.conf. Boots systemd as PID 1 of private namespaces
+# (root, unshare); not part of `make test`.
+.PHONY: smoke-systemd
+smoke-systemd:
+	@$(MAKE) --no-print-directory all
+	tests/systemd/smoke
+
 # Load and soak (tests/soak/soak.py): 40 clients on 4 slots with mixed requests for SOAK_SECONDS,
 # then leak and stalled-reader checks; prints requests by kind, errors by code, RSS and fds.
 #   make soak [SOAK_SECONDS=600]

@@ -210,7 +210,7 @@ static int dial(struct nxc_conn *c)
 	if (rc < 0) {
 		int err = errno;
 		const char *hint = err == EACCES || err == EPERM ?
-					   " (is your user allowed to use nxd's socket?)" :
+					   " (this user may not use the socket; the packaged units let root and group nxd in)" :
 					   " (is nxd running?)";
 		nxc_msg("cannot connect to %s: %s%s", c->path, strerror(err), hint);
 		close(c->fd);
@@ -232,8 +232,11 @@ int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out)
 		}
 		ctx->socket = ctx->socket_buf;
 		/* A user without a daemon of their own talks to the system one (members
-		 * of its socket group may): the per-user path only wins when it exists. */
-		if (!getenv("NXD_SOCKET") && access(ctx->socket, F_OK) != 0 && access(NXP_SYSTEM_SOCKET, F_OK) == 0)
+		 * of its socket group may): the per-user path only wins when it exists.
+		 * A system socket this user may not reach (EACCES on /run/nxd) is still
+		 * the one meant, so the error names it and the permission. */
+		if (!getenv("NXD_SOCKET") && access(ctx->socket, F_OK) != 0 &&
+		    (access(NXP_SYSTEM_SOCKET, F_OK) == 0 || errno == EACCES))
 			ctx->socket = NXP_SYSTEM_SOCKET;
 	}
 	c->path = ctx->socket;
