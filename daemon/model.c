@@ -51,7 +51,11 @@ fail:
 	return -1;
 }
 
-/* Reads the whole file into dst with IORING_OP_READ, LOAD_DEPTH chunks in flight. */
+/* Reads the whole file into dst with IORING_OP_READ, LOAD_DEPTH chunks in
+ * flight. IOSQE_ASYNC hands each read to io_uring's worker threads: a read
+ * the page cache can serve is otherwise a copy done inline by this thread,
+ * one chunk after another; the workers copy on every CPU (SmolLM2's 98 MB
+ * from the page cache: 25-30 -> 18-20 ms). */
 static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, struct nx_err *err)
 {
 	struct io_uring ring;
@@ -74,6 +78,7 @@ static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, s
 			next += job[j].len;
 			io_uring_prep_read(sqe, fd, dst + job[j].off, (unsigned)job[j].len, job[j].off);
 			io_uring_sqe_set_data64(sqe, (uint64_t)j);
+			io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
 			busy[j] = true;
 			inflight++;
 		}
@@ -115,6 +120,7 @@ static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, s
 			}
 			io_uring_prep_read(sqe, fd, dst + job[j].off, (unsigned)job[j].len, job[j].off);
 			io_uring_sqe_set_data64(sqe, (uint64_t)j);
+			io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
 			inflight++;
 		}
 		io_uring_cq_advance(&ring, seen);

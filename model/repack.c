@@ -1,6 +1,9 @@
 /* repack.c - nx_model_repack: the model's matrices into the tile kernels' packed layout, as a copy or in place. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "model/repack.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,11 +61,89 @@ size_t nx_model_repack_size(const struct nx_model *m)
 	return total;
 }
 
-static void pack_matrix(const struct nx_wt *w, const uint8_t *src, uint8_t *dst)
+/* One matrix to pack: its plain rows at src (== dst: in place), packed to dst. */
+struct pack_job {
+	const struct nx_wt *w;
+	const uint8_t *src;
+	uint8_t *dst;
+	int64_t g0; /* its first group in the count over all jobs */
+};
+
+struct pack_share {
+	const struct pack_job *jobs;
+	int n_jobs;
+	int64_t g0, g1; /* this thread's groups of the count */
+	size_t row_buf;   /* bytes of the largest group: in place, its rows are copied out first */
+	bool failed;
+};
+
+/* Packs groups [g0, g1) of the count over the jobs: each is 16 rows, read and
+ * written by this thread alone, so the threads need no lock. */
+static void *pack_groups(void *arg)
 {
-	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
-	for (int64_t g = 0; g < w->n_out / NX_PACK_ROWS; g++)
-		nx_pack_group(w->type, src + (size_t)g * gbytes, w->row_bytes, dst + (size_t)g * gbytes, w->n_in);
+	struct pack_share *sh = arg;
+	uint8_t *rows = NULL;
+	for (int j = 0; j < sh->n_jobs; j++) {
+		const struct pack_job *jb = &sh->jobs[j];
+		const struct nx_wt *w = jb->w;
+		const int64_t n_g = w->n_out / NX_PACK_ROWS;
+		const int64_t a = sh->g0 > jb->g0 ? sh->g0 - jb->g0 : 0, b = sh->g1 - jb->g0 < n_g ? sh->g1 - jb->g0 : n_g;
+		const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
+		for (int64_t g = a; g < b; g++) {
+			const uint8_t *src = jb->src + (size_t)g * gbytes;
+			if (jb->src == jb->dst) {
+				if (!rows && !(rows = malloc(sh->row_buf))) {
+					sh->failed = true;
+					return NULL;
+				}
+				memcpy(rows, src, gbytes);
+				src = rows;
+			}
+			nx_pack_group(w->type, src, w->row_bytes, jb->dst + (size_t)g * gbytes, w->n_in);
+		}
+	}
+	free(rows);
+	return NULL;
+}
+
+/* Packs every job, its groups shared out in contiguous runs between the
+ * CPUs this process may use (at most 8 threads; the caller's is one of them):
+ * the daemon packs ~90 MB before it is ready. A run's result does not depend
+ * on the thread that packs it. -1: out of memory. */
+static int pack_jobs(struct pack_job *jobs, int n_jobs)
+{
+	int64_t total = 0;
+	size_t row_buf = 0;
+	for (int j = 0; j < n_jobs; j++) {
+		jobs[j].g0 = total;
+		total += jobs[j].w->n_out / NX_PACK_ROWS;
+		if (NX_PACK_ROWS * jobs[j].w->row_bytes > row_buf)
+			row_buf = NX_PACK_ROWS * jobs[j].w->row_bytes;
+	}
+	cpu_set_t cs;
+	int n_thr = sched_getaffinity(0, sizeof(cs), &cs) == 0 ? CPU_COUNT(&cs) : 1;
+	n_thr = n_thr < 1 ? 1 : n_thr > 8 ? 8 : n_thr;
+	if (total < 64 * n_thr) /* too little to be worth a thread */
+		n_thr = 1;
+	struct pack_share sh[8];
+	pthread_t th[8];
+	bool started[8] = {false};
+	for (int t = 0; t < n_thr; t++)
+		sh[t] = (struct pack_share){.jobs = jobs, .n_jobs = n_jobs, .g0 = total * t / n_thr,
+					    .g1 = total * (t + 1) / n_thr, .row_buf = row_buf};
+	for (int t = 1; t < n_thr; t++)
+		started[t] = pthread_create(&th[t], NULL, pack_groups, &sh[t]) == 0;
+	pack_groups(&sh[0]);
+	for (int t = 1; t < n_thr; t++) {
+		if (started[t])
+			pthread_join(th[t], NULL);
+		else
+			pack_groups(&sh[t]); /* no thread: this one does its share */
+	}
+	for (int t = 0; t < n_thr; t++)
+		if (sh[t].failed)
+			return -1;
+	return 0;
 }
 
 int nx_model_repack(struct nx_model *m, void *dst, size_t size, struct nx_err *err)
@@ -71,19 +152,23 @@ int nx_model_repack(struct nx_model *m, void *dst, size_t size, struct nx_err *e
 		return nx_errf(err, "repack: block of %zu bytes at %p, need %zu bytes 64-aligned", size, dst,
 			       nx_model_repack_size(m));
 	struct nx_wt *wts[MAX_WTS];
-	int n = all_wts(m, wts);
+	struct pack_job jobs[MAX_WTS];
+	int n = all_wts(m, wts), n_jobs = 0;
 	uint8_t *p = dst;
 	for (int i = 0; i < n; i++) {
-		struct nx_wt *w = wts[i], *e = earlier(wts, i);
-		if (!nx_wt_packable(w))
+		struct nx_wt *w = wts[i];
+		if (!nx_wt_packable(w) || earlier(wts, i))
 			continue;
-		if (e) {
-			w->packed = e->packed;
-			continue;
-		}
-		pack_matrix(w, w->data, p);
+		jobs[n_jobs++] = (struct pack_job){.w = w, .src = w->data, .dst = p};
 		w->packed = p;
 		p += wt_bytes(w);
+	}
+	if (pack_jobs(jobs, n_jobs))
+		return nx_errf(err, "repack: out of memory");
+	for (int i = 0; i < n; i++) {
+		struct nx_wt *e = earlier(wts, i);
+		if (e && nx_wt_packable(wts[i]))
+			wts[i]->packed = e->packed;
 	}
 	return 0;
 }
@@ -91,7 +176,16 @@ int nx_model_repack(struct nx_model *m, void *dst, size_t size, struct nx_err *e
 int nx_model_repack_inplace(struct nx_model *m, ptrdiff_t plain_delta, struct nx_err *err)
 {
 	struct nx_wt *wts[MAX_WTS];
-	int n = all_wts(m, wts), packed = 0;
+	struct pack_job jobs[MAX_WTS];
+	int n = all_wts(m, wts), n_jobs = 0;
+	for (int i = 0; i < n; i++)
+		if (nx_wt_packable(wts[i]) && !earlier(wts, i)) {
+			uint8_t *base = (uint8_t *)(uintptr_t)wts[i]->data; /* the caller's own, writable bytes */
+			jobs[n_jobs++] = (struct pack_job){.w = wts[i], .src = base, .dst = base};
+		}
+	if (pack_jobs(jobs, n_jobs))
+		return nx_errf(err, "repack: out of memory");
+	/* Pointers last: earlier() compares the plain data pointers. */
 	const void *orig[MAX_WTS];
 	for (int i = 0; i < n; i++)
 		orig[i] = wts[i]->data;
@@ -108,19 +202,8 @@ int nx_model_repack_inplace(struct nx_model *m, ptrdiff_t plain_delta, struct nx
 		}
 		if (!nx_wt_packable(w))
 			continue;
-		const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
-		uint8_t *rows = malloc(gbytes);
-		if (!rows)
-			return nx_errf(err, "repack: out of memory (%zu bytes)", gbytes);
-		uint8_t *base = (uint8_t *)(uintptr_t)w->data; /* the caller's own, writable bytes */
-		for (int64_t g = 0; g < w->n_out / NX_PACK_ROWS; g++) {
-			memcpy(rows, base + (size_t)g * gbytes, gbytes);
-			nx_pack_group(w->type, rows, w->row_bytes, base + (size_t)g * gbytes, w->n_in);
-		}
-		free(rows);
-		w->packed = base;
-		w->data = base + plain_delta;
-		packed++;
+		w->packed = (void *)(uintptr_t)orig[i];
+		w->data = (const uint8_t *)orig[i] + plain_delta;
 	}
-	return packed;
+	return n_jobs;
 }
