@@ -185,7 +185,7 @@ int nx_model_repack_inplace(struct nx_model *m, ptrdiff_t plain_delta, struct nx
 		}
 	if (pack_jobs(jobs, n_jobs))
 		return nx_errf(err, "repack: out of memory");
-	/* Pointers last: earlier() compares the plain data pointers. */
+	/* The pointers only now: the jobs above were told apart by them. */
 	const void *orig[MAX_WTS];
 	for (int i = 0; i < n; i++)
 		orig[i] = wts[i]->data;
