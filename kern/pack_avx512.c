@@ -30,7 +30,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
 	for (int64_t b = 0; b < nb; b++, o += GB) {
-		pf_ahead(o, GB);
+		pf_ahead(o, GB, NA);
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		__m512i lo[4], hi[4];
@@ -104,7 +104,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
 	for (int64_t b = 0; b < nb; b++, o += 544) {
-		pf_ahead(o, 544);
+		pf_ahead(o, 544, NA);
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		__m512i w[8];
 		#pragma GCC unroll 8

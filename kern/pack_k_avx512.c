@@ -55,7 +55,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 			_mm512_set1_epi32((int)0x80000000)));
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
-			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4));
+			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), NA);
 			const __m512i s0 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c)), s1 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c + 1));
 			const __m512i ml = lanes_u8(hdr + PK_K4_MLO + 16 * c);
 			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d);
@@ -130,7 +130,7 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + PK_Q6_K_D)));
 #pragma GCC unroll 8
 		for (int blk = 0; blk < 8; blk++) {
-			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8);
+			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8, NA);
 			__m512i q[8];
 #pragma GCC unroll 2
 			for (int half = 0; half < 2; half++) { /* words 4 half .. + 3 from X, Y, Z */

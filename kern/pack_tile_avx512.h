@@ -40,16 +40,31 @@ INL __m512i dp4(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, int 
  * 675-717 tok/s in Q4_1 and from 536-556 to 684-733 in Q4_K_M with this; one
  * sequence, already streaming at the memory's pace, did not change (2048: less
  * gain, 8192: the same). Past the end of a matrix it asks for bytes nobody
- * uses; a prefetch never faults. */
+ * uses; a prefetch never faults.
+ *
+ * Tiles of more than one token ask further ahead and into L2 (NX_PF_AHEAD_MT,
+ * prefetcht1): they spend longer on each block, and a line fetched into L1 a
+ * block too early was pushed out again before use. The Q8_0 tile at 4 tokens
+ * (nx-packbench -T q8_0 -t 2 -a 4, four alternating runs) streamed 20-28 GB/s
+ * with prefetcht0 4 KiB ahead, 30-38 with prefetcht1 8 KiB ahead; the Q4_1 one
+ * (bound by its dot products there) and every 1-token tile did not change,
+ * and the qwen2 shape's 1-token step was 4-7% slower with prefetcht1, hence
+ * only for NA > 1. */
 #ifndef NX_PF_AHEAD
 #define NX_PF_AHEAD 4096
 #endif
+#ifndef NX_PF_AHEAD_MT
+#define NX_PF_AHEAD_MT 8192
+#endif
 
-/* Asks for the `bytes` (a compile-time constant) at o + NX_PF_AHEAD. */
-INL void pf_ahead(const uint8_t *o, const int bytes)
+/* Asks for the `bytes` (a compile-time constant) ahead of o, for a tile of NA tokens (a compile-time constant). */
+INL void pf_ahead(const uint8_t *o, const int bytes, const int NA)
 {
 	for (int l = 0; l < bytes; l += 64)
-		_mm_prefetch((const char *)o + NX_PF_AHEAD + l, _MM_HINT_T0);
+		if (NA > 1)
+			_mm_prefetch((const char *)o + NX_PF_AHEAD_MT + l, _MM_HINT_T1);
+		else
+			_mm_prefetch((const char *)o + NX_PF_AHEAD + l, _MM_HINT_T0);
 }
 
 /* 128 * hi + lo of a token's integer block dots (kern/pack.h: |.| < 2^28). */
