@@ -42,14 +42,13 @@ INL __m512i dp4(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, int 
  * gain, 8192: the same). Past the end of a matrix it asks for bytes nobody
  * uses; a prefetch never faults.
  *
- * Tiles of more than one token ask further ahead and into L2 (NX_PF_AHEAD_MT,
- * prefetcht1): they spend longer on each block, and a line fetched into L1 a
- * block too early was pushed out again before use. The Q8_0 tile at 4 tokens
+ * Tiles of more than one token, which spend longer on each block, ask
+ * further ahead and into L2 (NX_PF_AHEAD_MT, prefetcht1). The Q8_0 tile at 4 tokens
  * (nx-packbench -T q8_0 -t 2 -a 4, four alternating runs) streamed 20-28 GB/s
  * with prefetcht0 4 KiB ahead, 30-38 with prefetcht1 8 KiB ahead; the Q4_1 one
  * (bound by its dot products there) and every 1-token tile did not change,
- * and the qwen2 shape's 1-token step was 4-7% slower with prefetcht1, hence
- * only for NA > 1. */
+ * and the qwen2 shape's 1-token step was 4-7% slower with prefetcht1 (two
+ * runs), hence only for NA > 1. */
 #ifndef NX_PF_AHEAD
 #define NX_PF_AHEAD 4096
 #endif
