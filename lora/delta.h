@@ -63,7 +63,7 @@ bool nx_lora_fast16(void);
 
 /* acc[j] += b[k] * A[k, j] for k = 0, 1, ... rank - 1 in turn and the n columns of A (rank rows of n
  * values held as d), in float64, each product and each sum rounded, as a scalar loop does it (AVX-512 where
- * the CPU has it: the same bits, 16 columns at a time). The fold's row of B @ A (lora/fold.c). */
+ * the CPU has it: the same bits, 32 columns at a time). The fold's row of B @ A (lora/fold.c). */
 void nx_lora_ba_f64(enum nx_lora_dtype d, const void *a, int64_t n, int rank, const double *b, double *acc);
 
 /* out[p] = sum_j d[j] * xt[j * n_x + p] for p < n_x (xt: n rows of n_x), in float64 from 0 in order

@@ -1183,12 +1183,12 @@ static void test_f64_helpers(void **state)
 			xt[i] = (double)rng_sym();
 		nx_lora_dots_f64(d, xt, n, n_x, dots);
 		for (int p = 0; p < n_x; p++) {
-			double want = 0;
+			double sum = 0;
 			for (int j = 0; j < n; j++) {
-				volatile double t = d[j] * xt[j * n_x + p];
-				want = want + t;
+				volatile double t = d[j] * xt[j * n_x + p]; /* rounded before the sum */
+				sum = sum + t;
 			}
-			if (memcmp(&want, &dots[p], sizeof(want)))
+			if (memcmp(&sum, &dots[p], sizeof(sum)))
 				fail_msg("%d probes: dot %d differs from the float64 loop", n_x, p);
 		}
 	}
