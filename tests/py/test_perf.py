@@ -1,6 +1,7 @@
 """test_perf.py - the daemon's fast paths: weights packed in place for the tile kernels
 (kern/pack.h, model/repack.h) compute what nx-eval's packed copy computes, the plain
 layout (NX_PACK=0) still serves, and NXD_PROFILE=1 puts the per-phase split in status."""
+import os
 import subprocess
 
 from conftest import build_dir
@@ -19,9 +20,11 @@ def generate(daemon):
         return ids, toks
 
 
-def nx_eval_generate(model, ids, n):
+def nx_eval_generate(model, ids, n, cpus=None):
+    """nx-eval's greedy tokens; cpus: the CPUs it may use (its packing runs one thread per CPU)."""
     out = subprocess.run([str(build_dir() / "nx-eval"), str(model), "--threads", "2", "--generate", str(n),
-                          "--prompt-ids", ",".join(map(str, ids))], capture_output=True, check=True, timeout=120)
+                          "--prompt-ids", ",".join(map(str, ids))], capture_output=True, check=True, timeout=120,
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return [int(t) for t in out.stdout.split()]
 
 
@@ -32,6 +35,8 @@ def test_packed_daemon_matches_nx_eval(model_path, tmp_path):
         ids, toks = generate(d)
         assert "matrices packed for the tile kernels" in d.log()
     assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"])
+    # Packed by one thread instead of one per CPU (model/repack.c): the same bytes, the same tokens.
+    assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], cpus={min(os.sched_getaffinity(0))})
 
 
 def test_plain_layout_still_serves(model_path, tmp_path):
