@@ -104,12 +104,7 @@ static inline float nx_lora_elt(enum nx_lora_dtype d, const void *p, size_t i)
 	if (d == NX_LORA_F32)
 		return ((const float *)p)[i];
 	const uint16_t h = ((const uint16_t *)p)[i];
-	if (d == NX_LORA_F16)
-		return nx_f16_to_f32(h);
-	const uint32_t u = (uint32_t)h << 16;
-	float f;
-	__builtin_memcpy(&f, &u, sizeof(f));
-	return f;
+	return d == NX_LORA_F16 ? nx_f16_to_f32(h) : nx_bf16_to_f32(h);
 }
 
 /* Row r of A or B (row length n) held as d. */

@@ -201,6 +201,12 @@ static TGT float dot_avx512_any(enum nx_lora_dtype d, const void *a, const float
 				   : dot_avx512(a, x, n, NX_LORA_F32);
 }
 
+/* a . x for a held as d: the AVX-512 dot where it runs, else dot_v4. */
+static float dot_any(enum nx_lora_dtype d, const void *a, const float *x, int64_t n)
+{
+	return use_avx512() ? dot_avx512_any(d, a, x, n) : dot_v4(d, a, x, n);
+}
+
 bool nx_lora_fast16(void)
 {
 	return use_avx512();
@@ -208,13 +214,12 @@ bool nx_lora_fast16(void)
 
 float nx_lora_dot_fast(const float *a, const float *x, int64_t n)
 {
-	return use_avx512() ? dot_avx512_any(NX_LORA_F32, a, x, n) : dot_v4(NX_LORA_F32, a, x, n);
+	return dot_any(NX_LORA_F32, a, x, n);
 }
 
 float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u)
 {
-	const void *b = nx_lora_row(t->dtype, t->b, r, t->rank);
-	return use_avx512() ? dot_avx512_any(t->dtype, b, u, t->rank) : dot_v4(t->dtype, b, u, t->rank);
+	return dot_any(t->dtype, nx_lora_row(t->dtype, t->b, r, t->rank), u, t->rank);
 }
 
 /* Rows [k0, k1) of u from A, four at a time (k0 + 4i), for one dtype. */
@@ -246,13 +251,11 @@ static TGT int delta_a4_any(const struct nx_lora_t *t, const float *x, size_t ld
 void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int n, int k0, int k1, float *u,
 		     size_t ldu)
 {
-	const bool fast = use_avx512();
-	int k = fast ? delta_a4_any(t, x, ldx, n, k0, k1, u, ldu) : k0;
+	int k = use_avx512() ? delta_a4_any(t, x, ldx, n, k0, k1, u, ldu) : k0;
 	for (; k < k1; k++) {
 		const void *a = nx_lora_row(t->dtype, t->a, k, t->n_in);
 		for (int i = 0; i < n; i++)
-			u[(size_t)i * ldu + k] = fast ? dot_avx512_any(t->dtype, a, x + (size_t)i * ldx, t->n_in)
-						      : dot_v4(t->dtype, a, x + (size_t)i * ldx, t->n_in);
+			u[(size_t)i * ldu + k] = dot_any(t->dtype, a, x + (size_t)i * ldx, t->n_in);
 	}
 }
 
@@ -343,25 +346,16 @@ INL int64_t ba_f64(const void *a, int64_t n, int rank, const double *b, double *
 	return j;
 }
 
-static TGT int64_t ba_f64_f32(const void *a, int64_t n, int rank, const double *b, double *acc)
+static TGT int64_t ba_f64_any(enum nx_lora_dtype d, const void *a, int64_t n, int rank, const double *b, double *acc)
 {
-	return ba_f64(a, n, rank, b, acc, NX_LORA_F32);
-}
-static TGT int64_t ba_f64_f16(const void *a, int64_t n, int rank, const double *b, double *acc)
-{
-	return ba_f64(a, n, rank, b, acc, NX_LORA_F16);
-}
-static TGT int64_t ba_f64_bf16(const void *a, int64_t n, int rank, const double *b, double *acc)
-{
-	return ba_f64(a, n, rank, b, acc, NX_LORA_BF16);
+	return d == NX_LORA_F16	   ? ba_f64(a, n, rank, b, acc, NX_LORA_F16)
+	       : d == NX_LORA_BF16 ? ba_f64(a, n, rank, b, acc, NX_LORA_BF16)
+				   : ba_f64(a, n, rank, b, acc, NX_LORA_F32);
 }
 
 void nx_lora_ba_f64(enum nx_lora_dtype d, const void *a, int64_t n, int rank, const double *b, double *acc)
 {
-	int64_t j0 = 0;
-	if (use_avx512())
-		j0 = d == NX_LORA_F32 ? ba_f64_f32(a, n, rank, b, acc)
-		     : d == NX_LORA_F16 ? ba_f64_f16(a, n, rank, b, acc) : ba_f64_bf16(a, n, rank, b, acc);
+	const int64_t j0 = use_avx512() ? ba_f64_any(d, a, n, rank, b, acc) : 0;
 	for (int k = 0; k < rank; k++) {
 		const void *ak = nx_lora_row(d, a, k, n);
 		for (int64_t j = j0; j < n; j++)
