@@ -331,7 +331,9 @@ int main(int argc, char **argv)
 	 * costs 50-90 us here, and the bands of one op usually finish within a
 	 * few us of each other. Measured (bench/clients.py, 2 workers, 2 CPUs):
 	 * 5 us: 19-25 tok/s, 20 us: 25-33, 50 us: 30-32, 200 us: 16 (a spinning
-	 * worker then starves the supervisor and the rest of the machine). */
+	 * worker then starves the supervisor and the rest of the machine). After
+	 * the spin a waiter polls ten times as long again but yields its CPU
+	 * every few us (shm/futex.h: NX_YIELD_ROUNDS), which starves nobody. */
 	const char *su = getenv("NXD_SPIN_US");
 	long spin_us = su ? strtol(su, NULL, 10) : 20;
 	d->spin = (uint32_t)(spin_us < 0 ? 0 : spin_us > 10000 ? 10000 : spin_us) * nx_spin_calibrate();

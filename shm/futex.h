@@ -8,7 +8,9 @@
  *
  * Waits spin for a bounded number of iterations first (a step's barriers are
  * usually a few microseconds apart and a futex sleep/wake round trip costs
- * more than that), then sleep. */
+ * more than that), then go on polling for NX_YIELD_ROUNDS times as long while
+ * handing the CPU to anything else runnable every few microseconds
+ * (sched_yield), and only then sleep. */
 #ifndef NX_FUTEX_H
 #define NX_FUTEX_H
 
@@ -24,7 +26,12 @@ int nx_futex_wait(_Atomic uint32_t *w, uint32_t val, const struct timespec *time
 /* FUTEX_WAKE on a shared word: wakes up to n sleepers; returns how many woke or -1. */
 int nx_futex_wake(_Atomic uint32_t *w, int n);
 
-/* Spins (pause) up to spin iterations, then sleeps, until *w != val or, if
+/* A waiter's polling after its spin: NX_YIELD_ROUNDS x spin iterations, every
+ * NX_YIELD_EVERY-th a sched_yield instead of a pause. */
+#define NX_YIELD_ROUNDS 10
+#define NX_YIELD_EVERY 64
+
+/* Spins (pause) up to spin iterations, polls with yields (above), then sleeps, until *w != val or, if
  * abort is non-NULL, *abort != 0. Returns the new value of *w (val when it
  * returned because of abort). abort must be a word whose setter also changes
  * *w or wakes its sleepers (see nx_barrier_abort). */
