@@ -14,8 +14,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
               4 clients, as above
   chat        a conversation's next turn: time to the first token of a follow-up question after a
-              long first turn, nxd's prompt cache against llama-server's (cache_prompt); and a second
-              client with the same long instruction as one that is decoding
+              long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
+              client with the same long instruction as one that is decoding; and 4 clients that send
+              the same long instruction at once (the last one's first token)
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -554,17 +555,46 @@ def main():
             vals, _ = repeat(one, reps)
             return vals
 
+        def together(gens):
+            """SLOTS clients send the same n_first-token instruction, each with its own question, at
+            once: the time from the first send to the last client's first token."""
+            out = []
+
+            def one():
+                k = len(out)
+                instr = prompt_ids(9500 + k, n_first)
+                go, res = threading.Barrier(len(gens)), [None] * len(gens)
+
+                def client(i):
+                    go.wait()
+                    res[i] = gens[i](instr + prompt_ids(9600 + 10 * k + i, n_follow), 8)
+
+                th = [threading.Thread(target=client, args=(i,)) for i in range(len(gens))]
+                for t in th:
+                    t.start()
+                for t in th:
+                    t.join()
+                if any(r is None for r in res):
+                    raise RuntimeError("a client of the shared-instruction case failed")
+                out.append(max(r["times"][0] for r in res) - min(r["t_send"] for r in res))
+                return out[-1], max(r["t_done"] for r in res) - min(r["t_send"] for r in res), None
+
+            vals, _ = repeat(one, reps)
+            return vals
+
         def chat_ours(cache):
             with ours.daemon(path, batch=N_BATCH, extra=[] if cache else ["--no-prompt-cache"]) as d:
-                c, c2 = nxd_side.Conn(d.sock), nxd_side.Conn(d.sock)
+                cs = [nxd_side.Conn(d.sock) for _ in range(SLOTS)]
+                c, c2 = cs[0], cs[1]
                 try:
                     r = convo(lambda p, n: c.generate(p, n))
                     r["shared_s"] = shared(lambda p, n, f: c.generate(p, n, on_first=f),
                                            lambda p, n: c2.generate(p, n, rid=2))
+                    r["together_s"] = together([lambda p, n, c=c: c.generate(p, n, rid=3) for c in cs])
                     return r
                 finally:
-                    c.close()
-                    c2.close()
+                    for c in cs:
+                        c.close()
 
         def chat_llama(cache):
             if not srv_bin or not os.access(srv_bin, os.X_OK):
@@ -573,6 +603,7 @@ def main():
                 r = convo(lambda p, n: s.generate(p, n, cache_prompt=cache))
                 r["shared_s"] = shared(lambda p, n, f: s.generate(p, n, cache_prompt=cache, on_first=f),
                                        lambda p, n: s.generate(p, n, cache_prompt=cache))
+                r["together_s"] = together([lambda p, n: s.generate(p, n, cache_prompt=cache)] * SLOTS)
                 return r
 
         o, l = both(case, lambda: chat_ours(True), lambda: chat_llama(True))
@@ -591,6 +622,11 @@ def main():
                   note=f"{n_first}-token instruction + {n_follow}, while a client with it decodes")
         table.add(case, f"{key} 2nd client, same instruction, no caches", "ms", ms(o0, "shared_s"),
                   ms(l0, "shared_s"), lower_better=True)
+        table.add(case, f"{key} {SLOTS} clients, same instruction at once, last first token", "ms",
+                  ms(o, "together_s"), ms(l, "together_s"), lower_better=True,
+                  note=f"{n_first}-token instruction + {n_follow} each, sent together")
+        table.add(case, f"{key} {SLOTS} clients, same instruction at once, no caches", "ms",
+                  ms(o0, "together_s"), ms(l0, "together_s"), lower_better=True)
 
     if "chat" in cases:
         chat_case("chat", "smollm2-135m Q4_1", q41, a.reps)

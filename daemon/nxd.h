@@ -205,6 +205,13 @@ struct nxd_slot {
 	 * swap or worker fault since. False: nothing here may be reused. */
 	bool kv_ok;
 	uint64_t released;        /* when it was freed (admit_seq's clock): 0 never */
+	/* A prompt whose beginning an older slot in use is still computing
+	 * (sched.c: lender_ahead): that slot, its admission number, and how many
+	 * of this prompt's first tokens it will hold. This slot computes none of
+	 * them meanwhile; each plan copies what the lender has. -1: none. */
+	int wait_src;
+	uint64_t wait_admitted;
+	int wait_len;
 	struct nx_sampler smp;
 	struct nx_detok detok;
 	struct nx_stop stop;

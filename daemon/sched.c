@@ -16,7 +16,9 @@
  * there with n_past already past them, so a chat's next turn computes only
  * what is new. A prompt that shares a longer beginning with another slot,
  * free or in use (the same long instruction for many clients), gets those
- * positions' K/V copied from it. Reuse is exact: a token's arithmetic does not
+ * positions' K/V copied from it; if that slot is still computing them
+ * (prompts sent together), the younger one waits and copies them as they
+ * come (lender_ahead, catch_up). Reuse is exact: a token's arithmetic does not
  * depend on the batch around it (model/forward.h), so its K/V are the floats a
  * whole prompt would give; only K/V of the model in service without a runtime
  * LoRA delta are reused (kv_ok), and a weight swap (fold, unfold), a worker's
@@ -57,6 +59,7 @@ int nxd_sched_init(struct nxd *d, struct nx_err *err)
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		s->row = -1;
+		s->wait_src = -1;
 		s->hist = malloc((size_t)d->o.n_ctx * sizeof(int32_t));
 		if (!s->hist)
 			return nx_errf(err, "sched: out of memory for slot %d's history", i);
@@ -178,6 +181,7 @@ static void slot_release(struct nxd *d, struct nxd_slot *s, bool keep)
 	s->req = NULL;
 	s->row = -1;
 	s->chunk = 0;
+	s->wait_src = -1;
 }
 
 /* Ends cancelled requests that are not part of a running step. */
@@ -372,6 +376,34 @@ static struct place place(struct nxd *d, const struct nxd_req *r)
 	return p;
 }
 
+/* A slot in use that will hold more of r's prompt than place() found (p.reuse
+ * tokens) but has not computed it yet: a prompt still in its prefill, or the
+ * token a decoder feeds next. Prompts with the same long instruction that
+ * arrive together are computed once that way, not once each: the younger ones
+ * wait (plan) and take the older one's K/V as it goes. The slot with the most
+ * tokens, the oldest of equals; -1: none. *len: how many. */
+static int lender_ahead(const struct nxd *d, const struct nxd_req *r, struct place p, int *len)
+{
+	int best = -1;
+	*len = p.reuse;
+	if (!d->o.prompt_cache || r->n_lora)
+		return -1;
+	for (int i = 0; i < d->o.n_slots; i++) {
+		const struct nxd_slot *s = &d->slots[i];
+		if (i == p.slot || !s->req || s->req->cancelled || !s->kv_ok)
+			continue;
+		const int n = s->n_hist < r->n_prompt - 1 ? s->n_hist : r->n_prompt - 1;
+		int k = 0;
+		while (k < n && s->hist[k] == r->prompt[k])
+			k++;
+		if (k > s->n_past && (k > *len || (k == *len && best >= 0 && s->admitted < d->slots[best].admitted))) {
+			best = i;
+			*len = k;
+		}
+	}
+	return best;
+}
+
 static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 {
 	struct nxd_slot *s = &d->slots[p.slot];
@@ -395,6 +427,9 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 	s->row = -1;
 	s->chunk = 0;
 	s->admitted = d->admit_seq++;
+	s->wait_src = lender_ahead(d, r, p, &s->wait_len);
+	if (s->wait_src >= 0)
+		s->wait_admitted = d->slots[s->wait_src].admitted;
 	s->req = r;
 	r->slot = p.slot;
 	nxd_lora_admit(d, r, p.slot);
@@ -456,6 +491,35 @@ static int cmp_admitted(const void *a, const void *b)
 	return x->admitted < y->admitted ? -1 : x->admitted > y->admitted;
 }
 
+/* A slot waiting for its lender (lender_ahead): copies the K/V the lender has
+ * computed since the last step (between steps: no step writes them), and
+ * stops waiting once it has them all, or when the lender's tokens are no
+ * longer the ones it promised (its request ended and the slot went to another,
+ * a weight swap or a fault made them unusable). */
+static void catch_up(struct nxd *d, struct nxd_slot *s)
+{
+	const struct nxd_slot *src = &d->slots[s->wait_src];
+	const int si = (int)(s - d->slots);
+	if (src->admitted != s->wait_admitted || !src->kv_ok || !s->kv_ok) {
+		nxd_debug("prompt cache: slot %d computes its prompt from %d on: slot %d's tokens are gone", si,
+			  s->n_past, s->wait_src);
+		s->wait_src = -1;
+		return;
+	}
+	const int have = src->n_past < s->wait_len ? src->n_past : s->wait_len;
+	if (have > s->n_past) {
+		nx_state_copy_kv(&d->shm.state, d->model.m.hp.head_dim, si, s->wait_src, s->n_past, have);
+		s->req->n_cached += have - s->n_past;
+		d->stats.prompt_cached += (uint64_t)(have - s->n_past);
+		s->n_past = have;
+	}
+	if (s->n_past < s->wait_len && (!src->req || src->req->cancelled))
+		nxd_debug("prompt cache: slot %d computes its prompt from %d on: slot %d's request ended", si,
+			  s->n_past, s->wait_src);
+	if (s->n_past >= s->wait_len || !src->req || src->req->cancelled)
+		s->wait_src = -1;
+}
+
 static int plan(struct nxd *d)
 {
 	struct nx_tok_in *t = d->shm.toks;
@@ -469,6 +533,8 @@ static int plan(struct nxd *d)
 		s->row = -1;
 		if (!s->req || s->req->cancelled)
 			continue;
+		if (s->wait_src >= 0)
+			catch_up(d, s);
 		int pending = s->n_hist - s->n_past;
 		if (pending == 1) {
 			if (s->req->t_admit == 0)
@@ -477,7 +543,7 @@ static int plan(struct nxd *d)
 			s->row = rows++;
 			s->chunk = 1;
 			n++;
-		} else if (pending > 1 && n_pre < (int)(sizeof(pre) / sizeof(pre[0]))) {
+		} else if (pending > 1 && s->wait_src < 0 && n_pre < (int)(sizeof(pre) / sizeof(pre[0]))) {
 			pre[n_pre++] = s;
 		}
 	}

@@ -217,6 +217,57 @@ def test_prompt_cache_shares_across_slots(model_path, tmp_path):
     assert cached == [0, len(instr), len(instr)], cached
 
 
+def test_prompt_cache_shares_prompts_in_flight(model_path, tmp_path):
+    """Prompts that arrive together with the same long instruction compute it once: the first one admitted
+    computes it, the others wait and take its K/V as its prefill goes (usage.cached_tokens: the
+    instruction). Then a prompt whose lender is cancelled during its prefill: the waiting one goes on
+    alone. Every answer is bit for bit that of a daemon without the cache."""
+    import contextlib
+    instr = TEXT_IDS[:300]  # ten prefill steps of 32 tokens: the others arrive while it is computed
+    prompts = [instr + TEXT_IDS[300 + 10 * i:310 + 10 * i] for i in range(3)]
+    kw = dict(temperature=0, ignore_eos=True, logprobs=2, max_tokens=6)
+
+    def run(args):
+        with Daemon(model_path, tmp_path, name="flight" + "".join(args), args=["--slots", "3"] + args) as d, \
+                contextlib.ExitStack() as stack:
+            clients = [stack.enter_context(Client(d.sock)) for _ in prompts]
+            for i, (c, p) in enumerate(zip(clients, prompts)):
+                c.send(dict(op="generate", id=f"p{i}", tokens=p, **kw))
+            out = []
+            for i, c in enumerate(clients):
+                steps = []
+                for ev in c.events(f"p{i}"):
+                    if ev["event"] == "token":
+                        steps.append((ev["token"], [(x["token"], x["logprob"]) for x in ev["logprobs"]]))
+                assert ev["event"] == "done", ev
+                out.append((steps, ev["usage"]["cached_tokens"]))
+            spared = d.status()["prompt_tokens_cached"]
+            instr2 = TEXT_IDS[37:337]  # shares no beginning with the prompts above
+            clients[0].send(dict(op="generate", id="a", tokens=instr2 + TEXT_IDS[:5], **kw))
+            clients[1].send(dict(op="generate", id="b", tokens=instr2 + TEXT_IDS[5:10], **kw))
+            clients[0].send({"op": "cancel", "id": "x", "target": "a"})
+            for ev in clients[0].events("a"):
+                pass
+            assert ev["event"] == "done", ev
+            steps = []
+            for ev in clients[1].events("b"):
+                if ev["event"] == "token":
+                    steps.append((ev["token"], [(x["token"], x["logprob"]) for x in ev["logprobs"]]))
+            assert ev["event"] == "done", ev
+            out.append((steps, None))
+            return out, spared
+
+    got, spared = run([])
+    want, none = run(["--no-prompt-cache"])
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert none == 0 and [k for _, k in want[:3]] == [0, 0, 0]
+    shared = len(instr)
+    while all(p[shared] == prompts[0][shared] for p in prompts):
+        shared += 1
+    assert sorted(k for _, k in got[:3]) == [0, shared, shared], got
+    assert spared == 2 * shared
+
+
 def test_prompt_cache_under_mixed_traffic(model_path, tmp_path):
     """Three clients on three slots, each a conversation of six requests: new prompts from a few shared
     beginnings, next turns of its own answers, one request cancelled after its first token. Whatever the
