@@ -80,7 +80,11 @@ def main():
     if spec.get("decode"):
         prompt, n = spec["decode"]["prompt"], spec["decode"]["n"]
 
-        def one_decode(n=n):
+        probe, probes = spec["decode"].get("probe"), []
+
+        def one_decode(n=n, warm=False):
+            if probe and not warm:
+                probes.append(probe_gbs(probe))
             clear()
             tok = int(np.argmax(feed(prompt)))
             ids = [tok]
@@ -91,9 +95,12 @@ def main():
             sec = time.perf_counter() - t
             return (n - 1) / sec, sec, ids
 
-        one_decode(16)  # warm-up
+        one_decode(16, warm=True)
         rates, ids = repeat(one_decode)
         out["decode"] = {"tok_s": rates, "ids": ids, "n": n, "prompt_tokens": len(prompt)}
+        if probe:
+            probes.append(probe_gbs(probe))
+            out["decode"]["probes_gbs"] = probes
 
     if spec.get("prefill"):
         out["prefill"] = {}
@@ -115,6 +122,17 @@ def main():
             out["prefill"][key] = {"tok_s": rates}
     out["pss_kib"] = pss_kib()
     json.dump(out, sys.stdout)
+
+
+def probe_gbs(argv):
+    """Best read GB/s of one run of the bandwidth probe (bench/bw.c), argv its command line."""
+    import re
+    import subprocess
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    m = re.search(r"best ([\d.]+) GB/s", p.stdout)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
+    return float(m.group(1))
 
 
 def ctypes_offset(arr, a):

@@ -136,13 +136,16 @@ class Ours:
     def daemon(self, model, batch=None, slots=SLOTS, extra=()):
         return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=CTX, batch=batch, extra=extra)
 
-    def decode(self, model, prompt, reps):
+    def decode(self, model, prompt, reps, probe=None):
+        """probe: a bandwidth probe's command line, run before each repetition and after the last."""
         with self.daemon(model) as d:
             c = nxd_side.Conn(d.sock)
             c.generate(prompt, 16)  # warm-up
-            server = []
+            server, probes = [], []
 
             def one():
+                if probe:
+                    probes.append(probe_gbs(probe))
                 res = c.generate(prompt, DECODE_N, rid=len(server) + 2)
                 if len(res["times"]) != DECODE_N:
                     raise nxd_side.DaemonError(f"asked for {DECODE_N} tokens, got {len(res['times'])}: {res['done']}")
@@ -152,7 +155,11 @@ class Ours:
 
             client, ids = repeat(one, reps)
             c.close()
-            return {"tok_s": client, "tok_s_server_timing": server, "ids": ids}
+            out = {"tok_s": client, "tok_s_server_timing": server, "ids": ids}
+            if probe:
+                probes.append(probe_gbs(probe))
+                out["probes_gbs"] = probes
+            return out
 
     def prefill(self, model, lengths, reps):
         out = {}
@@ -281,6 +288,24 @@ def measure_bw(bw_bin):
     return {"best_gbs": float(m.group(1)), "median_gbs": float(m.group(2)), "line": p.stdout.strip()}
 
 
+def probe_gbs(argv):
+    """Best read GB/s of one run of the bandwidth probe, argv its whole command line."""
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    m = re.search(r"best ([\d.]+) GB/s", p.stdout)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
+    return float(m.group(1))
+
+
+def paired_pct_bw(side, bytes_per_tok):
+    """Median over a decode case's repetitions of each one's %bw against the faster of the two probes
+    taken right before and right after it (side["probes_gbs"]: one more than repetitions)."""
+    pr = (side or {}).get("probes_gbs")
+    if not pr or len(pr) != len(side["tok_s"]) + 1:
+        return None
+    return med([pct_bw(r, bytes_per_tok, max(pr[i], pr[i + 1])) for i, r in enumerate(side["tok_s"])])
+
+
 def pct_bw(tok_s, bytes_per_tok, bw_gbs):
     if tok_s is None or not bw_gbs:
         return None
@@ -406,8 +431,10 @@ def main():
         mi = model_info(key, path)
         log(f"bench: {case}: {key} decode {DECODE_N} tokens x {reps}")
         dprompt = text_ids(path, CHAT)
-        o, l = both(case, lambda: ours.decode(path, dprompt, reps),
-                    lambda: run_llama_side(path, reps, decode={"prompt": dprompt, "n": DECODE_N},
+        # A short probe (3 passes) before every repetition and after the last, on both sides.
+        probe = [os.path.join(build, "bench", "bw"), "--threads", str(THREADS), "--reps", "3"]
+        o, l = both(case, lambda: ours.decode(path, dprompt, reps, probe=probe),
+                    lambda: run_llama_side(path, reps, decode={"prompt": dprompt, "n": DECODE_N, "probe": probe},
                                            flash_attn=a.flash_attn)["decode"])
         res["raw"][f"{case}/{key}/decode"] = {"ours": o, "llama": l}
         om, lm = med(o["tok_s"]) if o else None, med(l["tok_s"]) if l else None
@@ -425,6 +452,9 @@ def main():
         log(f"bench: {case}: probe after: {after['line']}")
         table.add(case, f"{key} decode tok/s (1 client)", "tok/s", om, lm, pct_bw(om, bpt, case_gbs),
                   pct_bw(lm, bpt, case_gbs), note=note)
+        po, pl = paired_pct_bw(o, bpt), paired_pct_bw(l, bpt)
+        table.add(case, f"{key} decode %bw, paired probes", "%", po, pl, po, pl,
+                  note="median of each repetition's %bw against the faster probe just before or after it")
         limit = case_gbs * 1e9 / bpt
         res["raw"][f"{case}/{key}/decode"]["bandwidth_limit_tok_s"] = limit
         log(f"bench: {case}: {key}: nxd {om} llama.cpp {lm} tok/s; limit {limit:.1f} tok/s "
@@ -721,7 +751,8 @@ def main():
     print(f"memory read bandwidth: best {bw['best_gbs']:.2f} GB/s, median {bw['median_gbs']:.2f} GB/s "
           f"({THREADS} threads) at the start" +
           "".join(f"; best {p['best_gbs']:.2f} after {p['after']}" for p in probes) +
-          "; %bw = tok/s x weight bytes per token / the best probe before or after the case")
+          "; %bw = tok/s x weight bytes per token / the best probe before or after the case"
+          "; paired: each decode repetition against the probes just before and after it")
     print(f"llama.cpp: llama-cpp-python {llama_info.get('llama_cpp_python')}; "
           f"llama-server {llama_info.get('llama_server_version', '?').splitlines()[0] if llama_info.get('llama_server_version') else '?'}")
     print(f"ggml system info: {llama_info.get('system_info')}")
