@@ -23,6 +23,9 @@ import time
 import numpy as np
 import llama_cpp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bwprobe  # noqa: E402
+
 
 def pss_kib():
     with open("/proc/self/smaps_rollup") as f:
@@ -84,7 +87,7 @@ def main():
 
         def one_decode(n=n, warm=False):
             if probe and not warm:
-                probes.append(probe_gbs(probe))
+                probes.append(bwprobe.run(probe)["best_gbs"])
             clear()
             tok = int(np.argmax(feed(prompt)))
             ids = [tok]
@@ -99,7 +102,7 @@ def main():
         rates, ids = repeat(one_decode)
         out["decode"] = {"tok_s": rates, "ids": ids, "n": n, "prompt_tokens": len(prompt)}
         if probe:
-            probes.append(probe_gbs(probe))
+            probes.append(bwprobe.run(probe)["best_gbs"])
             out["decode"]["probes_gbs"] = probes
 
     if spec.get("prefill"):
@@ -122,17 +125,6 @@ def main():
             out["prefill"][key] = {"tok_s": rates}
     out["pss_kib"] = pss_kib()
     json.dump(out, sys.stdout)
-
-
-def probe_gbs(argv):
-    """Best read GB/s of one run of the bandwidth probe (bench/bw.c), argv its command line."""
-    import re
-    import subprocess
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    m = re.search(r"best ([\d.]+) GB/s", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
-    return float(m.group(1))
 
 
 def ctypes_offset(arr, a):

@@ -36,6 +36,7 @@ sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 
+import bwprobe  # noqa: E402
 import models  # noqa: E402
 import nxd_side  # noqa: E402
 import llama_server  # noqa: E402
@@ -281,20 +282,12 @@ def foreign_share(a, b):
 
 
 def measure_bw(bw_bin):
-    p = subprocess.run([bw_bin, "--threads", str(THREADS)], capture_output=True, text=True, timeout=600)
-    m = re.search(r"best ([\d.]+) GB/s median ([\d.]+) GB/s", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
-    return {"best_gbs": float(m.group(1)), "median_gbs": float(m.group(2)), "line": p.stdout.strip()}
+    return bwprobe.run([bw_bin, "--threads", str(THREADS)])
 
 
 def probe_gbs(argv):
     """Best read GB/s of one run of the bandwidth probe, argv its whole command line."""
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    m = re.search(r"best ([\d.]+) GB/s", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"bw failed: {p.stdout} {p.stderr}")
-    return float(m.group(1))
+    return bwprobe.run(argv)["best_gbs"]
 
 
 def paired_pct_bw(side, bytes_per_tok):
