@@ -64,7 +64,7 @@ uint32_t nx_futex_wait_change(_Atomic uint32_t *w, uint32_t val, const _Atomic u
 {
 	uint32_t v;
 	if (poll_change(w, val, abort, spin))
-		return atomic_load(w); /* val when it was abort */
+		return atomic_load(w); /* still val if only abort was set */
 	for (;;) {
 		if ((v = atomic_load(w)) != val)
 			return v;
