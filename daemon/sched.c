@@ -322,17 +322,24 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 
 /* ---------------------------------------------------------------- admission */
 
-/* Tokens at the start of r's prompt whose K/V slot s holds and may lend:
- * all of it for r's prompt but the last token, whose logits are needed. */
-static int shared_prefix(const struct nxd *d, const struct nxd_slot *s, const struct nxd_req *r)
+/* Tokens at the start of r's prompt that slot s's first `upto` tokens
+ * match and whose K/V it may lend: never r's last prompt token, whose logits
+ * are needed. */
+static int prefix_upto(const struct nxd *d, const struct nxd_slot *s, const struct nxd_req *r, int upto)
 {
 	if (!d->o.prompt_cache || r->n_lora || !s->kv_ok)
 		return 0;
-	const int n = s->n_past < r->n_prompt - 1 ? s->n_past : r->n_prompt - 1;
+	const int n = upto < r->n_prompt - 1 ? upto : r->n_prompt - 1;
 	int k = 0;
 	while (k < n && s->hist[k] == r->prompt[k])
 		k++;
 	return k;
+}
+
+/* Tokens at the start of r's prompt whose K/V slot s holds and may lend. */
+static int shared_prefix(const struct nxd *d, const struct nxd_slot *s, const struct nxd_req *r)
+{
+	return prefix_upto(d, s, r, s->n_past);
 }
 
 /* Where a request goes: the free slot, the prompt tokens whose K/V it holds
@@ -386,16 +393,11 @@ static int lender_ahead(const struct nxd *d, const struct nxd_req *r, struct pla
 {
 	int best = -1;
 	*len = p.reuse;
-	if (!d->o.prompt_cache || r->n_lora)
-		return -1;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		const struct nxd_slot *s = &d->slots[i];
-		if (i == p.slot || !s->req || s->req->cancelled || !s->kv_ok)
+		if (i == p.slot || !s->req || s->req->cancelled)
 			continue;
-		const int n = s->n_hist < r->n_prompt - 1 ? s->n_hist : r->n_prompt - 1;
-		int k = 0;
-		while (k < n && s->hist[k] == r->prompt[k])
-			k++;
+		const int k = prefix_upto(d, s, r, s->n_hist);
 		if (k > s->n_past && (k > *len || (k == *len && best >= 0 && s->admitted < d->slots[best].admitted))) {
 			best = i;
 			*len = k;
@@ -513,11 +515,13 @@ static void catch_up(struct nxd *d, struct nxd_slot *s)
 		d->stats.prompt_cached += (uint64_t)(have - s->n_past);
 		s->n_past = have;
 	}
-	if (s->n_past < s->wait_len && (!src->req || src->req->cancelled))
+	if (s->n_past >= s->wait_len) {
+		s->wait_src = -1;
+	} else if (!src->req || src->req->cancelled) {
 		nxd_debug("prompt cache: slot %d computes its prompt from %d on: slot %d's request ended", si,
 			  s->n_past, s->wait_src);
-	if (s->n_past >= s->wait_len || !src->req || src->req->cancelled)
 		s->wait_src = -1;
+	}
 }
 
 static int plan(struct nxd *d)
