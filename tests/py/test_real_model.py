@@ -130,6 +130,11 @@ def test_daemon_greedy_golden(model_path, tmp_path):
 def _stream(c, rid, req):
     """One streamed generate: ([(token, [(alt, logprob)...])...], done event)."""
     c.send(dict(op="generate", id=rid, **req))
+    return _collect(c, rid)
+
+
+def _collect(c, rid):
+    """The events of streamed generate rid, already sent: ([(token, [(alt, logprob)...])...], done event)."""
     steps = []
     for ev in c.events(rid):
         if ev["event"] == "token":
@@ -220,8 +225,9 @@ def test_prompt_cache_shares_across_slots(model_path, tmp_path):
 def test_prompt_cache_shares_prompts_in_flight(model_path, tmp_path):
     """Prompts that arrive together with the same long instruction compute it once: the first one admitted
     computes it, the others wait and take its K/V as its prefill goes (usage.cached_tokens: the
-    instruction). Then a prompt whose lender is cancelled during its prefill: the waiting one goes on
-    alone. Every answer is bit for bit that of a daemon without the cache."""
+    instruction). Then two prompts with another instruction, the first cancelled right after both are
+    sent (mostly during its prefill: the waiting one then goes on alone). Every answer is bit for bit that
+    of a daemon without the cache."""
     import contextlib
     instr = TEXT_IDS[:300]  # ten prefill steps of 32 tokens: the others arrive while it is computed
     prompts = [instr + TEXT_IDS[300 + 10 * i:310 + 10 * i] for i in range(3)]
@@ -235,26 +241,15 @@ def test_prompt_cache_shares_prompts_in_flight(model_path, tmp_path):
                 c.send(dict(op="generate", id=f"p{i}", tokens=p, **kw))
             out = []
             for i, c in enumerate(clients):
-                steps = []
-                for ev in c.events(f"p{i}"):
-                    if ev["event"] == "token":
-                        steps.append((ev["token"], [(x["token"], x["logprob"]) for x in ev["logprobs"]]))
-                assert ev["event"] == "done", ev
-                out.append((steps, ev["usage"]["cached_tokens"]))
+                steps, done = _collect(c, f"p{i}")
+                out.append((steps, done["usage"]["cached_tokens"]))
             spared = d.status()["prompt_tokens_cached"]
             instr2 = TEXT_IDS[37:337]  # shares no beginning with the prompts above
             clients[0].send(dict(op="generate", id="a", tokens=instr2 + TEXT_IDS[:5], **kw))
             clients[1].send(dict(op="generate", id="b", tokens=instr2 + TEXT_IDS[5:10], **kw))
             clients[0].send({"op": "cancel", "id": "x", "target": "a"})
-            for ev in clients[0].events("a"):
-                pass
-            assert ev["event"] == "done", ev
-            steps = []
-            for ev in clients[1].events("b"):
-                if ev["event"] == "token":
-                    steps.append((ev["token"], [(x["token"], x["logprob"]) for x in ev["logprobs"]]))
-            assert ev["event"] == "done", ev
-            out.append((steps, None))
+            _collect(clients[0], "a")
+            out.append((_collect(clients[1], "b")[0], None))
             return out, spared
 
     got, spared = run([])
