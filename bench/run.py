@@ -146,7 +146,7 @@ class Ours:
 
             def one():
                 if probe:
-                    probes.append(probe_gbs(probe))
+                    probes.append(bwprobe.run(probe)["best_gbs"])
                 res = c.generate(prompt, DECODE_N, rid=len(server) + 2)
                 if len(res["times"]) != DECODE_N:
                     raise nxd_side.DaemonError(f"asked for {DECODE_N} tokens, got {len(res['times'])}: {res['done']}")
@@ -158,7 +158,7 @@ class Ours:
             c.close()
             out = {"tok_s": client, "tok_s_server_timing": server, "ids": ids}
             if probe:
-                probes.append(probe_gbs(probe))
+                probes.append(bwprobe.run(probe)["best_gbs"])
                 out["probes_gbs"] = probes
             return out
 
@@ -283,11 +283,6 @@ def foreign_share(a, b):
 
 def measure_bw(bw_bin):
     return bwprobe.run([bw_bin, "--threads", str(THREADS)])
-
-
-def probe_gbs(argv):
-    """Best read GB/s of one run of the bandwidth probe, argv its whole command line."""
-    return bwprobe.run(argv)["best_gbs"]
 
 
 def paired_pct_bw(side, bytes_per_tok):
