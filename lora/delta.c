@@ -132,12 +132,13 @@ INL void dot4_avx512(const void *a, const float *x, int64_t n, float *out, const
 	out[3] = _mm512_reduce_add_ps(c3);
 }
 
-/* out[q] = dot_avx512(row q of b, u, rank) for the nr <= 16 rows q < nr (B's rows, rank apart):
+/* Lane q = dot_avx512(row q of b, u, rank) for the nr <= 16 rows q < nr (B's rows, rank apart; lanes
+ * past nr 0):
  * the same fused multiply-adds per row, and the sixteen rows' lanes summed together in a tree that
  * pairs them as _mm512_reduce_add_ps does (lane j with j + 8, then j + 4, j + 2, j + 1), so each
  * row's value is bit for bit the single dot's at a tenth of the shuffles. pf: NULL, or the next
  * sixteen rows, asked for from memory along the way. */
-INL void rows16_avx512(const void *b, int64_t rank, int nr, const float *u, float *out, const char *pf, const int D)
+INL __m512 rows16_avx512(const void *b, int64_t rank, int nr, const float *u, const char *pf, const int D)
 {
 	/* Every loop over rows has a constant count, unrolled, so the sixteen sums stay in registers (a
 	 * loop to nr kept them on the stack); rows past nr stay zero. */
@@ -178,11 +179,8 @@ INL void rows16_avx512(const void *b, int64_t rank, int nr, const float *u, floa
 	const __m512 e0 = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], 0x44), _mm512_shuffle_ps(g[0], g[1], 0xee));
 	const __m512 e1 = _mm512_add_ps(_mm512_shuffle_ps(g[2], g[3], 0x44), _mm512_shuffle_ps(g[2], g[3], 0xee));
 	const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e0, e1, 0x88), _mm512_shuffle_ps(e0, e1, 0xdd));
-	/* chunk c of f holds rows c, 4 + c, 8 + c, 12 + c in lanes 0..3 */
-	float t[16];
-	_mm512_storeu_ps(t, f);
-	for (int q = 0; q < nr; q++)
-		out[q] = t[4 * (q % 4) + q / 4];
+	/* chunk c of f holds rows c, 4 + c, 8 + c, 12 + c in lanes 0..3: row q from lane 4 (q % 4) + q / 4 */
+	return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), f);
 }
 
 /* 0: not yet known, 1: dot_v4, 2: AVX-512. Decided on first use without locks (every caller decides
@@ -279,19 +277,19 @@ void nx_lora_delta_a(const struct nx_lora_t *t, const float *x, size_t ldx, int 
 INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n, float s, float *y, size_t ldy,
 		   int64_t r0, int64_t r1, const int D)
 {
-	float d[16];
+	const __m512 sv = _mm512_set1_ps(s);
 	for (int64_t r = r0; r < r1; r += 16) {
 		const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
+		const __mmask16 m = (__mmask16)((1u << nr) - 1);
 		/* Rows of a cache line or more (rank 32 and up in f16): the next sixteen, as A's above; shorter
 		 * rows are too few lines for the prefetches to pay (rank 8 was 4% slower with them). */
 		const char *next = r + 32 <= r1 && t->rank * DSIZE(D) >= 64 ? (const char *)nx_lora_row(D, t->b, r + 16, t->rank)
 									: NULL;
 		for (int i = 0; i < n; i++) {
-			rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu, d,
-				      i ? NULL : next, D);
-			float *yi = y + (size_t)i * ldy + r;
-			for (int q = 0; q < nr; q++)
-				yi[q] += s * d[q];
+			const __m512 d = rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu,
+						       i ? NULL : next, D);
+			float *yi = y + (size_t)i * ldy + r; /* y += s * d, one rounding as the scalar loop's fma had */
+			_mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(sv, d, _mm512_maskz_loadu_ps(m, yi)));
 		}
 	}
 }
