@@ -102,7 +102,7 @@ static bool state_same(const struct nx_state *a, const struct nx_state *b)
 	       a->q_dim == b->q_dim && a->n_ff == b->n_ff && a->n_vocab == b->n_vocab && a->n_layer == b->n_layer &&
 	       a->x == b->x && a->q == b->q && a->k == b->k && a->v == b->v && a->att_out == b->att_out &&
 	       a->hb == b->hb && a->k_cache == b->k_cache && a->v_cache == b->v_cache && a->logits == b->logits &&
-	       a->logit_gmax == b->logit_gmax && a->att_part == b->att_part && a->att_ms == b->att_ms &&
+	       a->logit_gmax == b->logit_gmax && a->att_part == b->att_part && a->att_ms == b->att_ms && a->lora_u == b->lora_u &&
 	       a->lora == b->lora && a->n_lora == b->n_lora; /* lora.c sets both copies: the mix table */
 }
 
@@ -120,7 +120,7 @@ static void state_restore(struct nx_state *a, const struct nx_state *b)
 	a->n_vocab = b->n_vocab, a->n_layer = b->n_layer;
 	a->x = b->x, a->q = b->q, a->k = b->k, a->v = b->v, a->att_out = b->att_out, a->hb = b->hb;
 	a->k_cache = b->k_cache, a->v_cache = b->v_cache, a->logits = b->logits, a->logit_gmax = b->logit_gmax;
-	a->att_part = b->att_part, a->att_ms = b->att_ms;
+	a->att_part = b->att_part, a->att_ms = b->att_ms, a->lora_u = b->lora_u;
 	a->lora = b->lora, a->n_lora = b->n_lora;
 }
 

@@ -90,7 +90,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	    !add_buf(&total, cache, sizeof(nx_f16)) || !add_buf(&total, cache, sizeof(nx_f16)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
-	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)))
+	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)) ||
+	    !add_buf(&total, NX_LORA_U_SHARED, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
@@ -106,6 +107,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->logit_gmax = take(&p, (size_t)c->max_logits * n_groups, sizeof(float));
 		s->att_part = take(&p, heads * spans * hp->head_dim, sizeof(float));
 		s->att_ms = take(&p, heads * spans * 2, sizeof(float));
+		s->lora_u = take(&p, NX_LORA_U_SHARED, sizeof(float));
 	}
 	return total;
 }
@@ -683,9 +685,10 @@ static bool lora_fits(const struct nx_state *s, const struct nx_tok_in *toks, in
 /* Each run of tokens with the same adapters, and in it each adapter that
  * adapts matrix (il, w), with u laid out token after token, each token's
  * values adapter after adapter in mix order (tok_rank of them per token):
- * with y NULL, u = A @ x; else y += scale * B @ u on rows [r0, r1). */
+ * with y NULL, u = A @ x (band's part of each adapter's rows of A, of
+ * n_bands); else y += scale * B @ u on rows [r0, r1). */
 static void lora_runs(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
-		      const float *x, size_t ldx, float *u, float *y, size_t ldy, int r0, int r1)
+		      const float *x, size_t ldx, float *u, float *y, size_t ldy, int r0, int r1, int band, int n_bands)
 {
 	for (int t = 0; t < n;) {
 		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
@@ -698,7 +701,8 @@ static void lora_runs(const struct nx_state *s, const struct nx_tok_in *toks, in
 				nx_lora_delta_b(lt, u + ko, (size_t)R, t1 - t, mx->scale[k] * lt->scale, y + (size_t)t * ldy,
 						ldy, r0, r1);
 			else
-				nx_lora_delta_a(lt, x + (size_t)t * ldx, ldx, t1 - t, 0, lt->rank, u + ko, (size_t)R);
+				nx_lora_delta_a(lt, x + (size_t)t * ldx, ldx, t1 - t, lt->rank * band / n_bands,
+						lt->rank * (band + 1) / n_bands, u + ko, (size_t)R);
 			ko += lt->rank;
 		}
 		u += (size_t)R * (t1 - t);
@@ -706,24 +710,49 @@ static void lora_runs(const struct nx_state *s, const struct nx_tok_in *toks, in
 	}
 }
 
-/* u = A @ x of matrix (il, w) for tokens [0, n), laid out as lora_runs says. */
+/* u = A @ x of matrix (il, w) for tokens [0, n), laid out as lora_runs says:
+ * band's part of it (of n_bands; 0 of 1: all). */
 static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n, int il, enum nx_lora_which w,
-		   const float *x, size_t ldx, float *u)
+		   const float *x, size_t ldx, float *u, int band, int n_bands)
 {
-	lora_runs(s, toks, n, il, w, x, ldx, u, NULL, 0, 0, 0);
+	lora_runs(s, toks, n, il, w, x, ldx, u, NULL, 0, 0, 0, band, n_bands);
+}
+
+/* Whether the bands share out each op's A @ x (into the state's lora_u, then
+ * a barrier: four more per layer) rather than each computing all of it for
+ * itself. Each band reading every A costs more than the barriers once A is
+ * large: a rank-64 adapter on all of SmolLM2's matrices has 640 KiB of A per
+ * layer (f16), a rank-8 one 80. The same answer in every band (it depends on
+ * the step only). */
+#define LORA_SPLIT_MIN_LAYER (256 << 10) /* bytes of A per layer, on average */
+static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *toks, int n, int n_bands)
+{
+	if (n_bands < 2)
+		return false;
+	size_t bytes = 0;
+	for (int t = 0; t < n; t = lora_run_end(s, toks, n, t)) {
+		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
+		for (int k = 0; mx && k < mx->n; k++)
+			for (int il = 0; il < s->n_layer; il++)
+				for (int w = 0; w < NX_LORA_N_WHICH; w++) {
+					const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
+					if (lt->layer >= 0)
+						bytes += (size_t)lt->rank * lt->n_in * nx_lora_elt_size(lt->dtype);
+				}
+	}
+	return bytes >= (size_t)LORA_SPLIT_MIN_LAYER * s->n_layer;
 }
 
 /* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
  * token that adapts matrix (il, w), with u = A @ x from lora_a, or (u NULL)
  * computed here per call, as many tokens at a time as lora_u holds (one
- * token's mix always fits): every band computes A @ x whole (rank * n_in per
- * token, small next to its rows of W), so no barrier is added. Each (token,
- * row) is computed the same way in any run and either way. */
+ * token's mix always fits). Each (token, row) is computed the same way in any
+ * run and either way, and whether the bands shared A @ x out or not. */
 static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
 		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1, float *u)
 {
 	if (u) {
-		lora_runs(s, toks, n, il, w, NULL, 0, u, y, ldy, r0, r1);
+		lora_runs(s, toks, n, il, w, NULL, 0, u, y, ldy, r0, r1, 0, 1);
 		return;
 	}
 	for (int t = 0, t1; t < n; t = t1) {
@@ -734,8 +763,8 @@ static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const stru
 				break;
 			need += rk;
 		}
-		lora_a(s, toks + t, t1 - t, il, w, x + (size_t)t * ldx, ldx, sc->lora_u);
-		lora_runs(s, toks + t, t1 - t, il, w, NULL, 0, sc->lora_u, y + (size_t)t * ldy, ldy, r0, r1);
+		lora_a(s, toks + t, t1 - t, il, w, x + (size_t)t * ldx, ldx, sc->lora_u, 0, 1);
+		lora_runs(s, toks + t, t1 - t, il, w, NULL, 0, sc->lora_u, y + (size_t)t * ldy, ldy, r0, r1, 0, 1);
 	}
 }
 
@@ -772,7 +801,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 			t1++;
 		}
 		if (!u_up) /* the group's A_up @ x */
-			lora_a(s, toks + t, t1 - t, il, NX_LORA_UP, xn + (size_t)t * dim, (size_t)dim, sc->lora_u);
+			lora_a(s, toks + t, t1 - t, il, NX_LORA_UP, xn + (size_t)t * dim, (size_t)dim, sc->lora_u, 0, 1);
 		struct act at = act_from(a, t, w->n_in);
 		for (int c0 = r0; c0 < r1; c0 += NX_LORA_Y_ROWS) {
 			const int c1 = c0 + NX_LORA_Y_ROWS < r1 ? c0 + NX_LORA_Y_ROWS : r1;
@@ -912,12 +941,19 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	const int rgrain = rope_grain(hp);
 	int lo, hi;
 	/* Dynamic splits (struct split). With runtime LoRA deltas each band computes
-	 * an op's A @ x for the step once (lora_a, into u1 and u2) before its rows
-	 * are shared out; when that does not fit lora_u, A @ x is computed per
-	 * range and each band keeps one range per op. */
+	 * an op's A @ x for the step once (lora_a) before its rows are shared out:
+	 * all of it into its own lora_u, or with lora_split its part of it into the
+	 * state's, which a barrier then completes. When that does not fit lora_u,
+	 * A @ x is computed per range and each band keeps one range per op.
+	 * Q's, K's and V's are all computed before Q's rows, when split, so they
+	 * take three regions (ua, uc, ub); the ops after a barrier reuse them. */
 	const bool lora_once = lora && lora_fits(s, toks, n);
+	const bool lora_split = lora_once && lora_split_pays(s, toks, n, n_bands);
+	const int ab = lora_split ? band : 0, an = lora_split ? n_bands : 1; /* this band's part of A @ x */
 	const bool dyn = !lora || lora_once;
-	float *const u1 = lora_once ? sc->lora_u : NULL, *const u2 = lora_once ? sc->lora_u + NX_LORA_U_CAP / 2 : NULL;
+	float *const ubuf = lora_split ? s->lora_u : sc->lora_u;
+	float *const ua = lora_once ? ubuf : NULL, *const ub = lora_once ? ubuf + NX_LORA_U_CAP / 2 : NULL;
+	float *const uc = lora_split ? ubuf + NX_LORA_U_CAP : ua; /* K's: without the split, after Q is done with ua */
 	struct split sp;
 
 	if (sc->prof) {
@@ -957,21 +993,26 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		sc->xq_src = NULL;
 		if (lora_once) {
 			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_Q, sc->xn, dim, u1);
+			lora_a(s, toks, n, il, NX_LORA_Q, sc->xn, dim, ua, ab, an);
+			if (lora_split) {
+				lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, uc, ab, an);
+				lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, ub, ab, an);
+				band_sync(sync, sc, NX_PROF_MATMUL);
+			}
 		}
 		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
 			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo,
 			       hi, s->q, q_dim, L->bq, MM_STORE);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi, u1);
+				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi, ua);
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
 			prof_to(sc, NX_PROF_MATMUL);
 		}
-		if (lora_once) {
+		if (lora_once && !lora_split) {
 			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, u1);
-			lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, u2);
+			lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, uc, 0, 1);
+			lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, ub, 0, 1);
 		}
 		FOR_ROWS(sp, 1, kv_dim, rgrain, lo, hi) {
 			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo,
@@ -979,8 +1020,8 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo,
 			       hi, s->v, kv_dim, L->bv, MM_STORE);
 			if (lora) {
-				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi, u1);
-				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi, u2);
+				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi, uc);
+				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi, ub);
 			}
 			prof_to(sc, NX_PROF_OTHER);
 			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
@@ -1051,13 +1092,15 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		sc->xq_src = NULL;
 		if (lora_once) {
 			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_O, att, q_dim, u1);
+			lora_a(s, toks, n, il, NX_LORA_O, att, q_dim, ua, ab, an);
+			if (lora_split)
+				band_sync(sync, sc, NX_PROF_MATMUL);
 		}
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, toks, false), n,
 			       lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi, u1);
+				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi, ua);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 
@@ -1068,18 +1111,20 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		sc->xq_src = NULL;
 		if (lora_once) {
 			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_GATE, sc->xn, dim, u1);
-			lora_a(s, toks, n, il, NX_LORA_UP, sc->xn, dim, u2);
+			lora_a(s, toks, n, il, NX_LORA_GATE, sc->xn, dim, ua, ab, an);
+			lora_a(s, toks, n, il, NX_LORA_UP, sc->xn, dim, ub, ab, an);
+			if (lora_split)
+				band_sync(sync, sc, NX_PROF_MATMUL);
 		}
 		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
 			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, &L->w_gate, toks, false),
 			       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi, u1);
+				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi, ua);
 			if (lora)
 				lora_swiglu(s, sc, toks, n, il, &L->w_up,
 					    prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
-					    sc->xn, dim, s->hb, n_ff, lo, hi, u2);
+					    sc->xn, dim, s->hb, n_ff, lo, hi, ub);
 			else
 				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
 				       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
@@ -1091,13 +1136,15 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		sc->xq_src = NULL;
 		if (lora_once) {
 			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, u1);
+			lora_a(s, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, ua, ab, an);
+			if (lora_split)
+				band_sync(sync, sc, NX_PROF_MATMUL);
 		}
 		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
 			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, toks, false),
 			       n, lo, hi, s->x, dim, NULL, MM_ADD);
 			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi, u1);
+				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi, ua);
 		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 	}

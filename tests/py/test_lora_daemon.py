@@ -735,6 +735,22 @@ def test_smol_adapters_batched_exactly(model_path, smol, tmp_path):
         assert len({tuple(v[0]) for v in alone.values()}) >= 2
 
 
+def test_smol_shared_a_matches_one_worker(model_path, smol, tmp_path):
+    """With a rank-64 adapter on every matrix the two workers share each op's A @ x out (forward.c
+    lora_split: each computes half of A's rows, a barrier completes it); a single worker computes all of
+    it. Same tokens and logprobs, float for float, alone and batched with a rank-8 client (whose steps
+    alone do not split)."""
+    prompt = [1, 504, 3458, 282, 4649, 314, 253, 1345]
+    loads = [("r8", smol / "smol-r8.gguf"), ("r64", smol / "smol-r64")]
+    configs = [None, [{"name": "r64"}], [{"name": "r8"}, {"name": "r64", "scale": 0.5}]]
+    got = {}
+    for workers in (1, 2):
+        with daemon(model_path, tmp_path, name=f"w{workers}", workers=workers) as d:
+            got[workers] = mixes_alone_and_together(d.sock, loads, configs, prompt, 8)
+    assert got[1] == got[2]
+    assert got[2]["r0"] != got[2]["r1"]  # the adapter is applied
+
+
 def test_smol_report_and_nxctl(model_path, smol, tmp_path, report):
     """The accuracy report on real hidden states, through nxctl: fold to f16 and q8_0 beat the q4_1 refold,
     the runtime delta's error is far below the base's own quantization noise; fold with progress; unfold."""
