@@ -721,10 +721,13 @@ static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n
 /* Whether the bands share out each op's A @ x (into the state's lora_u, then
  * a barrier: four more per layer) rather than each computing all of it for
  * itself. Each band reading every A costs more than the barriers once A is
- * large: a rank-64 adapter on all of SmolLM2's matrices has 640 KiB of A per
- * layer (f16), a rank-8 one 80. The same answer in every band (it depends on
- * the step only). */
-#define LORA_SPLIT_MIN_LAYER (256 << 10) /* bytes of A per layer, on average */
+ * large. SmolLM2 with an adapter on every matrix (A per layer in f16 / bf16:
+ * rank 8 80 KiB, 16 160, 32 320, 64 640), ms per token always sharing out
+ * against never (alternating daemons, nxctl generate -n 256): rank 64 6.84
+ * -> 5.89 (6 of 6), 32 5.18 -> 4.96 (5 of 6), 16 4.58 -> 4.37 (5 of 6), 8
+ * 4.38 vs 4.42 (4 of 8). The same answer in every band (it depends on the
+ * step only). */
+#define LORA_SPLIT_MIN_LAYER (128 << 10) /* bytes of A per layer, on average */
 static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *toks, int n, int n_bands)
 {
 	if (n_bands < 2)
