@@ -288,7 +288,7 @@ INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n,
 		for (int i = 0; i < n; i++) {
 			const __m512 d = rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu,
 						       i ? NULL : next, D);
-			float *yi = y + (size_t)i * ldy + r; /* y += s * d, one rounding as the scalar loop's fma had */
+			float *yi = y + (size_t)i * ldy + r; /* y += s * d in one rounding (fma) */
 			_mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(sv, d, _mm512_maskz_loadu_ps(m, yi)));
 		}
 	}
