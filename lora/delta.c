@@ -98,20 +98,18 @@ INL float dot_avx512(const void *a, const float *x, int64_t n, const int D)
 	return _mm512_reduce_add_ps(acc);
 }
 
-/* Bytes of one value held as D. */
-#define DSIZE(D) ((D) == NX_LORA_F32 ? 4 : 2)
-
 /* out[q] = dot_avx512(row q of a, x, n) for q < 4 (rows n apart), each x vector loaded once for the
  * four rows. pf: NULL, or the next four rows (as many bytes), asked for from memory along the way. */
 INL void dot4_avx512(const void *a, const float *x, int64_t n, float *out, const char *pf, const int D)
 {
 	__m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
 	const void *a1 = nx_lora_row(D, a, 1, n), *a2 = nx_lora_row(D, a, 2, n), *a3 = nx_lora_row(D, a, 3, n);
+	const int64_t es = (int64_t)nx_lora_elt_size(D);
 	int64_t j = 0;
 	for (; j + 16 <= n; j += 16) {
 		if (pf) /* this pass reads 4 x 16 values: as many bytes of the next rows */
-			for (int l = 0; l < 64 * DSIZE(D); l += 64)
-				_mm_prefetch(pf + j * 4 * DSIZE(D) + l, _MM_HINT_T0);
+			for (int64_t l = 0; l < 64 * es; l += 64)
+				_mm_prefetch(pf + j * 4 * es + l, _MM_HINT_T0);
 		const __m512 v = _mm512_loadu_ps(x + j);
 		c0 = _mm512_fmadd_ps(lda16(a, j, D), v, c0);
 		c1 = _mm512_fmadd_ps(lda16(a1, j, D), v, c1);
@@ -147,7 +145,7 @@ INL __m512 rows16_avx512(const void *b, int64_t rank, int nr, const float *u, co
 	for (int q = 0; q < 16; q++)
 		acc[q] = _mm512_setzero_ps();
 	/* row after row, so B is read front to back as one stream */
-	const int64_t kf = rank / 16 * 16;
+	const int64_t kf = rank / 16 * 16, es = (int64_t)nx_lora_elt_size(D);
 	const __mmask16 mt = (__mmask16)((1u << (rank - kf)) - 1);
 #pragma GCC unroll 16
 	for (int q = 0; q < 16; q++) {
@@ -155,8 +153,8 @@ INL __m512 rows16_avx512(const void *b, int64_t rank, int nr, const float *u, co
 			continue;
 		const void *bq = nx_lora_row(D, b, q, rank);
 		if (pf) /* row q of the next sixteen */
-			for (int64_t l = 0; l < rank * DSIZE(D); l += 64)
-				_mm_prefetch(pf + q * rank * DSIZE(D) + l, _MM_HINT_T0);
+			for (int64_t l = 0; l < rank * es; l += 64)
+				_mm_prefetch(pf + q * rank * es + l, _MM_HINT_T0);
 		for (int64_t k = 0; k < kf; k += 16)
 			acc[q] = _mm512_fmadd_ps(lda16(bq, k, D), _mm512_loadu_ps(u + k), acc[q]);
 		if (kf < rank)
@@ -283,8 +281,9 @@ INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n,
 		const __mmask16 m = (__mmask16)((1u << nr) - 1);
 		/* Rows of a cache line or more (rank 32 and up in f16): the next sixteen, as A's above; shorter
 		 * rows are too few lines for the prefetches to pay (rank 8 was 4% slower with them). */
-		const char *next = r + 32 <= r1 && t->rank * DSIZE(D) >= 64 ? (const char *)nx_lora_row(D, t->b, r + 16, t->rank)
-									: NULL;
+		const char *next = r + 32 <= r1 && t->rank * (int64_t)nx_lora_elt_size(D) >= 64
+					   ? (const char *)nx_lora_row(D, t->b, r + 16, t->rank)
+					   : NULL;
 		for (int i = 0; i < n; i++) {
 			const __m512 d = rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu,
 						       i ? NULL : next, D);
