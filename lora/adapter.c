@@ -750,8 +750,29 @@ size_t nx_lora_size(const struct nx_lora_src *src)
 		    __builtin_mul_overflow((size_t)t->rank * elt, (size_t)t->n_out, &b) ||
 		    __builtin_add_overflow(total, round_up(a) + round_up(b), &total))
 			return 0;
+		if (nx_lora_b_tiled(t->rank, held_as(t)) &&
+		    __builtin_add_overflow(total, round_up(nx_lora_b_tiles_size(t->n_out, t->rank, held_as(t))), &total))
+			return 0;
 	}
 	return total;
+}
+
+bool nx_lora_b_tiled(int rank, enum nx_lora_dtype d)
+{
+	return nx_lora_fast16() && (size_t)rank * nx_lora_elt_size(d) < 64;
+}
+
+void nx_lora_b_tile(void *bt, const void *b, int64_t n_out, int rank, enum nx_lora_dtype d)
+{
+	const size_t elt = nx_lora_elt_size(d);
+	uint8_t *o = bt;
+	for (int64_t r0 = 0; r0 < n_out; r0 += 16)
+		for (int k = 0; k < rank; k++)
+			for (int64_t q = r0; q < r0 + 16; q++, o += elt)
+				if (q < n_out)
+					memcpy(o, (const uint8_t *)nx_lora_row(d, b, q, rank) + (size_t)k * elt, elt);
+				else
+					memset(o, 0, elt);
 }
 
 /* n elements of A or B as stored -> held as d (f32, or the same 16-bit
@@ -838,6 +859,11 @@ int nx_lora_init(struct nx_lora *l, void *mem, size_t size, const struct nx_lora
 		    permute_rows(t->b, elt, s->n_out, s->rank, s->which == NX_LORA_Q ? src->n_head : src->n_head_kv,
 				 s->name_b, err))
 			return -1;
+		if (nx_lora_b_tiled(t->rank, t->dtype)) { /* from B in its final row order */
+			t->bt = p;
+			p += round_up(nx_lora_b_tiles_size(t->n_out, t->rank, t->dtype));
+			nx_lora_b_tile(t->bt, t->b, t->n_out, t->rank, t->dtype);
+		}
 		l->n++;
 	}
 	return 0;

@@ -91,6 +91,10 @@ struct nx_lora_t {
 	enum nx_lora_dtype dtype;   /* of a and b */
 	void *a;                    /* (rank, n_in) row-major */
 	void *b;                    /* (n_out, rank) row-major */
+	/* NULL, or B once more in tiles of sixteen rows for the runtime delta
+	 * (nx_lora_b_tiled): tile g holds rows [16g, 16g + 16) as (rank, 16), the
+	 * sixteen rows' element k side by side; rows past n_out are zeros. */
+	void *bt;
 };
 
 static inline size_t nx_lora_elt_size(enum nx_lora_dtype d)
@@ -107,10 +111,38 @@ static inline float nx_lora_elt(enum nx_lora_dtype d, const void *p, size_t i)
 	return d == NX_LORA_F16 ? nx_f16_to_f32(h) : nx_bf16_to_f32(h);
 }
 
+/* Whether B of this rank held as d gets a tiled copy (nx_lora_t.bt): when
+ * its rows are shorter than a cache line (rank < 32 in f16 / bf16, < 16 in
+ * f32), where the delta's B @ u would otherwise spend more on summing each
+ * row's lanes than on its multiply-adds, and only with the AVX-512 delta that
+ * reads the tiles (nx_lora_fast16, lora/delta.h). */
+bool nx_lora_b_tiled(int rank, enum nx_lora_dtype d);
+
+/* Bytes of the tiled copy of an (n_out, rank) B held as d. */
+static inline size_t nx_lora_b_tiles_size(int64_t n_out, int rank, enum nx_lora_dtype d)
+{
+	return (size_t)((n_out + 15) / 16) * 16 * (size_t)rank * nx_lora_elt_size(d);
+}
+
+/* bt = B (n_out, rank, held as d) in tiles of sixteen rows (nx_lora_t.bt). */
+void nx_lora_b_tile(void *bt, const void *b, int64_t n_out, int rank, enum nx_lora_dtype d);
+
 /* Row r of A or B (row length n) held as d. */
 static inline const void *nx_lora_row(enum nx_lora_dtype d, const void *p, int64_t r, int64_t n)
 {
 	return (const uint8_t *)p + (size_t)r * (size_t)n * nx_lora_elt_size(d);
+}
+
+/* t's rows [r0, r1) of B as a matrix of their own (A unchanged); its tiles
+ * only when r0 starts one. */
+static inline struct nx_lora_t nx_lora_b_rows(const struct nx_lora_t *t, int64_t r0, int64_t r1)
+{
+	struct nx_lora_t c = *t;
+	c.b = (void *)nx_lora_row(t->dtype, t->b, r0, t->rank);
+	c.bt = t->bt && r0 % 16 == 0 ? (uint8_t *)t->bt + (size_t)(r0 / 16) * nx_lora_b_tiles_size(16, t->rank, t->dtype)
+				     : NULL;
+	c.n_out = r1 - r0;
+	return c;
 }
 
 struct nx_lora {

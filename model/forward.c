@@ -823,9 +823,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 					const struct nx_lora_t *lt = &mx->l[k]->t[il][NX_LORA_UP];
 					if (lt->layer < 0)
 						continue;
-					struct nx_lora_t lc = *lt; /* B's rows [c0, c1) */
-					lc.b = (void *)nx_lora_row(lt->dtype, lt->b, c0, lt->rank);
-					lc.n_out = c1 - c0;
+					const struct nx_lora_t lc = nx_lora_b_rows(lt, c0, c1);
 					nx_lora_delta_b(&lc, u, (size_t)lt->rank, 1, mx->scale[k] * lt->scale, yi, NX_LORA_Y_ROWS,
 							0, c1 - c0);
 					u += lt->rank;

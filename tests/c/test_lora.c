@@ -490,6 +490,12 @@ static void test_peft_valid(void **state)
 					for (int k = 0; k < 4; k++)
 						assert_true(nx_lora_elt(x->dtype, x->b, (size_t)(r * 4 + k)) ==
 							    pattern((uint32_t)i + 1, hf_row(r, heads, x->n_out) * 4 + k));
+				/* rank 4: B's tiles with the AVX-512 delta, from the rows in that order */
+				assert_true((x->bt != NULL) == nx_lora_fast16());
+				for (int64_t r = 0; x->bt && r < x->n_out; r++)
+					for (int k = 0; k < 4; k++)
+						assert_true(nx_lora_elt(x->dtype, x->bt, (size_t)(((r / 16) * 4 + k) * 16 + r % 16)) ==
+							    nx_lora_elt(x->dtype, x->b, (size_t)(r * 4 + k)));
 			}
 		assert_null(nx_lora_get(&l, N_LAYER, NX_LORA_Q));
 		free(mem);
@@ -510,6 +516,7 @@ static void test_peft_valid(void **state)
 	assert_int_equal(l.n, 2);
 	assert_true(l.rslora);
 	assert_float_equal(nx_lora_get(&l, 1, NX_LORA_Q)->scale, 8.0f, 1e-6);
+	assert_null(nx_lora_get(&l, 1, NX_LORA_Q)->bt); /* rank 16 in f32: rows of a cache line, no tiles */
 	assert_non_null(nx_lora_get(&l, 1, NX_LORA_V));
 	assert_null(nx_lora_get(&l, 0, NX_LORA_Q));
 	assert_null(nx_lora_get(&l, 1, NX_LORA_K));
@@ -1138,6 +1145,64 @@ static void test_delta_16bit(void **state)
 		}
 }
 
+/* B's tiles (nx_lora_t.bt, rows shorter than a cache line) give B @ u bit for bit as B's rows do, over
+ * ranges that start on a tile (the tiles' path) and ranges that do not (the rows'), with a tail tile, at
+ * ranks below, at and between one and two vectors' lanes, for f32, f16 and bf16. Row 3's products all
+ * underflow to -0 and y starts at -0: the sign of a zero sum shows whether the tiles redo the rows'
+ * masked tail (where 0 * 0 is added and -0 becomes +0). */
+static void test_delta_tiles(void **state)
+{
+	enum { N = 2, NO = 100, RMAX = 31 };
+	static uint16_t b16[NO * RMAX], bt16[112 * RMAX];
+	static float b32[NO * RMAX], bt32[112 * RMAX], u[N * RMAX], y1[N * NO], y2[N * NO];
+	static const int ranks[] = { 1, 3, 8, 9, 15, 16, 17, 20, 31 };
+	static const int cuts[][2] = { { 0, NO }, { 16, 32 }, { 32, NO }, { 96, NO }, { 5, 37 } };
+	if (!nx_lora_fast16())
+		skip(); /* the tiles are the AVX-512 delta's */
+	rng_state = 11;
+	for (int d = NX_LORA_F32; d <= NX_LORA_BF16; d++)
+		for (size_t ri = 0; ri < sizeof(ranks) / sizeof(ranks[0]); ri++) {
+			const int rk = ranks[ri];
+			if (!nx_lora_b_tiled(rk, (enum nx_lora_dtype)d))
+				continue;
+			/* row 3: the format's smallest value, u negative and small enough that every product of
+			 * row 3 rounds to -0 */
+			const float tiny = d == NX_LORA_F32 ? 0x1p-149f : d == NX_LORA_F16 ? 0x1p-24f : 0x1p-133f;
+			const float us = d == NX_LORA_F32 ? 1.0f : d == NX_LORA_F16 ? 0x1p-126f : 0x1p-17f;
+			for (int i = 0; i < NO * rk; i++) {
+				const float v = i / rk == 3 ? tiny : rng_sym();
+				b32[i] = v;
+				b16[i] = d == NX_LORA_F16 ? nx_f32_to_f16(v) : nx_f32_to_bf16(v);
+			}
+			for (int i = 0; i < N * rk; i++)
+				u[i] = -(0.25f + 0.2f * fabsf(rng_sym())) * us;
+			struct nx_lora_t t = {.layer = 0, .which = NX_LORA_O, .rank = rk, .n_in = 1, .n_out = NO, .scale = 1,
+					      .dtype = (enum nx_lora_dtype)d, .b = d == NX_LORA_F32 ? (void *)b32 : (void *)b16};
+			void *bt = d == NX_LORA_F32 ? (void *)bt32 : (void *)bt16;
+			nx_lora_b_tile(bt, t.b, NO, rk, t.dtype);
+			for (int q = 0; q < 16; q++) /* tile 6: rows 96..99, then zeros */
+				for (int k = 0; k < rk; k++) {
+					const float want = 96 + q < NO ? nx_lora_elt(t.dtype, t.b, (size_t)((96 + q) * rk + k)) : 0.0f;
+					assert_true(nx_lora_elt(t.dtype, bt, (size_t)((6 * rk + k) * 16 + q)) == want);
+				}
+			for (size_t c = 0; c < sizeof(cuts) / sizeof(cuts[0]); c++) {
+				for (int i = 0; i < N * NO; i++)
+					y1[i] = y2[i] = -0.0f;
+				struct nx_lora_t tiled = t;
+				tiled.bt = bt;
+				nx_lora_delta_b(&tiled, u, (size_t)rk, N, 0.75f, y1, NO, cuts[c][0], cuts[c][1]);
+				nx_lora_delta_b(&t, u, (size_t)rk, N, 0.75f, y2, NO, cuts[c][0], cuts[c][1]);
+				if (memcmp(y1, y2, sizeof(y1)))
+					fail_msg("dtype %d rank %d rows [%d, %d): B @ u from the tiles differs from the rows'", d,
+						 rk, cuts[c][0], cuts[c][1]);
+				/* a slice of rows from a tile's start keeps the tiles */
+				const struct nx_lora_t sl = nx_lora_b_rows(&tiled, 32, NO);
+				assert_ptr_equal(sl.bt, (uint8_t *)bt + 2 * nx_lora_b_tiles_size(16, rk, t.dtype));
+				assert_null(nx_lora_b_rows(&tiled, 33, NO).bt);
+			}
+		}
+}
+
 /* The float64 helpers of the fold and the report are, bit for bit, the loops they stand for: each
  * term in turn, each product rounded and then each sum (no fused multiply-add). The fold's row of B @ A
  * (nx_lora_ba_f64) from the sums already in acc, A held as f32, f16 or bf16, over column counts with and
@@ -1214,6 +1279,7 @@ int main(void)
 		cmocka_unit_test(test_fold),
 		cmocka_unit_test(test_delta),
 		cmocka_unit_test(test_delta_16bit),
+		cmocka_unit_test(test_delta_tiles),
 		cmocka_unit_test(test_f64_helpers),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

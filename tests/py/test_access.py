@@ -329,7 +329,7 @@ def test_adapter_limits(model_path, nxd_bin, tmp_path):
     make_lora.write_gguf_lora(tmp_path / "big16.gguf", arch, big, alpha=32, dtype="F16", heads=heads)
     flags = open("/proc/cpuinfo").read().split("flags")[1].split("\n")[0].split()
     holds16 = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "f16c"))
-    args = ["--ctx", "128", "--max-adapters", "2", "--max-adapter-mb", "4"]
+    args = ["--ctx", "128", "--max-adapters", "2", "--max-adapter-mb", "5"]
     with Daemon(model_path, tmp_path, workers=1, args=args) as d:
         with Client(d.sock) as c:
             def load(name, path):
@@ -340,7 +340,7 @@ def test_adapter_limits(model_path, nxd_bin, tmp_path):
             assert ev["code"] == "busy" and "2 adapters are loaded, the limit (--max-adapters 2)" in ev["message"], ev
             assert c.request({"op": "lora_unload", "id": "u", "name": "s2"})["event"] == "ok"
             ev = load("big", tmp_path / "big.gguf")
-            assert ev["code"] == "busy" and "the limit is --max-adapter-mb 4" in ev["message"], ev
+            assert ev["code"] == "busy" and "the limit is --max-adapter-mb 5" in ev["message"], ev
             assert "the adapter needs 7." in ev["message"], ev
             assert load("s3", tmp_path / "s3.gguf")["event"] == "lora_loaded"
             names = [a["name"] for a in c.request({"op": "lora_list", "id": "l"})["adapters"]]
@@ -351,4 +351,5 @@ def test_adapter_limits(model_path, nxd_bin, tmp_path):
             assert ev["event"] == "done", ev
             if holds16:
                 assert c.request({"op": "lora_unload", "id": "u2", "name": "s3"})["event"] == "ok"
-                assert load("big16", tmp_path / "big16.gguf")["event"] == "lora_loaded"  # 3.9 MiB: fits
+                ev = load("big16", tmp_path / "big16.gguf")  # 3.9 MiB beside s1: fits
+                assert ev["event"] == "lora_loaded", ev

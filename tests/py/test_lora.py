@@ -39,7 +39,7 @@ class Wt(ctypes.Structure):  # struct nx_wt (model/model.h)
 class LoraT(ctypes.Structure):  # struct nx_lora_t (lora/adapter.h)
     _fields_ = [("layer", ctypes.c_int), ("which", ctypes.c_int), ("rank", ctypes.c_int),
                 ("n_in", ctypes.c_int64), ("n_out", ctypes.c_int64), ("scale", ctypes.c_float),
-                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p)]
+                ("dtype", ctypes.c_int), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("bt", ctypes.c_void_p)]
 
 
 class Err(ctypes.Structure):
@@ -78,7 +78,7 @@ class Lib:
         a = np.ascontiguousarray(a, np.float32)
         b = np.ascontiguousarray(b, np.float32)
         w = Wt(int(wtype), n_in, n_out, wbytes.nbytes // n_out, wbytes.ctypes.data)
-        t = LoraT(0, 0, a.shape[0], n_in, n_out, 1.0, a.ctypes.data, b.ctypes.data)
+        t = LoraT(0, 0, a.shape[0], n_in, n_out, 1.0, 0, a.ctypes.data, b.ctypes.data, None)  # f32, no tiles
         err = Err()
         if self.so.nx_fold_check(ctypes.byref(w), ctypes.byref(t), int(out_type), ctypes.byref(err)):
             raise ValueError(err.msg.decode())
@@ -96,7 +96,7 @@ class Lib:
         b = np.ascontiguousarray(b, np.float32)
         x = np.ascontiguousarray(x, np.float32)
         assert y.dtype == np.float32 and y.flags.c_contiguous
-        t = LoraT(0, 0, a.shape[0], a.shape[1], b.shape[0], 1.0, a.ctypes.data, b.ctypes.data)
+        t = LoraT(0, 0, a.shape[0], a.shape[1], b.shape[0], 1.0, 0, a.ctypes.data, b.ctypes.data, None)
         u = np.zeros(x.shape[0] * a.shape[0], np.float32)
         self.so.nx_lora_delta(ctypes.byref(t), s, x.ctypes.data, x.shape[1], x.shape[0], y.ctypes.data,
                               y.shape[1], r0, r1, u.ctypes.data)
