@@ -30,9 +30,10 @@ const char nxc_usage_status[] =
 	"tokens served, prompt tokens the prompt cache spared, recent throughput and\n"
 	"uptime.\n\n"
 	"  --profile  only where a forward step's time goes (matmul, logits, attention,\n"
-	"             norm+quant, rope+kv, barrier), averaged over the workers and the\n"
-	"             steps since nxd started; nxd keeps these only when started with\n"
-	"             NXD_PROFILE=1 in its environment (off by default)\n"
+	"             norm+quant, rope+kv, barrier, and supervisor: the wait for the\n"
+	"             next step), averaged over the workers and the steps since nxd\n"
+	"             started; nxd keeps these only when started with NXD_PROFILE=1\n"
+	"             in its environment (off by default)\n"
 	"  --json     print the raw status event (with --profile: its profile object)\n";
 
 char *nxc_read_all(int fd)

@@ -308,6 +308,13 @@ struct nxd {
 	struct nx_logprob *top;   /* (NX_SAMPLE_MAX_LOGPROBS) */
 	struct nxp_logprob *lp;
 	struct nxd_stats stats;
+	/* NXD_PROFILE: the workers' wait from one step's end to the next one's
+	 * start when the next follows without a pause (the supervisor's turn:
+	 * sampling, streaming, planning, waking them; sched.c prof_turn) */
+	bool in_step_done;        /* a step launched now follows the one just done */
+	bool step_follows;        /* the running step was launched so */
+	uint64_t prof_last_end;   /* nx_prof ticks: the step before's end (its last worker) */
+	uint64_t prof_turn_ticks, prof_turns;
 	struct nxd_lora_reg *lora; /* lora.c: adapters, folds, the helper thread's job */
 
 	/* guard.c: shared memory is checked against these, never trusted */

@@ -225,8 +225,8 @@ static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
 	}
 	nxd_sched_status(d, &st, ws);
 	/* The workers' counters are theirs to write: only shown, never trusted. */
-	double prof_ms[NX_PROF_N];
-	static const char *prof_names[NX_PROF_N];
+	double prof_ms[NX_PROF_N + 1];
+	static const char *prof_names[NX_PROF_N + 1];
 	st.profile_ms = NULL;
 	st.profile_names = prof_names;
 	st.n_profile = 0;
@@ -240,8 +240,11 @@ static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
 			prof_names[p] = nx_prof_name(p);
 			prof_ms[p] = steps ? sum * nx_prof_tick_ns() * 1e-6 / d->n_workers / (double)steps : 0;
 		}
+		/* and the workers' wait for the next step (sched.c prof_turn) */
+		prof_names[NX_PROF_N] = "supervisor";
+		prof_ms[NX_PROF_N] = d->prof_turns ? (double)d->prof_turn_ticks * nx_prof_tick_ns() * 1e-6 / (double)d->prof_turns : 0;
 		st.profile_ms = prof_ms;
-		st.n_profile = NX_PROF_N;
+		st.n_profile = NX_PROF_N + 1;
 		st.profile_steps = steps;
 	}
 	size_t len;

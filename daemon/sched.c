@@ -587,6 +587,7 @@ void nxd_sched_pump(struct nxd *d)
 		return;
 	d->step_n = n;
 	d->step_t0 = nxd_now();
+	d->step_follows = d->in_step_done;
 	d->step_state = NXD_STEP_RUNNING;
 	nxd_guard_launch(d, n);
 }
@@ -692,9 +693,31 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 	finish(d, r, reason);
 }
 
+/* NXD_PROFILE: the time from the step before's end (its last worker) to
+ * this one's start (the workers' mean), when this one followed it without a
+ * pause. The counters are the workers' to write: only shown, and a turn of
+ * a second or more is left out. */
+static void prof_turn(struct nxd *d)
+{
+	uint64_t end = 0, begin = 0;
+	for (int i = 0; i < d->n_workers; i++) {
+		const struct nx_prof *p = &d->shm.prof[i];
+		end = p->end > end ? p->end : end;
+		begin += p->begin / (uint64_t)d->n_workers;
+	}
+	const uint64_t last = d->prof_last_end;
+	d->prof_last_end = end;
+	if (!d->step_follows || !last || begin <= last || (double)(begin - last) * nx_prof_tick_ns() >= 1e9)
+		return;
+	d->prof_turn_ticks += begin - last;
+	d->prof_turns++;
+}
+
 void nxd_sched_step_done(struct nxd *d)
 {
 	double t1 = nxd_now();
+	if (d->shm.prof)
+		prof_turn(d);
 	const float *logits = d->shm.state.logits; /* the supervisor's own pointer */
 	int n_vocab = d->model.n_vocab, seqs = 0, ntok = 0, n_prompt = 0;
 	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
@@ -731,7 +754,9 @@ void nxd_sched_step_done(struct nxd *d)
 	}
 	stats_step(d, seqs, ntok, n_prompt, d->step_t0, t1);
 	nxd_guard_step_done(d, t1 - d->step_t0, d->step_n);
+	d->in_step_done = true;
 	nxd_sched_pump(d);
+	d->in_step_done = false;
 }
 
 void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws)

@@ -958,7 +958,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	struct split sp;
 
 	if (sc->prof) {
-		sc->prof->mark = nx_prof_now();
+		sc->prof->mark = sc->prof->begin = nx_prof_now();
 		sc->prof->phase = NX_PROF_OTHER;
 		sc->prof->steps++;
 	}
@@ -1166,4 +1166,6 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 	}
 	band_sync(sync, sc, NX_PROF_OTHER);
 	prof_to(sc, NX_PROF_OTHER);
+	if (sc->prof)
+		sc->prof->end = sc->prof->mark;
 }

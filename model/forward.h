@@ -200,6 +200,7 @@ struct nx_prof {
 	uint64_t steps;
 	uint64_t mark;             /* nx_forward's own: when the current phase began */
 	int phase;                 /* and which it is */
+	uint64_t begin, end;       /* when the last step began and ended (nxd's time between steps) */
 };
 /* The phase's short name ("matmul", "attention", ...). */
 const char *nx_prof_name(int phase);

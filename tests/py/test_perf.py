@@ -9,7 +9,8 @@ from nxd_helpers import Client, Daemon
 
 PROMPT = "The capital of France is"
 GREEDY = dict(raw=True, temperature=0, max_tokens=10, ignore_eos=True)
-PHASES = ["matmul", "logits", "attention", "norm+quant", "rope+kv", "barrier"]
+# the workers' phases, then their wait for the next step while the supervisor takes its turn
+PHASES = ["matmul", "logits", "attention", "norm+quant", "rope+kv", "barrier", "supervisor"]
 
 
 def generate(daemon):
@@ -63,5 +64,7 @@ def test_profile_in_status(model_path, tmp_path):
     assert list(ms) == PHASES
     assert all(v >= 0 for v in ms.values())
     assert ms["matmul"] > 0 and ms["logits"] > 0 and ms["attention"] > 0
+    # 10 tokens, each step launched as the one before ended: a turn of a few to a few hundred us
+    assert 0 < ms["supervisor"] < 50
     # a step of this model takes well under a second even on a busy machine
     assert 0 < sum(ms.values()) < 1000
