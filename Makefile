@@ -66,8 +66,13 @@ test-c: all $(CTESTS)
 	@set -e; for t in $(CTESTS); do echo "== $$t"; $$t; done
 	@echo "== $(B)/tests/test_lora (NX_KERN=avx2: the LoRA delta's plain-vector path)"; NX_KERN=avx2 $(B)/tests/test_lora
 
+# Then the forward pass against the float64 reference again with the kernel
+# sets a CPU without AVX-512 (or without AVX2) gets from the same binary.
 test-py: all venv
 	NX_BUILD=$(B) NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python -m pytest -q tests/py
+	@set -e; for k in avx2 ref; do \
+		echo "== tests/py/test_forward.py (NX_KERN=$$k: plain layouts, $$k dot kernels, scalar attention)"; \
+		NX_KERN=$$k NX_BUILD=$(B) .venv/bin/python -m pytest -q tests/py/test_forward.py; done
 
 test: deps venv
 	@$(MAKE) --no-print-directory all $(CTESTS)
