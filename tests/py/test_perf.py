@@ -1,6 +1,7 @@
 """test_perf.py - the daemon's fast paths: weights packed in place for the tile kernels
-(kern/pack.h, model/repack.h) compute what nx-eval's packed copy computes, the plain
-layout (NX_PACK=0) still serves, and NXD_PROFILE=1 puts the per-phase split in status."""
+(kern/pack.h, model/repack.h) compute what nx-eval's packed copy computes, the AVX2 kernels
+(NX_KERN=avx2) and the plain layout (NX_PACK=0) still serve, and NXD_PROFILE=1 puts the
+per-phase split in status."""
 import os
 import subprocess
 
@@ -21,11 +22,13 @@ def generate(daemon):
         return ids, toks
 
 
-def nx_eval_generate(model, ids, n, cpus=None):
-    """nx-eval's greedy tokens; cpus: the CPUs it may use (its packing runs one thread per CPU)."""
+def nx_eval_generate(model, ids, n, cpus=None, env=None):
+    """nx-eval's greedy tokens; cpus: the CPUs it may use (its packing runs one thread per CPU);
+    env: variables added to its environment."""
     out = subprocess.run([str(build_dir() / "nx-eval"), str(model), "--threads", "2", "--generate", str(n),
                           "--prompt-ids", ",".join(map(str, ids))], capture_output=True, check=True, timeout=120,
-                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                         env={**os.environ, **(env or {})})
     return [int(t) for t in out.stdout.split()]
 
 
@@ -38,6 +41,18 @@ def test_packed_daemon_matches_nx_eval(model_path, tmp_path):
     assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"])
     # Packed by one thread instead of one per CPU (model/repack.c): the same bytes, the same tokens.
     assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], cpus={min(os.sched_getaffinity(0))})
+
+
+def test_avx2_daemon_matches_nx_eval(model_path, tmp_path):
+    """What a CPU without AVX-512 runs (NX_KERN=avx2 makes this one do it: the AVX2 dot
+    products, plain layouts, scalar attention) serves from the same binary, the sandboxed
+    workers included, and gives nx-eval's greedy tokens under the same kernels."""
+    env = {"NX_KERN": "avx2"}
+    with Daemon(model_path, tmp_path, name="nxd-k", workers=2, env=env) as d:
+        ids, toks = generate(d)
+        assert "model: 0 matrices packed" in d.log()
+    assert len(toks) == GREEDY["max_tokens"]
+    assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], env=env)
 
 
 def test_plain_layout_still_serves(model_path, tmp_path):
