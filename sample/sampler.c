@@ -570,10 +570,13 @@ static int grouped_top_k(struct nx_sampler *s, const float *logits, const float 
 			return -1; /* a maximum the group does not hold would have raised thr */
 	}
 	apply_penalty(s, history, n_history);
+	/* Each of the k best is >= thr: kk groups hold a token >= thr and at most
+	 * pen of those are penalized (which only lowers a logit). So the heap sees
+	 * only those (-inf it skips), which spares it most of its replacements. */
 	for (int i = 0; i < m; i++)
 		for (int j = 0; j < G; j++) {
 			const int id = idx[i] * G + j;
-			gw[i * G + j] = id < n ? w[id] : -INFINITY;
+			gw[i * G + j] = id < n && w[id] >= thr ? w[id] : -INFINITY;
 		}
 	/* positions follow ids, so heap_top's ties go to the lower id as before() does */
 	int32_t *pos = idx + m, *ids = pos + k;
