@@ -554,12 +554,18 @@ static int grouped_top_k(struct nx_sampler *s, const float *logits, const float 
 		return -1; /* fewer groups with a finite maximum */
 	const float thr = gw[idx[0]];
 	int m = 0;
-	for (int g = 0; g < ng; g++)
+	const v4f tv = {thr, thr, thr, thr};
+	for (int g = 0; g < ng; g++) {
+		if (ng - g >= 8 && !v4_any((v4_load(gw + g) >= tv) | (v4_load(gw + g + 4) >= tv))) {
+			g += 7; /* none of these eight */
+			continue;
+		}
 		if (gw[g] >= thr) {
 			if (m == cap)
 				return -1;
 			idx[m++] = g;
 		}
+	}
 	for (int i = 0; i < m; i++) {
 		const int a = idx[i] * G, len = a + G < n ? G : n - a;
 		sanitize(w + a, logits + a, len);
