@@ -306,19 +306,8 @@ INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n,
 		   int64_t r0, int64_t r1, const int D)
 {
 	const __m512 sv = _mm512_set1_ps(s);
-	if (t->bt && r0 % 16 == 0) { /* short rows: from the tiles */
-		const size_t tile = 16 * (size_t)t->rank * nx_lora_elt_size(D);
-		for (int64_t r = r0; r < r1; r += 16) {
-			const __mmask16 m = (__mmask16)((1u << (r1 - r < 16 ? (int)(r1 - r) : 16)) - 1);
-			const void *bt = (const uint8_t *)t->bt + (size_t)(r / 16) * tile;
-			for (int i = 0; i < n; i++) {
-				const __m512 d = tiles16_avx512(bt, t->rank, u + (size_t)i * ldu, D);
-				float *yi = y + (size_t)i * ldy + r;
-				_mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(sv, d, _mm512_maskz_loadu_ps(m, yi)));
-			}
-		}
-		return;
-	}
+	const bool tiled = t->bt && r0 % 16 == 0; /* short rows: from the tiles */
+	const size_t tile = 16 * (size_t)t->rank * nx_lora_elt_size(D);
 	for (int64_t r = r0; r < r1; r += 16) {
 		const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
 		const __mmask16 m = (__mmask16)((1u << nr) - 1);
@@ -328,8 +317,9 @@ INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n,
 					   ? (const char *)nx_lora_row(D, t->b, r + 16, t->rank)
 					   : NULL;
 		for (int i = 0; i < n; i++) {
-			const __m512 d = rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, u + (size_t)i * ldu,
-						       i ? NULL : next, D);
+			const float *ui = u + (size_t)i * ldu;
+			const __m512 d = tiled ? tiles16_avx512((const uint8_t *)t->bt + (size_t)(r / 16) * tile, t->rank, ui, D)
+					       : rows16_avx512(nx_lora_row(D, t->b, r, t->rank), t->rank, nr, ui, i ? NULL : next, D);
 			float *yi = y + (size_t)i * ldy + r; /* y += s * d in one rounding (fma) */
 			_mm512_mask_storeu_ps(yi, m, _mm512_fmadd_ps(sv, d, _mm512_maskz_loadu_ps(m, yi)));
 		}
