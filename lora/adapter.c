@@ -848,6 +848,7 @@ int nx_lora_init(struct nx_lora *l, void *mem, size_t size, const struct nx_lora
 		const size_t elt = nx_lora_elt_size(t->dtype);
 		t->a = p;
 		p += round_up((size_t)s->rank * s->n_in * elt);
+		l->a_bytes += (size_t)s->rank * s->n_in * elt;
 		t->b = p;
 		p += round_up((size_t)s->rank * s->n_out * elt);
 		if (convert(t->a, t->dtype, s->a, (int64_t)s->rank * s->n_in, s->is_gguf, s->st_a, s->gg_a, s->n_in,

@@ -151,6 +151,7 @@ struct nx_lora {
 	float alpha;
 	bool rslora;
 	int n;                      /* adapted matrices */
+	size_t a_bytes;             /* A as held, over every adapted matrix */
 	struct nx_lora_t t[NX_MAX_LAYERS][NX_LORA_N_WHICH]; /* by layer and matrix; layer -1 when not adapted */
 };
 

@@ -736,12 +736,7 @@ static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *to
 	for (int t = 0; t < n; t = lora_run_end(s, toks, n, t)) {
 		const struct nx_lora_mix *mx = tok_mix(s, &toks[t]);
 		for (int k = 0; mx && k < mx->n; k++)
-			for (int il = 0; il < s->n_layer; il++)
-				for (int w = 0; w < NX_LORA_N_WHICH; w++) {
-					const struct nx_lora_t *lt = &mx->l[k]->t[il][w];
-					if (lt->layer >= 0)
-						bytes += (size_t)lt->rank * lt->n_in * nx_lora_elt_size(lt->dtype);
-				}
+			bytes += mx->l[k]->a_bytes;
 	}
 	return bytes >= (size_t)LORA_SPLIT_MIN_LAYER * s->n_layer;
 }
