@@ -29,4 +29,15 @@ int nx_attn_group(int hd);
 void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
 		   int hd, float scale, float *att, float *ms);
 
+/* One token's attention output, n_head heads of hd floats, over n_span spans of
+ * its keys, from each span's output (softmax within the span) part[c][h] =
+ * part + (c * n_head + h) * hd and its largest score and sum ms[c][h] = ms +
+ * 2 * (c * n_head + h) = (m_c, l_c), as nx_attend_f16 gives them: the spans'
+ * outputs weighted by l_c e^(m_c - m), m the largest m_c, summed in span order,
+ * over the weights' sum. Vectorized (AVX-512) where nx_attn_fast(hd) holds,
+ * bit-identical to nx_attn_merge_ref: every product and sum rounded on its own,
+ * in the same order. */
+void nx_attn_merge(float *out, const float *part, const float *ms, int n_head, int n_span, int hd);
+void nx_attn_merge_ref(float *out, const float *part, const float *ms, int n_head, int n_span, int hd);
+
 #endif

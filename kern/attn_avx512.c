@@ -1,5 +1,5 @@
 /* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers once for
- * the query heads of a group, a vector exp for the softmax. */
+ * the query heads of a group, a vector exp for the softmax; and nx_attn_merge. */
 #include "kern/attn.h"
 #include "kern/vexp_avx512.h"
 
@@ -239,4 +239,53 @@ TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, co
 			attend(o, qh, kc, vc, n, ld, hd, 1, scale, att, m);
 		h += g;
 	}
+}
+
+/* nx_attn_merge_ref with hd / 16 (NC) vectors of each head's output in
+ * registers over all spans. The _round forms: GCC may fuse a plain
+ * _mm512_mul_ps into the _mm512_add_ps after it, which would round once where
+ * the reference rounds twice. */
+INL void merge(float *out, const float *part, const float *ms, int n_head, int n_span, const int hd)
+{
+	enum { RN = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC };
+	const int nc = hd / 16;
+	const size_t mstep = 2 * (size_t)n_head, pstep = (size_t)n_head * hd;
+	for (int h = 0; h < n_head; h++) {
+		const float *m = ms + 2 * (size_t)h;
+		float mx = m[0], z = 0.0f;
+		for (int c = 1; c < n_span; c++)
+			mx = m[c * mstep] > mx ? m[c * mstep] : mx;
+		__m512 o[16] = {0};
+		for (int c = 0; c < n_span; c++) {
+			const float w = m[c * mstep + 1] * expf(m[c * mstep] - mx);
+			const float *p = part + c * pstep + (size_t)h * hd;
+			const __m512 wv = _mm512_set1_ps(w);
+			z += w;
+#pragma GCC unroll 16
+			for (int k = 0; k < nc; k++)
+				o[k] = _mm512_add_round_ps(o[k], _mm512_mul_round_ps(wv, _mm512_loadu_ps(p + 16 * k), RN), RN);
+		}
+		const __m512 inv = _mm512_set1_ps(1.0f / z);
+#pragma GCC unroll 16
+		for (int k = 0; k < nc; k++)
+			_mm512_storeu_ps(out + (size_t)h * hd + 16 * k, _mm512_mul_ps(o[k], inv));
+	}
+}
+
+static TGT void merge_fast(float *out, const float *part, const float *ms, int n_head, int n_span, int hd)
+{
+	if (hd == 64)
+		merge(out, part, ms, n_head, n_span, 64);
+	else if (hd == 128)
+		merge(out, part, ms, n_head, n_span, 128);
+	else
+		merge(out, part, ms, n_head, n_span, hd);
+}
+
+void nx_attn_merge(float *out, const float *part, const float *ms, int n_head, int n_span, int hd)
+{
+	if (nx_attn_fast(hd))
+		merge_fast(out, part, ms, n_head, n_span, hd);
+	else
+		nx_attn_merge_ref(out, part, ms, n_head, n_span, hd);
 }

@@ -57,7 +57,7 @@ static int max_in(const struct nx_hparams *hp)
 
 /* Attention splits a token's positions into spans of NX_ATTN_SPAN (the last
  * one shorter), each a unit of work of its own, and merges the spans' outputs
- * (merge_spans). Fixed spans, not a split by how many tokens a step has: a
+ * (nx_attn_merge). Fixed spans, not a split by how many tokens a step has: a
  * token's output depends on its position only, never on the batch it ran in.
  * With one sequence, a few kv heads cannot keep the bands busy alone; spans
  * can, without each band reading the K/V of a kv head whose query heads are
@@ -888,34 +888,6 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	}
 }
 
-/* One token's attention output (n_head heads of hd) over its n_span spans,
- * from each span's output (softmax within the span) part[c][h] and its largest
- * score and sum ms[c][h] = (m_c, l_c): the spans' outputs weighted by
- * l_c e^(m_c - m), m the largest m_c, summed in span order, over the weights' sum. */
-static void merge_spans(float *out, const float *part, const float *ms, int n_head, int n_span, int hd)
-{
-	const size_t mstep = 2 * (size_t)n_head, pstep = (size_t)n_head * hd;
-	for (int h = 0; h < n_head; h++) {
-		const float *m = ms + 2 * (size_t)h;
-		float mx = m[0], z = 0.0f;
-		for (int c = 1; c < n_span; c++)
-			mx = m[c * mstep] > mx ? m[c * mstep] : mx;
-		float *o = out + (size_t)h * hd;
-		for (int i = 0; i < hd; i++)
-			o[i] = 0.0f;
-		for (int c = 0; c < n_span; c++) {
-			const float w = m[c * mstep + 1] * expf(m[c * mstep] - mx);
-			const float *p = part + c * pstep + (size_t)h * hd;
-			z += w;
-			for (int i = 0; i < hd; i++)
-				o[i] += w * p[i];
-		}
-		const float inv = 1.0f / z;
-		for (int i = 0; i < hd; i++)
-			o[i] *= inv;
-	}
-}
-
 void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
 		int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync)
 {
@@ -1079,7 +1051,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 				if (ns == 1)
 					memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
 				else
-					merge_spans(dst, s->att_part + (size_t)i * ns_max * n_head * hd,
+					nx_attn_merge(dst, s->att_part + (size_t)i * ns_max * n_head * hd,
 						    s->att_ms + (size_t)i * ns_max * n_head * 2, n_head, ns, hd);
 			}
 			att = sc->att_in;

@@ -1,6 +1,7 @@
 /* test_attn.c - nx_attend_f16 (kern/attn.h): against a double-precision reference within a
  * rounding bound, and each head's output bit-identical whether it is computed alone or
- * with the other query heads of its group.
+ * with the other query heads of its group; nx_attn_merge of spans' outputs: against the
+ * same reference over all the keys, and bit for bit against nx_attn_merge_ref.
  *
  * The bound: |out_i - ref_i| <= 2^-24 * (4 (hd / 16 + 4) S + n + 64) * V, S the largest
  * |scale * q . k_j| summed by magnitude (scale * sum_i |q_i k_ji|), V the largest |v_ji|.
@@ -246,11 +247,78 @@ static void test_grouped_bits(void **state)
 		}
 }
 
+/* Keys cut into spans of SPAN (the forward pass's NX_ATTN_SPAN), each span attended on
+ * its own, the outputs merged: the merge within twice the whole range's bound of the
+ * double reference over all keys (it adds a rounding of each span's weight and the
+ * spans' sums), and nx_attn_merge's bits those of nx_attn_merge_ref. */
+#define SPAN 256
+static void test_merge(void **state)
+{
+	(void)state;
+	if (!fast_or_skip())
+		return;
+	rng_state = 0x5eed0003;
+	const int ns[] = { 257, 600, 1000, 1300 }, n_q = 3;
+	const float scales[] = { 1, 8 };
+	double worst = 0;
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < sizeof(ns) / sizeof(ns[0]); il++)
+			for (size_t is = 0; is < sizeof(scales) / sizeof(scales[0]); is++) {
+				const int hd = hds[ih], n = ns[il], n_span = (n + SPAN - 1) / SPAN;
+				if (!nx_attn_fast(hd))
+					continue;
+				struct attn_case c;
+				case_init(&c, n, hd, n_q, scales[is] / sqrtf((float)hd));
+				/* (span, head) outputs and (max, sum)s, as the forward pass lays them out */
+				float *part = xmalloc((size_t)n_span * n_q * hd * sizeof(float));
+				float *ms = xmalloc((size_t)n_span * n_q * 2 * sizeof(float));
+				float *att = xmalloc((size_t)nx_attn_group(hd) * SPAN * sizeof(float));
+				for (int sp = 0; sp < n_span; sp++) {
+					const int p0 = sp * SPAN, np = (p0 + SPAN < n ? SPAN : n - p0);
+					nx_attend_f16(part + (size_t)sp * n_q * hd, c.q, n_q, c.kc + (size_t)p0 * c.ld + hd,
+						      c.vc + (size_t)p0 * c.ld + hd, np, c.ld, hd, c.scale, att,
+						      ms + (size_t)sp * n_q * 2);
+				}
+				const size_t n_out = (size_t)n_q * hd;
+				float *fast = xmalloc((n_out + GUARD) * sizeof(float)), *ref = xmalloc(n_out * sizeof(float));
+				const uint32_t poison = POISON;
+				for (size_t i = 0; i < n_out + GUARD; i++)
+					memcpy(fast + i, &poison, sizeof(poison));
+				nx_attn_merge(fast, part, ms, n_q, n_span, hd);
+				nx_attn_merge_ref(ref, part, ms, n_q, n_span, hd);
+				for (size_t i = 0; i < GUARD; i++)
+					assert_memory_equal(fast + n_out + i, &poison, sizeof(poison));
+				if (memcmp(fast, ref, n_out * sizeof(float)))
+					fail_msg("hd %d n %d: nx_attn_merge differs from nx_attn_merge_ref", hd, n);
+				double *want = xmalloc((size_t)hd * sizeof(double)), bound, rms[4];
+				for (int h = 0; h < n_q; h++) {
+					reference(&c, h, want, &bound, rms);
+					for (int i = 0; i < hd; i++) {
+						const double e = fabs(fast[(size_t)h * hd + i] - want[i]);
+						if (!(e <= 2 * bound))
+							fail_msg("hd %d n %d scale %g head %d [%d]: merged %.9g vs %.9g "
+								 "(|d| %.3g > 2 x bound %.3g)", hd, n, (double)c.scale, h, i,
+								 (double)fast[(size_t)h * hd + i], want[i], e, bound);
+						worst = fmax(worst, e / (2 * bound));
+					}
+				}
+				free(want);
+				free(fast);
+				free(ref);
+				free(att);
+				free(ms);
+				free(part);
+				case_free(&c);
+			}
+	print_message("merge: largest error %.3f of the bound\n", worst);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_reference),
 		cmocka_unit_test(test_grouped_bits),
+		cmocka_unit_test(test_merge),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
