@@ -288,8 +288,8 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 		json_decref(ev);
 		return NXC_EXIT_OK;
 	}
-	printf("model:     %s (%s, %s), context %lld, vocabulary %lld\n", sget(ev, "model"),
-	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"));
+	printf("model:     %s (%s, %s), context %lld, vocabulary %lld, activations %s\n", sget(ev, "model"),
+	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"), sget(ev, "activations"));
 	json_t *ws = json_object_get(ev, "workers");
 	printf("workers:   %zu\n", json_array_size(ws));
 	for (size_t i = 0; i < json_array_size(ws); i++) {

@@ -110,7 +110,8 @@ static bool scratch_same(const struct nx_scratch *a, const struct nx_scratch *b)
 {
 	return a->xn == b->xn && a->xq == b->xq && a->xq_stride == b->xq_stride && a->xq_d == b->xq_d &&
 	       a->xq_s == b->xq_s && a->xq_c == b->xq_c && a->xq_c16 == b->xq_c16 && a->att == b->att &&
-	       a->att_in == b->att_in && a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y;
+	       a->att_in == b->att_in && a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y &&
+	       a->act_one_part == b->act_one_part;
 }
 
 static void state_restore(struct nx_state *a, const struct nx_state *b)
@@ -130,6 +131,7 @@ static void scratch_restore(struct nx_scratch *a, const struct nx_scratch *b)
 	a->xq_d = b->xq_d, a->xq_s = b->xq_s, a->xq_c = b->xq_c, a->xq_c16 = b->xq_c16;
 	a->rope = b->rope;
 	a->lora_u = b->lora_u, a->lora_y = b->lora_y;
+	a->act_one_part = b->act_one_part;
 	a->xq_src = NULL; /* forget what xq held */
 }
 

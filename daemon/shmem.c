@@ -28,6 +28,7 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 		.max_logits = d->o.n_slots, /* one row per sequence per step at most */
 		.n_slots = d->o.n_slots,
 		.n_ctx = d->o.n_ctx,
+		.act_one_part = d->o.act_one_part,
 	};
 
 	/* Sizes first, so an impossible configuration fails before anything is carved. */

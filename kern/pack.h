@@ -92,6 +92,7 @@ struct nx_pack_act {
 	const int32_t *c;
 	int64_t nb;         /* blocks per row */
 	const int32_t *c16; /* only for q6_k; NULL otherwise */
+	bool lo_zero;       /* every lo row is all zeros (one-part activations): a kernel may skip them */
 };
 /* The quants of token i's hi (part 0) or lo (part 1) block b. */
 static inline const int8_t *nx_pack_act_qs(const struct nx_pack_act *a, int i, int part, int64_t b)

@@ -3,7 +3,8 @@
  * Per block, the group's weights are loaded (and for the 4-bit types split into
  * nibbles, q5's fifth bits added under a mask) once; each token then costs 16
  * vpdpbusd (8 per part) whose activation operand is a broadcast 4-byte word of
- * its Q8_0 block, an integer 128 * hi + lo, and 3-4 float ops for the scales.
+ * its Q8_0 block, an integer 128 * hi + lo, and 3-4 float ops for the scales;
+ * 8 when the lo part is zeros (one-part activations, nx_pack_act.lo_zero).
  * Every lane follows kern/pack.c's reference arithmetic exactly. The loops over
  * tokens and vectors are unrolled by pragma: at -O2 GCC leaves them
  * rolled, keeps the accumulators in stack arrays and the kernel runs at half
@@ -20,7 +21,7 @@
  * NA tokens. All arguments but the pointers and n_in are compile-time
  * constants in each instance, so the accumulators live in registers. */
 INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
-		  const int GB, const int M, const int H, const int QS, const int SHIFT)
+		  const int GB, const int M, const int H, const int QS, const int SHIFT, const bool LO)
 {
 	const int64_t nb = n_in / 32;
 	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
@@ -53,14 +54,14 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 			const int32_t off = SHIFT ? a->c[i * nb + b] / (1 << SHIFT) : 0;
 			__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
 			__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b, 16);
-			__m512i l0 = dp4(_mm512_set1_epi32(-off), lo[0], a, i, 1, b, 0);
-			__m512i l1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 1, b, 16);
+			__m512i l0 = dp4_lo(_mm512_set1_epi32(-off), lo[0], a, i, b, 0, LO);
+			__m512i l1 = dp4_lo(_mm512_setzero_si512(), hi[0], a, i, b, 16, LO);
 			#pragma GCC unroll 3
 			for (int c = 1; c < 4; c++) {
 				h0 = dp4(h0, lo[c], a, i, 0, b, 4 * c);
 				h1 = dp4(h1, hi[c], a, i, 0, b, 16 + 4 * c);
-				l0 = dp4(l0, lo[c], a, i, 1, b, 4 * c);
-				l1 = dp4(l1, hi[c], a, i, 1, b, 16 + 4 * c);
+				l0 = dp4_lo(l0, lo[c], a, i, b, 4 * c, LO);
+				l1 = dp4_lo(l1, hi[c], a, i, b, 16 + 4 * c, LO);
 			}
 			const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
 			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));
@@ -75,27 +76,28 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 }
 
 /* Block bytes and offsets: kern/pack.h (tests/c/test_pack.c holds them to kern/pack.c's reference). */
-INL void q4_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q4_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 4);
+	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 4, LO);
 }
 
-INL void q4_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q4_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 320, 32, -1, 64, 0);
+	nib_tile(g, a, NA, out, n, 320, 32, -1, 64, 0, LO);
 }
 
-INL void q5_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q5_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 352, -1, 32, 96, 3);
+	nib_tile(g, a, NA, out, n, 352, -1, 32, 96, 3, LO);
 }
 
-INL void q5_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q5_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 384, 32, 64, 128, 0);
+	nib_tile(g, a, NA, out, n, 384, 32, 64, 128, 0, LO);
 }
 
-INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
+		   const bool LO)
 {
 	const int64_t nb = n_in / 32;
 	__m512 acc[NX_PACK_ACT_MAX];
@@ -114,14 +116,19 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		for (int i = 0; i < NA; i++) {
 			__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], act4(a, i, 0, b, 0));
 			__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], act4(a, i, 0, b, 4));
-			__m512i l0 = _mm512_dpbusd_epi32(_mm512_set1_epi32(-a->c[i * nb + b]), w[0], act4(a, i, 1, b, 0));
-			__m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], act4(a, i, 1, b, 4));
+			__m512i l0 = _mm512_set1_epi32(-a->c[i * nb + b]), l1 = _mm512_setzero_si512();
+			if (LO) {
+				l0 = _mm512_dpbusd_epi32(l0, w[0], act4(a, i, 1, b, 0));
+				l1 = _mm512_dpbusd_epi32(l1, w[1], act4(a, i, 1, b, 4));
+			}
 			#pragma GCC unroll 3
 			for (int c = 2; c < 8; c += 2) {
 				h0 = _mm512_dpbusd_epi32(h0, w[c], act4(a, i, 0, b, 4 * c));
 				h1 = _mm512_dpbusd_epi32(h1, w[c + 1], act4(a, i, 0, b, 4 * c + 4));
-				l0 = _mm512_dpbusd_epi32(l0, w[c], act4(a, i, 1, b, 4 * c));
-				l1 = _mm512_dpbusd_epi32(l1, w[c + 1], act4(a, i, 1, b, 4 * c + 4));
+				if (LO) {
+					l0 = _mm512_dpbusd_epi32(l0, w[c], act4(a, i, 1, b, 4 * c));
+					l1 = _mm512_dpbusd_epi32(l1, w[c + 1], act4(a, i, 1, b, 4 * c + 4));
+				}
 			}
 			const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
 			const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));

@@ -2,7 +2,8 @@
  *
  * Per sub-block, the group's weights are decoded to bytes (nibbles split and
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
- * the scales to floats once; each token then costs 16 vpdpbusd (8 per part)
+ * the scales to floats once; each token then costs 16 vpdpbusd (8 per part,
+ * 8 in all when the lo part is zeros: nx_pack_act.lo_zero)
  * against broadcast 4-byte words of its Q8_0 blocks, an integer 128 * hi + lo
  * and 4-5 float ops. q6_k's -32 offset comes in as the starting value of the
  * lo part's integer sums (nx_pack_act.c16). Every lane follows
@@ -36,7 +37,8 @@ INL __m512i or_and(__m512i a, __m512i b, __m512i c)
 /* q4_k (q5 false) and q5_k; NA tokens (a compile-time constant in each
  * instance: with the loops unrolled the accumulators and decoded weights live
  * in registers; without the pragmas GCC keeps some loops and spills them). */
-INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in, const bool q5)
+INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in, const bool q5,
+		 const bool LO)
 {
 	const int64_t nb = n_in / 32;
 	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
@@ -84,14 +86,14 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 				/* sub-blocks b (low nibbles) and b + 1 (high), hi part (h*) and lo part (l*) */
 				__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
 				__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b + 1, 0);
-				__m512i l0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 1, b, 0);
-				__m512i l1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 1, b + 1, 0);
+				__m512i l0 = dp4_lo(_mm512_setzero_si512(), lo[0], a, i, b, 0, LO);
+				__m512i l1 = dp4_lo(_mm512_setzero_si512(), hi[0], a, i, b + 1, 0, LO);
 #pragma GCC unroll 7
 				for (int w = 1; w < 8; w++) {
 					h0 = dp4(h0, lo[w], a, i, 0, b, 4 * w);
 					h1 = dp4(h1, hi[w], a, i, 0, b + 1, 4 * w);
-					l0 = dp4(l0, lo[w], a, i, 1, b, 4 * w);
-					l1 = dp4(l1, hi[w], a, i, 1, b + 1, 4 * w);
+					l0 = dp4_lo(l0, lo[w], a, i, b, 4 * w, LO);
+					l1 = dp4_lo(l1, hi[w], a, i, b + 1, 4 * w, LO);
 				}
 				const int64_t k = i * nb + b;
 				acc[i] = _mm512_fmadd_ps(dsc0, _mm512_mul_ps(_mm512_cvtepi32_ps(comb(h0, l0)), _mm512_set1_ps(a->d[k])), acc[i]);
@@ -106,17 +108,18 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
 
-INL void q4_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q4_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	k4_tile(g, a, NA, out, n, false);
+	k4_tile(g, a, NA, out, n, false, LO);
 }
 
-INL void q5_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n)
+INL void q5_k_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	k4_tile(g, a, NA, out, n, true);
+	k4_tile(g, a, NA, out, n, true, LO);
 }
 
-INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in)
+INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
+		   const bool LO)
 {
 	const int64_t nb = n_in / 32;
 	const __m512i m63 = _mm512_set1_epi8(0x3f), mc0 = _mm512_set1_epi8((char)0xc0), m03 = _mm512_set1_epi8(0x03),
@@ -153,14 +156,14 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
 				__m512i h0 = dp4(_mm512_setzero_si512(), q[0], a, i, 0, b, 0);
 				__m512i h1 = dp4(_mm512_setzero_si512(), q[4], a, i, 0, b, 16);
-				__m512i l0 = dp4(_mm512_set1_epi32(c16[0]), q[0], a, i, 1, b, 0);
-				__m512i l1 = dp4(_mm512_set1_epi32(c16[1]), q[4], a, i, 1, b, 16);
+				__m512i l0 = dp4_lo(_mm512_set1_epi32(c16[0]), q[0], a, i, b, 0, LO);
+				__m512i l1 = dp4_lo(_mm512_set1_epi32(c16[1]), q[4], a, i, b, 16, LO);
 #pragma GCC unroll 3
 				for (int w = 1; w < 4; w++) {
 					h0 = dp4(h0, q[w], a, i, 0, b, 4 * w);
 					h1 = dp4(h1, q[4 + w], a, i, 0, b, 16 + 4 * w);
-					l0 = dp4(l0, q[w], a, i, 1, b, 4 * w);
-					l1 = dp4(l1, q[4 + w], a, i, 1, b, 16 + 4 * w);
+					l0 = dp4_lo(l0, q[w], a, i, b, 4 * w, LO);
+					l1 = dp4_lo(l1, q[4 + w], a, i, b, 16 + 4 * w, LO);
 				}
 				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(comb(h1, l1)),
 								 _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(comb(h0, l0))));

@@ -34,6 +34,13 @@ INL __m512i dp4(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, int 
 	return acc;
 }
 
+/* dp4 of token i's lo part, or acc itself when the lo rows are zeros (LO false,
+ * a compile-time constant): adding nothing leaves the same bits. */
+INL __m512i dp4_lo(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, int64_t b, int k, const bool LO)
+{
+	return LO ? dp4(acc, w, a, i, 1, b, k) : acc;
+}
+
 /* Bytes ahead of the weights in use that the kernels ask the cache for. With
  * the hardware prefetchers alone the 4-token tiles waited on memory: SmolLM2
  * decode of 4 sequences (nx-perf --seqs 4, 2 threads) went from 586-626 to
@@ -72,17 +79,26 @@ INL __m512i comb(__m512i hi, __m512i lo)
 	return _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
 }
 
-/* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA (tokens) a
- * compile-time constant per case, so its accumulators live in registers. */
+/* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA (tokens) and LO
+ * (whether the lo part is dotted: not when act->lo_zero) compile-time
+ * constants per case, so its accumulators live in registers. */
 #define TILE_FN(name)                                                                                         \
 	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
 	{                                                                                                     \
-		switch (n_act) {                                                                              \
-		case 1: name##_tile(g, a, 1, out, n); break;                                                  \
-		case 2: name##_tile(g, a, 2, out, n); break;                                                  \
-		case 3: name##_tile(g, a, 3, out, n); break;                                                  \
-		default: name##_tile(g, a, 4, out, n); break;                                                 \
-		}                                                                                             \
+		if (a->lo_zero)                                                                               \
+			switch (n_act) {                                                                      \
+			case 1: name##_tile(g, a, 1, out, n, false); break;                                   \
+			case 2: name##_tile(g, a, 2, out, n, false); break;                                   \
+			case 3: name##_tile(g, a, 3, out, n, false); break;                                   \
+			default: name##_tile(g, a, 4, out, n, false); break;                                  \
+			}                                                                                     \
+		else                                                                                          \
+			switch (n_act) {                                                                      \
+			case 1: name##_tile(g, a, 1, out, n, true); break;                                    \
+			case 2: name##_tile(g, a, 2, out, n, true); break;                                    \
+			case 3: name##_tile(g, a, 3, out, n, true); break;                                    \
+			default: name##_tile(g, a, 4, out, n, true); break;                                   \
+			}                                                                                     \
 	}
 
 #endif

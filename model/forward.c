@@ -234,6 +234,7 @@ int nx_scratch_init(struct nx_scratch *sc, void *mem, size_t size, const struct 
 			       need, ALIGN);
 	memset(sc, 0, sizeof(*sc));
 	scratch_layout(sc, mem, hp, cfg);
+	sc->act_one_part = cfg->act_one_part;
 	return 0;
 }
 
@@ -344,6 +345,7 @@ struct act {
 	const float *pd, *ps;
 	const int32_t *pc;
 	const int32_t *pc16; /* q6_k's per-16 offsets (kern/pack.h c16), token t's at 2 * t * n_in / 32; NULL: not needed */
+	bool lo_zero;        /* one-part activations: every lo row is zeros */
 };
 
 /* Tokens t, t + 1, ... of a (rows of n_in elements). */
@@ -386,7 +388,7 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 	if (vt == NX_F32)
 		return (struct act){.data = (const uint8_t *)src, .stride = (size_t)n_in * sizeof(float)};
 	const size_t rs = (size_t)nx_row_size(vt, n_in); /* model binding checked that n_in fits vt */
-	struct act a = {.data = sc->xq, .stride = 2 * rs, .lo = rs};
+	struct act a = {.data = sc->xq, .stride = 2 * rs, .lo = rs, .lo_zero = sc->act_one_part};
 	if (vt == NX_Q8_0) {
 		a.pd = sc->xq_d;
 		a.ps = sc->xq_s;
@@ -402,6 +404,8 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 		const float *x = src + (size_t)t * n_in;
 		uint8_t *hi = (uint8_t *)sc->xq + (size_t)t * a.stride;
 		tr->quant2(x, hi, hi + rs, n_in); /* every activation type has one (model.c: bind_wt) */
+		if (a.lo_zero) /* hi alone is the one-part quantization: every kernel then adds 0 for lo */
+			memset(hi + rs, 0, rs);
 		if (a.pd) { /* once here rather than in every packed matmul of this input */
 			const size_t i = (size_t)t * nb;
 			nx_pack_act_prep_fast(hi, hi + rs, n_in, sc->xq_d + i, sc->xq_s + i, sc->xq_c + i);
@@ -487,7 +491,7 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			cnt++;
 		const size_t i0 = (size_t)t0 * nb;
 		const struct nx_pack_act pa = {a.data + (size_t)t0 * a.stride, a.stride, a.lo, a.pd + i0, a.ps + i0,
-					       a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL};
+					       a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL, a.lo_zero};
 		for (int t = 0; t < cnt; t++)
 			yt[t] = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r0;
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {

@@ -24,6 +24,11 @@ struct nx_state_cfg {
 	int max_logits; /* rows of logits per step (<= max_batch) */
 	int n_slots;    /* sequences with their own KV cache */
 	int n_ctx;      /* positions per slot */
+	/* Each matmul input quantized in one 8-bit part (Q8_0 / Q8_K, as llama.cpp
+	 * does) instead of two: the lo rows stay zeros and the packed kernels skip
+	 * them. Faster where several tokens share a step; further from the float
+	 * result (forward.c: prep_act_q). */
+	bool act_one_part;
 };
 
 /* One token of a step. */
@@ -126,6 +131,7 @@ struct nx_scratch {
 	int32_t *xq_c16; /* (max_batch, 2 * max(...) / 32): per-16 offsets for q6_k (nx_pack_act_prep_c16),
 			  * filled when a packed q6_k matrix first reads the current xq */
 	bool xq_c16_ok;
+	bool act_one_part; /* nx_state_cfg.act_one_part */
 	float *att;     /* (min(group, nx_attn_group(head_dim)), n_ctx) attention scores of one
 			 * (token, kv head, chunk of its query heads); group = n_head / n_head_kv */
 	float *att_in;  /* (max_batch, n_head * head_dim) the step's attention output with its

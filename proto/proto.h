@@ -238,6 +238,7 @@ struct nxp_status {
 	const char *model;
 	const char *arch;
 	const char *type;      /* dominant weight type, e.g. "Q4_1" */
+	const char *activations; /* "precise" or "fast" (nxd --activations) */
 	int n_ctx;
 	int n_vocab;
 	const struct nxp_worker_status *workers; /* (n_workers) */

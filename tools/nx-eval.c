@@ -20,6 +20,8 @@
  * --lora ADAPTER[:SCALE] (repeatable, at most NX_LORA_MIX_MAX): every token carries
  * these adapters as a runtime delta (nx_tok_in.lora), each at its scale (default 1).
  *
+ * --activations precise|fast: nxd's option of that name (nx_state_cfg.act_one_part).
+ *
  * The pass runs as N bands on N pthreads meeting at a pthread barrier. Matrices
  * are packed for the tile kernels as in the daemon (model/repack.h); NX_PACK=0
  * in the environment keeps the plain layout and kernels. */
@@ -72,6 +74,7 @@ struct engine {
 /* --lora arguments; tok_lora is what every token's nx_tok_in.lora gets (0 or 1). */
 static const char *lora_args[NX_LORA_MIX_MAX];
 static int n_lora_args, tok_lora;
+static bool act_one_part; /* --activations fast */
 
 struct band_arg {
 	struct engine *e;
@@ -324,7 +327,7 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 	struct engine e;
 	engine_init(&e, g, n_threads,
 		    (struct nx_state_cfg){.max_batch = max_batch, .max_logits = max_batch, .n_slots = max_slot + 1,
-					  .n_ctx = ctx});
+					  .n_ctx = ctx, .act_one_part = act_one_part});
 	const int n_vocab = e.m.hp.n_vocab;
 	for (int i = 0; i < n_seqs; i++)
 		for (int j = 0; j < seqs[i].n; j++)
@@ -402,7 +405,8 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 
 	struct engine e;
 	engine_init(&e, g, n_threads,
-		    (struct nx_state_cfg){.max_batch = n_prompt, .max_logits = 1, .n_slots = 1, .n_ctx = ctx});
+		    (struct nx_state_cfg){.max_batch = n_prompt, .max_logits = 1, .n_slots = 1, .n_ctx = ctx,
+					  .act_one_part = act_one_part});
 	const int n_vocab = e.m.hp.n_vocab;
 	struct nx_tok_in *toks = malloc(n_prompt * sizeof(*toks));
 	for (int i = 0; i < n_prompt; i++) {
@@ -424,6 +428,10 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 	free(toks);
 	free(prompt);
 }
+
+#define USAGE                                                                                              \
+	"usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--activations precise|fast] " \
+	"[--generate N --prompt-ids 1,2,3] < plan"
 
 /* ---------------------------------------------------------------- main */
 
@@ -448,13 +456,19 @@ int main(int argc, char **argv)
 			lora_args[n_lora_args++] = argv[++i];
 			tok_lora = 1;
 		}
+		else if (strcmp(a, "--activations") == 0 && has_val) {
+			const char *v = argv[++i];
+			if (strcmp(v, "precise") && strcmp(v, "fast"))
+				die("--activations: '%s' is neither precise nor fast", v);
+			act_one_part = !strcmp(v, "fast");
+		}
 		else if (a[0] != '-' && !path)
 			path = a;
 		else
-			die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--generate N --prompt-ids 1,2,3] < plan");
+			die(USAGE);
 	}
 	if (!path)
-		die("usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--generate N --prompt-ids 1,2,3] < plan");
+		die(USAGE);
 	if (n_threads < 1 || n_threads > 256)
 		die("--threads %d out of range 1..256", n_threads);
 	if (ctx < 0 || ctx > 1 << 20)

@@ -82,7 +82,7 @@ static void *run(void *arg)
 				for (int t = 0; t < n_tok; t++) /* the side values, as prep_act makes them once per input */
 					nx_pack_act_prep(act + 2 * t * rs, act + 2 * t * rs + rs, op_in[o], d + t * nb, s + t * nb,
 							 c + t * nb);
-				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL};
+				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL, false};
 				const int ng = op_rows[o] / NX_PACK_ROWS;
 				for (int g = b * ng / n_threads; g < (b + 1) * ng / n_threads; g++)
 					kern((in_cache ? mats[0][0] : mats[l][o]) + (size_t)g * gb, &a, n_tok, out, op_in[o]);

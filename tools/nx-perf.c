@@ -2,6 +2,7 @@
  *
  *   nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C...]
  *                      [--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--cpu-time]
+ *                      [--activations precise|fast]
  *
  * Runs the pass the way the daemon does: N bands on N threads pinned one per
  * CPU, started once, meeting at the daemon's spin-then-futex barrier
@@ -15,7 +16,8 @@
  *             steps of C tokens, logits of the last one: tokens / seconds.
  * Each figure is printed for every rep, then the median and the best.
  * Matrices are packed for the tile kernels (model/repack.h) as in the daemon,
- * unless --plain. --profile adds the time split of each band (nx_prof, model/forward.h). */
+ * unless --plain. --profile adds the time split of each band (nx_prof, model/forward.h).
+ * --activations: nxd's option of that name (nx_state_cfg.act_one_part). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -318,7 +320,7 @@ int main(int argc, char **argv)
 	const char *path = NULL, *chunks = "128,512";
 	int n_threads = 2, reps = 5, G = 64, S = 1, P = 16;
 	long spin_us = 20;
-	bool profile = false, plain = false;
+	bool profile = false, plain = false, act_one_part = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool v = i + 1 < argc;
@@ -344,13 +346,19 @@ int main(int argc, char **argv)
 			plain = true;
 		else if (!strcmp(a, "--small-pages"))
 			small_pages = true;
-		else if (!strcmp(a, "--cpu-time"))
+		else if (!strcmp(a, "--activations") && v) {
+			const char *m = argv[++i];
+			if (strcmp(m, "precise") && strcmp(m, "fast"))
+				die("--activations: '%s' is neither precise nor fast", m);
+			act_one_part = !strcmp(m, "fast");
+		} else if (!strcmp(a, "--cpu-time"))
 			clk = CLOCK_PROCESS_CPUTIME_ID;
 		else if (a[0] != '-' && !path)
 			path = a;
 		else
 			die("usage: nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C] "
-			    "[--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--static-bands] [--cpu-time]");
+			    "[--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--static-bands] [--cpu-time] "
+			    "[--activations precise|fast]");
 	}
 	if (!path || n_threads < 1 || n_threads > 64 || reps < 1 || reps > 100 || G < 0 || S < 1 || S > 64 ||
 	    P < 1 || P > 4096)
@@ -391,7 +399,10 @@ int main(int argc, char **argv)
 	struct engine e;
 	pthread_t th[64];
 	struct band_arg args[64];
-	engine_init(&e, &g, n_threads, (struct nx_state_cfg){batch, S, S, ctx}, (uint32_t)spin_us * nx_spin_calibrate(),
+	engine_init(&e, &g, n_threads,
+		    (struct nx_state_cfg){.max_batch = batch, .max_logits = S, .n_slots = S, .n_ctx = ctx,
+					  .act_one_part = act_one_part},
+		    (uint32_t)spin_us * nx_spin_calibrate(),
 		    profile, plain, th, args);
 	printf("%s: %d threads, %d reps\n", path, n_threads, reps);
 

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kern/pack.h"
 #include "tests/c/rng.h"
@@ -64,7 +65,23 @@ static void acts_make(struct acts *x, int n, int64_t n_in, bool random_bytes)
 	}
 	free(f);
 	free(lo);
-	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, x->c16};
+	x->a = (struct nx_pack_act){x->q, x->stride, x->rs, x->d, x->s, x->c, x->nb, x->c16, false};
+}
+
+/* The one-part form of x's n tokens (nxd --activations fast): every lo row
+ * zeros, the side values and deq of hi alone, and lo_zero set, so that the
+ * kernels may skip the lo part. */
+static void acts_zero_lo(struct acts *x, int n, int64_t n_in)
+{
+	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
+	for (int i = 0; i < n; i++) {
+		uint8_t *hi = x->q + i * x->stride;
+		memset(hi + x->rs, 0, x->rs);
+		q8->dequant(hi, x->deq + i * n_in, n_in);
+		nx_pack_act_prep(hi, hi + x->rs, n_in, x->d + i * x->nb, x->s + i * x->nb, x->c + i * x->nb);
+		nx_pack_act_prep_c16(hi, hi + x->rs, n_in, x->c16 + 2 * i * x->nb);
+	}
+	x->a.lo_zero = true;
 }
 
 static void acts_free(struct acts *x)

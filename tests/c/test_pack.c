@@ -145,19 +145,22 @@ static void test_every_layout_fast(void **state)
 }
 
 /* The engine's kernel against the packed reference, bit for bit, for every
- * count of tokens per call and several starting tokens. */
+ * count of tokens per call and several starting tokens; with two-part
+ * activations and with one-part ones (lo zeros, which the kernel skips). */
 static void test_kernel_exact(void **state)
 {
 	(void)state;
 	if (!nx_pack_fast(NX_Q4_1))
 		print_message("no SIMD packed kernel on this CPU: checking the reference against itself\n");
 	for (size_t ti = 0; ti < N_TYPES; ti++)
-		for (size_t li = 0; li < N_LENS; li++) {
+		for (size_t li = 0; li < 2 * N_LENS; li++) {
 			struct mat m;
 			struct acts x;
 			const int n_tot = 11;
-			mat_make(&m, types[ti], 32, lens[li]);
-			acts_make(&x, n_tot, lens[li], false);
+			mat_make(&m, types[ti], 32, lens[li % N_LENS]);
+			acts_make(&x, n_tot, lens[li % N_LENS], false);
+			if (li >= N_LENS)
+				acts_zero_lo(&x, n_tot, lens[li % N_LENS]);
 			float want[16 * 16], got[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 			for (int g = 0; g < m.n_out / 16; g++) {
 				const uint8_t *grp = m.packed + (size_t)g * 16 * m.row_bytes;

@@ -173,7 +173,9 @@ static void test_ref_vs_plain(void **state)
 }
 
 /* The engine's kernel against the packed reference, bit for bit, for every
- * count of tokens per call (1..NX_PACK_ACT_MAX) and several starting tokens. */
+ * count of tokens per call (1..NX_PACK_ACT_MAX) and several starting tokens;
+ * with two-part activations and with one-part ones (lo zeros, which the
+ * kernel skips). */
 static void test_kernel_exact(void **state)
 {
 	(void)state;
@@ -182,12 +184,14 @@ static void test_kernel_exact(void **state)
 		print_message("no SIMD packed kernel on this CPU: checking the reference against itself\n");
 	for (int ti = 0; ti < N_TYPES; ti++)
 		for (int li = 0; li < 5; li++)
-			for (int rnd = 0; rnd < 2; rnd++) {
+			for (int rnd = 0; rnd < 4; rnd++) {
 				struct mat m;
 				struct acts x;
 				const int n_tot = 11;
-				mat_make(&m, types[ti], 32, lens[li], rnd);
-				acts_make(&x, n_tot, lens[li], rnd);
+				mat_make(&m, types[ti], 32, lens[li], rnd & 1);
+				acts_make(&x, n_tot, lens[li], rnd & 1);
+				if (rnd >= 2)
+					acts_zero_lo(&x, n_tot, lens[li]);
 				float want[16 * 16], got[NX_PACK_ACT_MAX * NX_PACK_ROWS];
 				for (int g = 0; g < m.n_out / 16; g++) {
 					const uint8_t *grp = m.packed + (size_t)g * 16 * m.row_bytes;
@@ -203,9 +207,10 @@ static void test_kernel_exact(void **state)
 							if (memcmp(got, want + i0 * 16, sizeof(float) * 16 * na)) {
 								for (int k = 0; k < 16 * na; k++)
 									if (memcmp(&got[k], &want[i0 * 16 + k], sizeof(float)))
-										print_error("%s n_in %lld %s na %d i0 %d: row %d act %d simd %.9g ref %.9g\n",
+										print_error("%s n_in %lld %s%s na %d i0 %d: row %d act %d simd %.9g ref %.9g\n",
 											    nx_type_name(m.t), (long long)m.n_in,
-											    rnd ? "random" : "quantized", na, i0, k % 16,
+											    rnd & 1 ? "random" : "quantized", rnd & 2 ? " one-part" : "",
+											    na, i0, k % 16,
 											    i0 + k / 16, got[k], want[i0 * 16 + k]);
 								fail();
 							}

@@ -14,7 +14,8 @@ engine packs for its tile kernels, named in `packed`), in two parts as the engin
 scale / 128; the matmul sees hi + lo), and K/V to
 f16 - so the remaining difference to the engine is float32 arithmetic only,
 and a tight tolerance can catch small mistakes that the rounding noise would
-hide.
+hide. With one_part=True too, the matmul sees hi alone, as the engine with
+one-part activations does (nxd --activations fast).
 """
 import numpy as np
 import gguf
@@ -49,10 +50,11 @@ def _levels(v):
     return np.clip(np.trunc(v + np.copysign(0.5, v)), -128, 127)
 
 
-def round_q8_0_two_part(x):
+def round_q8_0_two_part(x, lo=True):
     """x (..., n) through the engine's two-part Q8_0 activation (kern/quant.h, quant2) and back: per
     32-block, hi = Q8_0(x) except that a scale d = amax / 127 below 2^-7 is rounded up to a multiple
-    of 2^-17; lo = x - hi (in float32) in levels of hi's f16 scale / 128. Returns hi + lo. Finite x."""
+    of 2^-17; lo = x - hi (in float32) in levels of hi's f16 scale / 128. Returns hi + lo (hi alone
+    without lo: the one-part activation). Finite x."""
     b = np.asarray(x, dtype=np.float32).reshape(-1, 32)
     d = (np.abs(b).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
     small = d < np.float32(2.0 ** -7)
@@ -61,6 +63,8 @@ def round_q8_0_two_part(x):
         inv = lambda s: np.where(s == 0, np.float32(0), np.float32(1) / s).astype(np.float32)  # noqa: E731
         qh = _levels(b * inv(d))
         dh = d.astype(np.float16).astype(np.float32)
+        if not lo:
+            return (qh * dh.astype(np.float64)).reshape(np.shape(x))
         r = b - (qh.astype(np.float32) * dh)  # the product is exact (8-bit level, 11-bit scale)
         dl = dh / np.float32(128)
         ql = _levels(r * inv(dl))
@@ -85,8 +89,9 @@ def _field(reader, key, default=None):
 
 
 class Reference:
-    def __init__(self, path, emulate=False, packed=()):
+    def __init__(self, path, emulate=False, packed=(), one_part=False):
         self.emulate = emulate
+        self.one_part = one_part
         self.packed = set(packed)
         r = gguf.GGUFReader(str(path))
         self.arch = _field(r, "general.architecture")
@@ -115,9 +120,9 @@ class Reference:
         if self.emulate:
             ty = self.types[name]
             if ty in _Q8_0_ACT or name in self.packed:
-                x = round_q8_0_two_part(x)
+                x = round_q8_0_two_part(x, lo=not self.one_part)
             elif ty in _Q8_K_ACT:
-                x = round_hi_lo(x, round_q8_k)
+                x = round_q8_k(x) if self.one_part else round_hi_lo(x, round_q8_k)
         return x @ self._w(name).T
 
     def _kv(self, x):

@@ -67,6 +67,8 @@ def test_cli(nxd_bin, model_path, tmp_path):
                       (["--model", str(model_path), "--workers", "x"], "--workers must be"),
                       (["--model", str(model_path), "--slots", "8", "--batch", "4"], "--batch (4) must be at least"),
                       (["--model", str(model_path), "--log-level", "loud"], "--log-level"),
+                      (["--model", str(model_path), "--activations", "loose"],
+                       "--activations: 'loose' is neither precise nor fast"),
                       (["--model", str(model_path), "--frobnicate"], "unknown option"),
                       (["--model", str(model_path), "extra"], "unexpected argument")]:
         r = subprocess.run([nxd_bin] + argv, capture_output=True, text=True, timeout=10)
@@ -91,7 +93,7 @@ def test_hello_status_socket_mode(daemon):
         h = c.request({"op": "hello", "version": 1})
         assert h["event"] == "hello" and h["version"] == 1 and h["n_ctx"] == 512 and h["n_vocab"] == 49152
         st = c.request({"op": "status", "id": 7})
-        assert st["id"] == 7 and st["event"] == "status"
+        assert st["id"] == 7 and st["event"] == "status" and st["activations"] == "precise"
         assert st["slots"] == {"total": SLOTS, "used": 0, "queued": 0}
         assert len(st["workers"]) == 2
         assert {w["cpu"] for w in st["workers"]} == {0, 1} or os.cpu_count() < 2

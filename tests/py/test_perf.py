@@ -1,7 +1,7 @@
 """test_perf.py - the daemon's fast paths: weights packed in place for the tile kernels
 (kern/pack.h, model/repack.h) compute what nx-eval's packed copy computes, the AVX2 kernels
-(NX_KERN=avx2) and the plain layout (NX_PACK=0) still serve, and NXD_PROFILE=1 puts the
-per-phase split in status."""
+(NX_KERN=avx2) and the plain layout (NX_PACK=0) still serve, --activations fast serves
+nx-eval's one-part tokens, and NXD_PROFILE=1 puts the per-phase split in status."""
 import os
 import subprocess
 
@@ -22,11 +22,12 @@ def generate(daemon):
         return ids, toks
 
 
-def nx_eval_generate(model, ids, n, cpus=None, env=None):
+def nx_eval_generate(model, ids, n, cpus=None, env=None, args=()):
     """nx-eval's greedy tokens; cpus: the CPUs it may use (its packing runs one thread per CPU);
-    env: variables added to its environment."""
+    env: variables added to its environment; args: more options."""
     out = subprocess.run([str(build_dir() / "nx-eval"), str(model), "--threads", "2", "--generate", str(n),
-                          "--prompt-ids", ",".join(map(str, ids))], capture_output=True, check=True, timeout=120,
+                          "--prompt-ids", ",".join(map(str, ids)), *args], capture_output=True, check=True,
+                         timeout=120,
                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
                          env={**os.environ, **(env or {})})
     return [int(t) for t in out.stdout.split()]
@@ -53,6 +54,35 @@ def test_avx2_daemon_matches_nx_eval(model_path, tmp_path):
         assert "model: 0 matrices packed" in d.log()
     assert len(toks) == GREEDY["max_tokens"]
     assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], env=env)
+
+
+def logprobs(daemon):
+    """The greedy tokens' log-probabilities."""
+    with Client(daemon.sock) as c:
+        c.send({"op": "generate", "id": 1, "prompt": PROMPT, "logprobs": 1, **GREEDY})
+        out = []
+        while (ev := c.recv())["event"] != "done":
+            out += [t["logprob"] for t in ev.get("logprobs", [])]
+        return out
+
+
+def test_fast_activations_daemon_matches_nx_eval(model_path, tmp_path):
+    """nxd --activations fast: status, nxctl status and the ready line say so, the greedy
+    tokens are nx-eval's under the same option (tests/py/test_forward.py holds that mode to
+    the one-part reference), and the logits are not the default (precise) daemon's."""
+    with Daemon(model_path, tmp_path, name="nxd-f", workers=2, args=("--activations", "fast")) as d:
+        ids, toks = generate(d)
+        fast = logprobs(d)
+        assert d.status()["activations"] == "fast"
+        assert "fast activations" in d.log()
+        r = subprocess.run([str(build_dir() / "nxctl"), "--socket", str(d.sock), "status"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0 and "activations fast" in r.stdout, r.stdout
+    assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], args=("--activations", "fast"))
+    with Daemon(model_path, tmp_path, name="nxd-p", workers=2) as d:
+        precise = logprobs(d)
+    assert len(fast) == len(precise) == GREEDY["max_tokens"]
+    assert max(abs(a - b) for a, b in zip(fast, precise)) > 1e-4, (fast, precise)
 
 
 def test_plain_layout_still_serves(model_path, tmp_path):
