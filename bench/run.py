@@ -8,11 +8,12 @@ Cases (docs/bench.md has the details and how to read the numbers):
               and % of the memory-bandwidth limit (weight bytes read per token / measured GB/s)
   prefill     prompt tok/s for 128 and 512 tokens, Q4_1 and our own Q4_K_M and Q8_0 re-quantizations
   concurrent  4 clients at once: total decode tok/s, nxd --slots 4 vs llama-server -np 4, and each
-              client's tok/s against one client alone on the same server
+              client's tok/s against one client alone on the same server; then nxd again with
+              --activations fast (llama.cpp's activation precision) against the same llama-server runs
   memory      nxd's summed PSS (supervisor + workers) against model + KV cache, start-to-ready time
               against llama.cpp's load time (Llama() and llama-server's /health)
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
-              4 clients, as above
+              4 clients (both nxd modes), as above
   chat        a conversation's next turn: time to the first token of a follow-up question after a
               long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
               client with the same long instruction as one that is decoding; and 4 clients that send
@@ -469,7 +470,9 @@ def main():
         prefill_case("prefill", "smollm2-135m Q8_0(nx)", requant("q8_0"), a.reps)
 
     # -------------------------------------------------------- concurrent
-    def concurrent_case(case, key, path, reps):
+    def concurrent_case(case, key, path, reps, extra=(), llama=None, note=""):
+        """extra: more nxd options; llama: llama-server's results from an earlier call, reused (not
+        run again). Returns llama-server's results."""
         reps = min(reps, MIN_REPS)
         cprompts = [text_ids(path, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]}<|im_end|>\n"
                                    "<|im_start|>assistant\n") for i in range(SLOTS)]
@@ -494,7 +497,7 @@ def main():
             return {"alone_tok_s": alone, "total_tok_s": totals, "per_client_tok_s": pers}
 
         def conc_ours():
-            with ours.daemon(path, slots=SLOTS) as d:
+            with ours.daemon(path, slots=SLOTS, extra=extra) as d:
                 c = nxd_side.Conn(d.sock)
                 try:
                     return conc(lambda p: c.generate(p, DECODE_N),
@@ -508,14 +511,14 @@ def main():
             with llama_server.Server(srv_bin, path, THREADS, SLOTS, CTX, N_BATCH) as s:
                 return conc(lambda p: s.generate(p, DECODE_N), lambda ps: s.concurrent(ps, DECODE_N))
 
-        o, l = both(case, conc_ours, conc_llama)
-        res["raw"][f"{case}/{key}/concurrent"] = {"ours": o, "llama": l}
+        o, l = both(case, conc_ours, conc_llama if llama is None else (lambda: llama))
+        res["raw"][f"{case}/{key}/concurrent"] = {"ours": o, "llama": l, "nxd_options": list(extra)}
         bpt = model_info(key, path)["bytes_per_token"]
         om, lm = (med(o["total_tok_s"]) if o else None), (med(l["total_tok_s"]) if l else None)
         # 4 sequences share one read of the weights per step: the limit is per step, not per token.
         table.add(case, f"{key} total tok/s ({SLOTS} clients)", "tok/s", om, lm,
                   pct_bw(om / SLOTS if om else None, bpt, bw_gbs), pct_bw(lm / SLOTS if lm else None, bpt, bw_gbs),
-                  note="%bw: per step (4 tokens share one weight read)")
+                  note="%bw: per step (4 tokens share one weight read)" + (f"; {note}" if note else ""))
         oa, la = (med(o["alone_tok_s"]) if o else None), (med(l["alone_tok_s"]) if l else None)
         table.add(case, f"{key} 1 client alone, same server", "tok/s", oa, la)
         op = med([x for rep in o["per_client_tok_s"] for x in rep]) if o else None
@@ -523,9 +526,12 @@ def main():
         table.add(case, f"{key} per client ({SLOTS} at once)", "tok/s", op, lp)
         table.add(case, f"{key} per client / alone", "x", op / oa if op and oa else None,
                   lp / la if lp and la else None)
+        return l
 
+    FAST = dict(extra=("--activations", "fast"), note="nxd --activations fast: one 8-bit part, as llama.cpp")
     if "concurrent" in cases:
-        concurrent_case("concurrent", "smollm2-135m Q4_1", q41, a.reps)
+        l = concurrent_case("concurrent", "smollm2-135m Q4_1", q41, a.reps)
+        concurrent_case("concurrent", "smollm2-135m Q4_1 fast", q41, a.reps, llama=l, **FAST)
 
     # -------------------------------------------------------- chat: a conversation's next turn
     def chat_case(case, key, path, reps):
@@ -717,7 +723,8 @@ def main():
         reps = a.reps
         decode_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
-        concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
+        l = concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
+        concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx) fast", qpath, reps, llama=l, **FAST)
 
     # -------------------------------------------------------- report
     res["table"] = table.rows
