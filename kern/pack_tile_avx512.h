@@ -79,6 +79,15 @@ INL __m512i comb(__m512i hi, __m512i lo)
 	return _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
 }
 
+/* NAME_tile for n_act tokens (1..4), NA a compile-time constant per case. */
+#define TILE_CASES(name, LO)                                                    \
+	switch (n_act) {                                                        \
+	case 1: name##_tile(g, a, 1, out, n, LO); break;                        \
+	case 2: name##_tile(g, a, 2, out, n, LO); break;                        \
+	case 3: name##_tile(g, a, 3, out, n, LO); break;                        \
+	default: name##_tile(g, a, 4, out, n, LO); break;                       \
+	}
+
 /* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA (tokens) and LO
  * (whether the lo part is dotted: not when act->lo_zero) compile-time
  * constants per case, so its accumulators live in registers. */
@@ -86,19 +95,9 @@ INL __m512i comb(__m512i hi, __m512i lo)
 	static TGT void pk_##name(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n) \
 	{                                                                                                     \
 		if (a->lo_zero)                                                                               \
-			switch (n_act) {                                                                      \
-			case 1: name##_tile(g, a, 1, out, n, false); break;                                   \
-			case 2: name##_tile(g, a, 2, out, n, false); break;                                   \
-			case 3: name##_tile(g, a, 3, out, n, false); break;                                   \
-			default: name##_tile(g, a, 4, out, n, false); break;                                  \
-			}                                                                                     \
+			TILE_CASES(name, false)                                                               \
 		else                                                                                          \
-			switch (n_act) {                                                                      \
-			case 1: name##_tile(g, a, 1, out, n, true); break;                                    \
-			case 2: name##_tile(g, a, 2, out, n, true); break;                                    \
-			case 3: name##_tile(g, a, 3, out, n, true); break;                                    \
-			default: name##_tile(g, a, 4, out, n, true); break;                                   \
-			}                                                                                     \
+			TILE_CASES(name, true)                                                                \
 	}
 
 #endif
