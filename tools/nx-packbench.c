@@ -2,7 +2,7 @@
  * decode step's layer matrices: how fast the kernels stream the weights from DRAM
  * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
  *
- *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
  *
  * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
  * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
@@ -12,7 +12,9 @@
  * two-part activations of -a tokens; -b adds a spinning barrier after every
  * matrix, as the engine has one after every op; -c makes every matrix read the
  * same bytes (from layer 0's first on: 0.55 MB in Q4_1, 0.94 in Q8_0), so the
- * weights stay in L2 and the kernels' own speed shows. Prints the mean over the steps
+ * weights stay in L2 and the kernels' own speed shows; -1 gives one-part
+ * activations (lo rows zeros and nx_pack_act.lo_zero: nxd --activations fast).
+ * Prints the mean over the steps
  * after a warm-up: ms per step and weight GB/s, for all threads together; and,
  * with AVX-512 VNNI, the kernels' time per vpdpbusd against what the core
  * issues when it does nothing else.
@@ -40,7 +42,7 @@ static const int op_in[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
 
 static enum nx_type wtype = NX_Q4_1;
 static int n_threads = 2, n_tok = 1, n_steps = 50;
-static bool use_barrier, in_cache;
+static bool use_barrier, in_cache, one_part;
 static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
 static uint8_t *act;                  /* n_tok tokens' hi and lo rows of 1536 elements */
 static _Atomic unsigned arrived, round_no;
@@ -82,7 +84,7 @@ static void *run(void *arg)
 				for (int t = 0; t < n_tok; t++) /* the side values, as prep_act makes them once per input */
 					nx_pack_act_prep(act + 2 * t * rs, act + 2 * t * rs + rs, op_in[o], d + t * nb, s + t * nb,
 							 c + t * nb);
-				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL, false};
+				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL, one_part};
 				const int ng = op_rows[o] / NX_PACK_ROWS;
 				for (int g = b * ng / n_threads; g < (b + 1) * ng / n_threads; g++)
 					kern((in_cache ? mats[0][0] : mats[l][o]) + (size_t)g * gb, &a, n_tok, out, op_in[o]);
@@ -124,7 +126,7 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
 			"[-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
 	exit(2);
 }
@@ -144,12 +146,13 @@ static bool parse_type(const char *name)
 int main(int argc, char **argv)
 {
 	int opt;
-	while ((opt = getopt(argc, argv, "t:a:bcT:s:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:a:bc1T:s:")) != -1) {
 		switch (opt) {
 		case 't': n_threads = atoi(optarg); break;
 		case 'a': n_tok = atoi(optarg); break;
 		case 'b': use_barrier = true; break;
 		case 'c': in_cache = true; break;
+		case '1': one_part = true; break;
 		case 's': n_steps = atoi(optarg); break;
 		case 'T':
 			if (!parse_type(optarg))
@@ -198,8 +201,11 @@ int main(int argc, char **argv)
 				nx_pack_group(wtype, rows, rb, p, op_in[o]);
 			}
 		}
-	for (int t = 0; t < NX_PACK_ACT_MAX; t++) /* two-part activations, whatever op reads them */
+	for (int t = 0; t < NX_PACK_ACT_MAX; t++) { /* two-part activations, whatever op reads them */
 		nx_type_get(NX_Q8_0)->quant2(x + t * 1536, act + 2 * t * qr, act + 2 * t * qr + qr, 1536);
+		if (one_part)
+			memset(act + 2 * t * qr + qr, 0, qr);
+	}
 
 	pthread_t th[MAX_THREADS];
 	for (int b = 1; b < n_threads; b++)
