@@ -12,6 +12,9 @@ with other sequences; decode steps mixing sequences at different positions) on
   error (bounds below, with their reasons);
 - and the reference with the engine's rounding points emulated (two-part Q8_0 /
   Q8_K activations, f16 K/V) closer still (see EMULATED).
+
+With --activations fast (one part) every quantized model is held to the
+reference emulating one part instead (see EMULATED_ONE).
 """
 import ctypes
 import os
