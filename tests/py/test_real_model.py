@@ -69,15 +69,20 @@ def ref(model_path):
     return Reference(model_path)
 
 
-def test_teacher_forced_matches_reference(model_path, ref, report):
+def teacher_forced(model_path, args=()):
+    """nx-eval's logits (len(TEXT_IDS), n_vocab) over TEXT_IDS, prefilled in chunks of 64 as the scheduler would."""
     n = len(TEXT_IDS)
-    # Prefill in chunks of 64, as the scheduler would.
     steps = "".join(f"step 0:{i}:{min(64, n - i)}\n" for i in range(0, n, 64))
     plan = f"seq 0 {' '.join(map(str, TEXT_IDS))}\n{steps}"
-    p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2"], input=plan.encode(),
+    p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2", *args], input=plan.encode(),
                        capture_output=True, timeout=600)
     assert p.returncode == 0, p.stderr.decode()
-    ours = np.frombuffer(p.stdout, np.float32).reshape(n, -1)
+    return np.frombuffer(p.stdout, np.float32).reshape(n, -1)
+
+
+def test_teacher_forced_matches_reference(model_path, ref, report):
+    n = len(TEXT_IDS)
+    ours = teacher_forced(model_path)
     want = ref.logits(TEXT_IDS)
     d = np.abs(ours - want)
     srt = np.sort(want, axis=1)
@@ -101,13 +106,7 @@ FAST_MEAN_ABS = 0.3
 
 
 def test_fast_activations_against_reference(model_path, ref, report):
-    n = len(TEXT_IDS)
-    steps = "".join(f"step 0:{i}:{min(64, n - i)}\n" for i in range(0, n, 64))
-    plan = f"seq 0 {' '.join(map(str, TEXT_IDS))}\n{steps}"
-    p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2", "--activations", "fast"],
-                       input=plan.encode(), capture_output=True, timeout=600)
-    assert p.returncode == 0, p.stderr.decode()
-    ours = np.frombuffer(p.stdout, np.float32).reshape(n, -1)
+    ours = teacher_forced(model_path, ("--activations", "fast"))
     want = ref.logits(TEXT_IDS)
     d = np.abs(ours - want)
     agree = ours.argmax(1) == want.argmax(1)
