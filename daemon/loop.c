@@ -612,7 +612,7 @@ static void check_state(struct nxd *d)
 			d->phase = NXD_SERVING;
 			nxd_info("ready: %d workers, %d slots x %d positions, %d tokens per step, %s activations "
 				 "(started in %.2f s)", d->n_workers, d->o.n_slots, d->o.n_ctx, d->o.n_batch,
-				 d->o.act_one_part ? "fast" : "precise", now - d->t_start);
+				 nx_act_mode_name(d->o.act_one_part), now - d->t_start);
 			sd_notifyf(0, "READY=1\nSTATUS=serving %s with %d workers\nMAINPID=%d", d->model.name,
 				   d->n_workers, (int)d->pid);
 			arm_accept(d);

@@ -214,9 +214,8 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			break;
 		case O_NOCACHE: o->prompt_cache = false; break;
 		case O_ACT:
-			if (strcmp(optarg, "precise") && strcmp(optarg, "fast"))
+			if (!nx_act_mode_parse(optarg, &o->act_one_part))
 				return bad("--activations: '%s' is neither precise nor fast", optarg);
-			o->act_one_part = !strcmp(optarg, "fast");
 			break;
 		case O_HELP:
 			fputs(usage, stdout);

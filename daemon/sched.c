@@ -787,7 +787,7 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.model = d->model.name,
 		.arch = d->model.arch,
 		.type = d->model.type,
-		.activations = d->o.act_one_part ? "fast" : "precise",
+		.activations = nx_act_mode_name(d->o.act_one_part),
 		.n_ctx = d->o.n_ctx,
 		.n_vocab = d->model.n_vocab,
 		.workers = ws,

@@ -216,6 +216,21 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	return total;
 }
 
+const char *nx_act_mode_name(bool one_part)
+{
+	return one_part ? "fast" : "precise";
+}
+
+bool nx_act_mode_parse(const char *name, bool *one_part)
+{
+	for (int m = 0; m < 2; m++)
+		if (!strcmp(name, nx_act_mode_name(m))) {
+			*one_part = m;
+			return true;
+		}
+	return false;
+}
+
 size_t nx_scratch_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg)
 {
 	if (!cfg_ok(hp, cfg))

@@ -31,6 +31,12 @@ struct nx_state_cfg {
 	bool act_one_part;
 };
 
+/* The names of the two activation modes, as nxd --activations and status
+ * give them: "precise" (two parts) and "fast" (act_one_part). */
+const char *nx_act_mode_name(bool one_part);
+/* name -> *one_part; false when it is neither name. */
+bool nx_act_mode_parse(const char *name, bool *one_part);
+
 /* One token of a step. */
 struct nx_tok_in {
 	int32_t token;

@@ -457,10 +457,8 @@ int main(int argc, char **argv)
 			tok_lora = 1;
 		}
 		else if (strcmp(a, "--activations") == 0 && has_val) {
-			const char *v = argv[++i];
-			if (strcmp(v, "precise") && strcmp(v, "fast"))
-				die("--activations: '%s' is neither precise nor fast", v);
-			act_one_part = !strcmp(v, "fast");
+			if (!nx_act_mode_parse(argv[++i], &act_one_part))
+				die("--activations: '%s' is neither precise nor fast", argv[i]);
 		}
 		else if (a[0] != '-' && !path)
 			path = a;

@@ -347,10 +347,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--small-pages"))
 			small_pages = true;
 		else if (!strcmp(a, "--activations") && v) {
-			const char *m = argv[++i];
-			if (strcmp(m, "precise") && strcmp(m, "fast"))
-				die("--activations: '%s' is neither precise nor fast", m);
-			act_one_part = !strcmp(m, "fast");
+			if (!nx_act_mode_parse(argv[++i], &act_one_part))
+				die("--activations: '%s' is neither precise nor fast", argv[i]);
 		} else if (!strcmp(a, "--cpu-time"))
 			clk = CLOCK_PROCESS_CPUTIME_ID;
 		else if (a[0] != '-' && !path)
