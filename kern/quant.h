@@ -139,7 +139,7 @@ typedef void (*nx_dot_rows_fn)(const void *w, const void *a, size_t a_stride, in
  * SIMD versions are bit-identical to the reference's (kern/quant_ref.c),
  * including where hi's scale overflows (a Q8_0 block with |x| > 127 * 65504,
  * where the f16 scale is inf and x - dequant(hi) is inf or NaN): there lo is a
- * zero block. */
+ * zero block. lo NULL: hi alone, the same bytes (one-part activations). */
 typedef void (*nx_quant2_fn)(const float *src, void *hi, void *lo, int64_t n);
 
 struct nx_type_traits {

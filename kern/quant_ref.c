@@ -184,6 +184,8 @@ static void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			for (int j = 0; j < QK8_0; j++)
 				h[i].qs[j] = q8_level(src[j] * id);
 		}
+		if (!l)
+			continue;
 		const float dh = fp16(h[i].d);
 		if (!isfinite(dh)) {
 			memset(&l[i], 0, sizeof(l[i]));
@@ -509,6 +511,8 @@ static void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 	float r[QK_K];
 	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
 		quant_q8_k(src, &h[i], QK_K);
+		if (!l)
+			continue;
 		dequant_q8_k(&h[i], r, QK_K);
 		for (int j = 0; j < QK_K; j++)
 			r[j] = src[j] - r[j];

@@ -528,6 +528,8 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			d = ceilf(d * 0x1p17f) * 0x1p-17f;
 		h[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
 		const __m256i p = q8_0_levels(v, d ? 1.0f / d : 0.0f, h[i].qs);
+		if (!l)
+			continue;
 		const float dh = f16(h[i].d);
 		if (dh > 65504.0f) { /* inf: the f16 scale overflowed (kern/quant.h) */
 			memset(&l[i], 0, sizeof(l[i]));
@@ -602,6 +604,8 @@ static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 	float r[QK_K];
 	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
 		q8_k_block(src, &h[i]);
+		if (!l)
+			continue;
 		const __m256 dv = _mm256_set1_ps(h[i].d);
 		for (int j = 0; j < QK_K; j += 8) {
 			const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(h[i].qs + j))));

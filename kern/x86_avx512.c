@@ -642,6 +642,8 @@ static TGT void quant2_q8_0(const float *src, void *hi, void *lo, int64_t n)
 			__m512i q0, q1;
 			q8_0_levels(v0, v1, _mm512_set1_ps(id[b]), h[b0 + b].qs, &q0, &q1);
 			memcpy(&h[b0 + b].d, &d16[b], 2);
+			if (!l)
+				continue;
 			/* q * dh is exact (8-bit q, 11-bit dh): fused or not, this is x - dequant(hi) */
 			const __m512 dv = _mm512_set1_ps(dh[b]);
 			const __m512 r0 = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(q0), dv, v0);
@@ -699,6 +701,8 @@ static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 	float r[QK_K];
 	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
 		q8_k_block(src, &h[i]);
+		if (!l)
+			continue;
 		const __m512 dv = _mm512_set1_ps(h[i].d);
 		for (int j = 0; j < QK_K; j += 16) {
 			const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(h[i].qs + j))));

@@ -418,8 +418,10 @@ static struct act prep_act_q(struct nx_scratch *sc, const float *src, int n, int
 			continue;
 		const float *x = src + (size_t)t * n_in;
 		uint8_t *hi = (uint8_t *)sc->xq + (size_t)t * a.stride;
-		tr->quant2(x, hi, hi + rs, n_in); /* every activation type has one (model.c: bind_wt) */
-		if (a.lo_zero) /* hi alone is the one-part quantization: every kernel then adds 0 for lo */
+		/* every activation type has one (model.c: bind_wt); one part: hi alone,
+		 * and lo zeros, so that every kernel adds 0 for it */
+		tr->quant2(x, hi, a.lo_zero ? NULL : hi + rs, n_in);
+		if (a.lo_zero)
 			memset(hi + rs, 0, rs);
 		if (a.pd) { /* once here rather than in every packed matmul of this input */
 			const size_t i = (size_t)t * nb;

@@ -632,7 +632,7 @@ static void check_bytes(const char *what, enum nx_type t, const char *part, cons
 
 /* quant2, the set's and the reference's, against each other (all bytes), against
  * its definition with the set's and the reference's kernels, and (Q8_0) what its
- * parts promise. */
+ * parts promise; without lo, the same hi bytes (one-part activations). */
 static void test_quant2(void **state)
 {
 	const struct kset *ks = get_set(state);
@@ -663,6 +663,12 @@ static void test_quant2(void **state)
 				ref->quant2(x, rhi, rlo, n);
 				check_bytes(ks->name, t, "quant2 hi", hi, rhi, bytes, kind);
 				check_bytes(ks->name, t, "quant2 lo", lo, rlo, bytes, kind);
+				memset(chi, 0xaa, bytes);
+				tab[t].quant2(x, chi, NULL, n);
+				check_bytes(ks->name, t, "quant2 hi alone", chi, rhi, bytes, kind);
+				memset(chi, 0xaa, bytes);
+				ref->quant2(x, chi, NULL, n);
+				check_bytes("ref", t, "quant2 hi alone", chi, rhi, bytes, kind);
 				compose2(ref, t, x, chi, clo, n);
 				check_bytes("ref", t, "quant2 hi", rhi, chi, bytes, kind);
 				overflowed += check_lo("ref", t, rhi, rlo, clo, n, kind);
