@@ -307,7 +307,7 @@ INL void delta_b16(const struct nx_lora_t *t, const float *u, size_t ldu, int n,
 {
 	const __m512 sv = _mm512_set1_ps(s);
 	const bool tiled = t->bt && r0 % 16 == 0; /* short rows: from the tiles */
-	const size_t tile = 16 * (size_t)t->rank * nx_lora_elt_size(D);
+	const size_t tile = nx_lora_b_tiles_size(16, t->rank, D);
 	for (int64_t r = r0; r < r1; r += 16) {
 		const int nr = r1 - r < 16 ? (int)(r1 - r) : 16;
 		const __mmask16 m = (__mmask16)((1u << nr) - 1);
