@@ -26,6 +26,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+
+#include "lora/adapter.h"
 #include <unistd.h>
 
 #ifndef SO_PEERGROUPS
@@ -195,72 +197,213 @@ static bool peer_may(const struct stat *st, uid_t uid, const gid_t *g, int n, mo
 	return st->st_mode & (usr_bit >> 6);
 }
 
-int nxd_access_check_path(const struct nxd_conn *c, const char *path, struct nx_err *err)
-{
-	char real[PATH_MAX];
-	struct stat st, fst;
-	struct statfs fs;
-	int fd = -1;
-	/* One answer for every reason, so that it does not tell which files exist. */
-	if (!path || path[0] != '/' || !realpath(path, real) || stat(real, &st) < 0 || !S_ISREG(st.st_mode))
-		goto no;
-	if (statfs(real, &fs) < 0 || fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
-	    fs.f_type == DEBUGFS_MAGIC || fs.f_type == TRACEFS_MAGIC || fs.f_type == SECURITYFS_MAGIC)
-		goto no;
-	/* The daemon can read it, and it is still the file we looked at. */
-	fd = open(real, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0 || fstat(fd, &fst) < 0 || fst.st_dev != st.st_dev || fst.st_ino != st.st_ino)
-		goto no;
-	close(fd);
-	fd = -1;
-	/* And the peer could have read it itself: a client must not make a root
-	 * daemon read a file for it that it may not read. */
+/* Paths are resolved here, one component at a time, as the kernel would for
+ * the peer: every directory is opened (O_PATH, never followed by name again)
+ * and must be searchable for the peer before anything is looked up in it;
+ * a symlink is read from the link just opened and its target resolved the
+ * same way; the file itself is opened once, checked on what was opened
+ * (fstat, fstatfs) and handed on as the descriptor. Nothing is ever looked
+ * up twice, so swapping a link or a directory between two steps cannot make
+ * the daemon read a file the peer could not (RELIABILITY 26). */
+
+#define MAX_LINKS 40 /* the kernel's own limit (MAXSYMLINKS) */
+
+struct walk {
+	uid_t uid;
 	gid_t g[256];
-	int n = peer_groups(c, g, 256);
-	uid_t uid = c->cred.uid;
-	if (uid == (uid_t)-1 || !peer_may(&st, uid, g, n, S_IRUSR))
-		goto no;
-	for (char *slash = strrchr(real, '/'); slash; slash = strrchr(real, '/')) {
-		/* Every directory on the way must be searchable for it. */
-		*slash = '\0';
-		struct stat ds;
-		if (stat(real[0] ? real : "/", &ds) < 0 || !peer_may(&ds, uid, g, n, S_IXUSR))
-			goto no;
-		if (!real[0])
-			break;
-	}
-	return 0;
-no:
-	if (fd >= 0)
+	int n;
+	int links;
+};
+
+static bool walk_may(const struct walk *w, int fd, mode_t bit, struct stat *st)
+{
+	return fstat(fd, st) == 0 && peer_may(st, w->uid, w->g, w->n, bit);
+}
+
+static bool special_fs(int fd)
+{
+	struct statfs fs;
+	return fstatfs(fd, &fs) < 0 || fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC ||
+	       fs.f_type == DEBUGFS_MAGIC || fs.f_type == TRACEFS_MAGIC || fs.f_type == SECURITYFS_MAGIC;
+}
+
+static int open_root(const struct walk *w)
+{
+	struct stat st;
+	int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0 && !walk_may(w, fd, S_IXUSR, &st)) {
 		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* Resolves path from the directory dirfd (searchable for the peer; an
+ * absolute path starts from /). Returns an fd: a directory (O_PATH) or a
+ * regular file opened for reading; -1 for anything else or anything the peer
+ * may not reach or read. dirfd stays the caller's. */
+static int walk_at(struct walk *w, int dirfd, const char *path)
+{
+	char buf[2 * PATH_MAX];
+	if (strlen(path) >= sizeof(buf))
+		return -1;
+	snprintf(buf, sizeof(buf), "%s", path);
+	char *p = buf;
+	int cur = p[0] == '/' ? open_root(w) : fcntl(dirfd, F_DUPFD_CLOEXEC, 0);
+	while (cur >= 0) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			return cur; /* a directory */
+		char *comp = p;
+		while (*p && *p != '/')
+			p++;
+		bool last = true;
+		for (char *q = p; *q; q++)
+			if (*q != '/')
+				last = false;
+		if (*p)
+			*p++ = '\0';
+		if (!strcmp(comp, "."))
+			continue;
+		struct stat st;
+		int fd = openat(cur, comp, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0 || fstat(fd, &st) < 0)
+			goto fail_fd;
+		if (S_ISLNK(st.st_mode)) {
+			char target[PATH_MAX];
+			ssize_t len = ++w->links > MAX_LINKS ? -1 : readlinkat(fd, "", target, sizeof(target) - 1);
+			close(fd);
+			if (len <= 0)
+				goto fail;
+			target[len] = '\0';
+			/* The target, then what was left of the path after the link. */
+			char next[2 * PATH_MAX];
+			if ((size_t)snprintf(next, sizeof(next), "%s/%s", target, p) >= sizeof(next))
+				goto fail;
+			snprintf(buf, sizeof(buf), "%s", next);
+			p = buf;
+			if (*p == '/') {
+				close(cur);
+				cur = open_root(w);
+			}
+			continue;
+		}
+		if (S_ISDIR(st.st_mode)) {
+			if (!peer_may(&st, w->uid, w->g, w->n, S_IXUSR))
+				goto fail_fd;
+			close(cur);
+			cur = fd;
+			continue;
+		}
+		if (!last || !S_ISREG(st.st_mode) || !peer_may(&st, w->uid, w->g, w->n, S_IRUSR))
+			goto fail_fd;
+		/* Opened for reading by the name just checked, and refused unless
+		 * it is still the same inode: a swap in between loses the race. */
+		int rfd = openat(cur, comp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+		struct stat rst;
+		if (rfd < 0 || fstat(rfd, &rst) < 0 || rst.st_dev != st.st_dev || rst.st_ino != st.st_ino ||
+		    !S_ISREG(rst.st_mode) || special_fs(rfd)) {
+			if (rfd >= 0)
+				close(rfd);
+			goto fail_fd;
+		}
+		close(fd);
+		close(cur);
+		return rfd;
+	fail_fd:
+		if (fd >= 0)
+			close(fd);
+	fail:
+		close(cur);
+		return -1;
+	}
+	return -1;
+}
+
+static void walk_init(struct walk *w, const struct nxd_conn *c)
+{
+	memset(w, 0, sizeof(*w));
+	w->uid = c->cred.uid;
+	w->n = peer_groups(c, w->g, 256);
+}
+
+static bool is_dir(int fd)
+{
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* A regular file from dirfd, or -1 (a directory there is no file). */
+static int walk_file(struct walk *w, int dirfd, const char *path)
+{
+	int fd = walk_at(w, dirfd, path);
+	if (fd >= 0 && is_dir(fd)) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+int nxd_access_open_adapter(const struct nxd_conn *c, const char *path, struct nx_lora_files *f,
+			    struct nx_err *err)
+{
+	f->name = path;
+	f->data_fd = f->config_fd = -1;
+	if (!path || path[0] != '/' || c->cred.uid == (uid_t)-1)
+		goto no;
+	struct walk w;
+	walk_init(&w, c);
+	/* The directory the name is in, then the name in it: a PEFT
+	 * safetensors file named directly has its config beside that name. */
+	char dir[PATH_MAX];
+	if (strlen(path) >= sizeof(dir))
+		goto no;
+	snprintf(dir, sizeof(dir), "%s", path);
+	size_t l = strlen(dir);
+	while (l > 1 && dir[l - 1] == '/')
+		dir[--l] = '\0';
+	char *slash = strrchr(dir, '/');
+	const char *base = slash + 1;
+	*slash = '\0';
+	int dfd = walk_at(&w, AT_FDCWD, dir[0] ? dir : "/");
+	if (dfd < 0)
+		goto no;
+	if (!is_dir(dfd)) {
+		close(dfd);
+		goto no;
+	}
+	int fd = walk_at(&w, dfd, base[0] ? base : ".");
+	if (fd >= 0 && is_dir(fd)) {
+		/* A PEFT directory: the two files in it. */
+		f->data_fd = walk_file(&w, fd, "adapter_model.safetensors");
+		f->config_fd = f->data_fd >= 0 ? walk_file(&w, fd, "adapter_config.json") : -1;
+		close(fd);
+	} else if (fd >= 0) {
+		f->data_fd = fd;
+		if (!nx_lora_fd_is_gguf(fd))
+			f->config_fd = walk_file(&w, dfd, "adapter_config.json");
+		else
+			f->config_fd = -2; /* none needed */
+	}
+	close(dfd);
+	if (f->data_fd >= 0 && f->config_fd != -1) {
+		if (f->config_fd == -2)
+			f->config_fd = -1;
+		return 0;
+	}
+	nxd_access_close_adapter(f);
+no:
 	return nx_errf(err, NXD_PATH_REFUSED, path ? path : "");
 }
 
-int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, struct nx_err *err)
+void nxd_access_close_adapter(struct nx_lora_files *f)
 {
-	struct stat st;
-	char p[PATH_MAX + 32];
-	if (path && path[0] == '/' && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-		/* A PEFT directory: the two files nx_lora_open reads from it. */
-		static const char *const files[] = { "adapter_model.safetensors", "adapter_config.json" };
-		for (int i = 0; i < 2; i++) {
-			if ((size_t)snprintf(p, sizeof(p), "%s/%s", path, files[i]) >= sizeof(p) ||
-			    nxd_access_check_path(c, p, err) < 0)
-				goto no;
-		}
-		return 0;
-	}
-	if (nxd_access_check_path(c, path, err) < 0)
-		goto no;
-	/* A PEFT safetensors file named directly: its config beside it is read too. */
-	snprintf(p, sizeof(p), "%s", path);
-	char *slash = strrchr(p, '/');
-	snprintf(slash + 1, sizeof(p) - (size_t)(slash + 1 - p), "adapter_config.json");
-	if (lstat(p, &st) == 0 && nxd_access_check_path(c, p, err) < 0)
-		goto no;
-	return 0;
-no:
-	return nx_errf(err, NXD_PATH_REFUSED, path ? path : "");
+	if (f->data_fd >= 0)
+		close(f->data_fd);
+	if (f->config_fd >= 0)
+		close(f->config_fd);
+	f->data_fd = f->config_fd = -1;
 }
 
 /* ---------------------------------------------------------------- limits */

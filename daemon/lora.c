@@ -46,16 +46,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
-#include <linux/magic.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -365,45 +362,6 @@ static int lora_scale_ok(float s, struct nx_err *err)
 /* RELIABILITY 17: what is not a readable adapter file or PEFT directory gets
  * one message, whatever the reason (missing, no permission, a FIFO, a device,
  * /proc or /sys), so the answer does not tell which files exist. */
-static bool regular_file(const char *path, off_t min_size)
-{
-	struct stat st;
-	struct statfs fs;
-	if (stat(path, &st) || !S_ISREG(st.st_mode) || st.st_size < min_size)
-		return false;
-	if (statfs(path, &fs) == 0 && (fs.f_type == PROC_SUPER_MAGIC || fs.f_type == SYSFS_MAGIC))
-		return false;
-	return access(path, R_OK) == 0;
-}
-
-static bool adapter_path_ok(const char *path)
-{
-	struct stat st;
-	char p[NXP_MAX_LORA_PATH + 64];
-	if (stat(path, &st))
-		return false;
-	if (S_ISDIR(st.st_mode)) {
-		snprintf(p, sizeof(p), "%s/adapter_model.safetensors", path);
-		if (!regular_file(p, 8))
-			return false;
-		snprintf(p, sizeof(p), "%s/adapter_config.json", path);
-		return regular_file(p, 2);
-	}
-	if (!regular_file(path, 8))
-		return false;
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	char magic[4];
-	bool gguf = fd >= 0 && read(fd, magic, 4) == 4 && !memcmp(magic, "GGUF", 4);
-	if (fd >= 0)
-		close(fd);
-	if (gguf)
-		return true;
-	snprintf(p, sizeof(p), "%s", path);
-	char q[NXP_MAX_LORA_PATH + 64];
-	snprintf(q, sizeof(q), "%s/adapter_config.json", dirname(p));
-	return regular_file(q, 2);
-}
-
 static bool job_running(struct nxd *d, struct nxd_conn *c, const char *id);
 static int job_start(struct nxd *d, struct nx_err *err);
 
@@ -429,22 +387,22 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 			       NXD_LORA_MAX);
 		return;
 	}
-	if (!adapter_path_ok(o->path)) {
-		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, NXD_PATH_REFUSED, o->path);
-		return;
-	}
 	if (job_running(d, c, id))
 		return;
+	/* Opened as the client could open it, then parsed from what was opened
+	 * (access.c): every error after this is about a file it may read. */
+	struct nx_lora_files files;
+	if (nxd_access_open_adapter(c, o->path, &files, &err) < 0) {
+		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "%s", err.msg);
+		return;
+	}
 	struct nx_lora_src src;
 	/* Validated against our own copy of the model: shapes are the base's
 	 * whatever is folded (folds keep shapes). */
-	if (nx_lora_open(&src, o->path, &d->model.m, &err)) {
-		/* Opening raced with a change of the file: still one message. */
-		if (strstr(err.msg, "cannot open") || strstr(err.msg, "not a regular file") || strstr(err.msg, "fstat") ||
-		    strstr(err.msg, "mmap"))
-			nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, NXD_PATH_REFUSED, o->path);
-		else
-			nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "adapter '%s': %s", o->name, err.msg);
+	int rc = nx_lora_open_files(&src, &files, &d->model.m, &err);
+	nxd_access_close_adapter(&files);
+	if (rc) {
+		nxd_send_error(d, c, id, NXP_E_BAD_REQUEST, "adapter '%s': %s", o->name, err.msg);
 		return;
 	}
 	size_t mem_size = nx_lora_size(&src);

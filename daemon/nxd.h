@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include "common/err.h"
+#include "lora/adapter.h"
 #include "daemon/log.h"
 #include "model/forward.h"
 #include "model/gguf.h"
@@ -399,15 +400,15 @@ int nxd_sched_slots_used(const struct nxd *d);
 
 /* access.c - who may do what (RELIABILITY 17, 24, 25).
  *
- * For the LoRA ops (daemon/lora.c), already done in nxd_handle_line (ops.c)
- * before nxd_lora_op is called:
- *   - lora_load, lora_unload, lora_fold, lora_unfold and shutdown are refused
- *     with `forbidden` unless nxd_access_check_admin passes; a new op that
- *     changes what every client sees belongs in that list (is_admin_op);
- *   - lora_load's path goes through nxd_access_check_adapter_path: one
- *     message whatever the reason, and files the peer could not read itself
- *     are refused (a root daemon must not read /root/x for uid 1000).
- * Still for lora.c to do:
+ * For the LoRA ops (daemon/lora.c):
+ *   - lora_load, lora_unload, lora_fold, lora_unfold, lora_report and
+ *     shutdown are refused with `forbidden` in nxd_handle_line (ops.c) unless
+ *     nxd_access_check_admin passes; a new op that changes what every client
+ *     sees, or spends the daemon's CPU on a background job, belongs in that
+ *     list (is_admin_op);
+ *   - lora_load opens its files with nxd_access_open_adapter: one message
+ *     whatever the reason, and files the peer could not read itself are
+ *     refused (a root daemon must not read /root/x for uid 1000);
  *   - lora_load must call nxd_limits_check_adapter(n_loaded, bytes_loaded,
  *     bytes_new, err) before taking memory (--max-adapters, --max-adapter-mb)
  *     and answer NXP_E_BUSY with err.msg. */
@@ -418,13 +419,15 @@ bool nxd_access_is_admin(struct nxd_conn *c);
 /* 0 when c's peer is root, the daemon's uid or in --admin-group; else -1 and
  * err says who may (send it with NXP_E_FORBIDDEN). */
 int nxd_access_check_admin(struct nxd_conn *c, struct nx_err *err);
-/* 0 when path is an absolute path to a regular file (not in /proc, /sys...)
- * that the daemon and c's peer may both read; else -1 and err is
- * "cannot use 'PATH': not a readable regular file", whatever the reason. */
-int nxd_access_check_path(const struct nxd_conn *c, const char *path, struct nx_err *err);
-/* The same for an adapter: a file (plus adapter_config.json beside it, if
- * there is one) or a PEFT directory (its two files). */
-int nxd_access_check_adapter_path(const struct nxd_conn *c, const char *path, struct nx_err *err);
+/* Opens the adapter at path (a GGUF, a PEFT safetensors file with the
+ * adapter_config.json beside it, or a PEFT directory) as c's peer could:
+ * the path is walked once, each directory and file checked on what was
+ * opened, never looked up by name again (access.c). 0 and the open files in
+ * f (nxd_access_close_adapter closes them), or -1 and err is
+ * NXD_PATH_REFUSED whatever the reason. */
+int nxd_access_open_adapter(const struct nxd_conn *c, const char *path, struct nx_lora_files *f,
+			    struct nx_err *err);
+void nxd_access_close_adapter(struct nx_lora_files *f);
 /* The one answer for every path nxd will not use (missing, unreadable, not a
  * regular file, not an adapter): it must not tell these apart (RELIABILITY 17). */
 #define NXD_PATH_REFUSED "cannot use '%s': not a readable regular file"

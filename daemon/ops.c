@@ -308,13 +308,6 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 			nxp_request_free(&q);
 			return;
 		}
-		/* RELIABILITY 17: the same answer whether the file is missing, not
-		 * the peer's to read, a FIFO, a device or in /proc. */
-		if (q.op == NXP_OP_LORA_LOAD && nxd_access_check_adapter_path(c, q.u.lora.path, &err) < 0) {
-			nxd_send_error(d, c, q.id, NXP_E_BAD_REQUEST, "%s", err.msg);
-			nxp_request_free(&q);
-			return;
-		}
 	}
 	switch (q.op) {
 	case NXP_OP_HELLO: {

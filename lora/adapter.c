@@ -608,70 +608,86 @@ int nx_lora_parse_gguf(struct nx_lora_src *src, const void *gg, size_t gg_size, 
 
 /* ---------------------------------------------------------------- files */
 
-/* Reads a small regular file whole (NUL-terminated). */
-static int read_small(const char *path, char **out, size_t *len, struct nx_err *err)
+/* Reads a small regular file whole (NUL-terminated); fd stays the caller's. */
+static int read_small_fd(int fd, const char *name, char **out, size_t *len, struct nx_err *err)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0)
-		return nx_errf(err, "lora: cannot open '%s': %s", path, strerror(errno));
 	struct stat st;
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > MAX_CONFIG) {
-		close(fd);
-		return nx_errf(err, "lora: '%s' is not a regular file of at most %d bytes", path, MAX_CONFIG);
-	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size > MAX_CONFIG)
+		return nx_errf(err, "lora: '%s' is not a regular file of at most %d bytes", name, MAX_CONFIG);
 	char *buf = malloc((size_t)st.st_size + 1);
-	if (!buf) {
-		close(fd);
+	if (!buf)
 		return nx_errf(err, "lora: out of memory");
-	}
 	size_t got = 0;
 	while (got < (size_t)st.st_size) {
-		ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
 			break;
 		got += (size_t)r;
 	}
-	close(fd);
 	buf[got] = 0;
 	*out = buf;
 	*len = got;
 	return 0;
 }
 
-/* True when path is a regular file starting with "GGUF". */
-static bool is_gguf_file(const char *path)
+bool nx_lora_fd_is_gguf(int fd)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd < 0)
-		return false;
 	char magic[4];
 	struct stat st;
-	bool yes = !fstat(fd, &st) && S_ISREG(st.st_mode) && read(fd, magic, 4) == 4 && !memcmp(magic, "GGUF", 4);
-	close(fd);
-	return yes;
+	return !fstat(fd, &st) && S_ISREG(st.st_mode) && pread(fd, magic, 4, 0) == 4 && !memcmp(magic, "GGUF", 4);
 }
 
-int nx_lora_open(struct nx_lora_src *src, const char *path, const struct nx_model *m, struct nx_err *err)
+int nx_lora_open_files(struct nx_lora_src *src, const struct nx_lora_files *f, const struct nx_model *m,
+		       struct nx_err *err)
 {
 	memset(src, 0, sizeof(*src));
-	set_name(src->name, sizeof(src->name), path);
-	struct stat st;
-	if (stat(path, &st))
-		return nx_errf(err, "lora: cannot open '%s': %s", path, strerror(errno));
-	if (!S_ISDIR(st.st_mode) && is_gguf_file(path)) {
-		if (gguf_open(&src->gg, path, err))
+	set_name(src->name, sizeof(src->name), f->name);
+	if (f->config_fd < 0) {
+		if (gguf_open_fd(&src->gg, f->data_fd, f->name, err))
 			return nx_err_prefix(err, "lora");
 		if (gguf_build(src, &src->gg.g, m, err)) {
-			nx_err_prefix(err, "%s", path);
+			nx_err_prefix(err, "%s", f->name);
 			nx_lora_close(src);
 			return -1;
 		}
 		return 0;
 	}
+	char *cfg = NULL;
+	size_t cfg_len = 0;
+	if (read_small_fd(f->config_fd, "adapter_config.json", &cfg, &cfg_len, err))
+		return -1;
+	if (nx_st_open_fd(&src->st, f->data_fd, f->name, err)) {
+		free(cfg);
+		return nx_err_prefix(err, "lora");
+	}
+	int rc = peft_build(src, &src->st.f, cfg, cfg_len, m, err);
+	free(cfg);
+	if (rc) {
+		nx_err_prefix(err, "%s", f->name);
+		nx_lora_close(src);
+	}
+	return rc;
+}
 
-	/* PEFT: the directory, or the .safetensors inside it. */
+/* O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected after. */
+static int open_ro(const char *path, struct nx_err *err)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0)
+		nx_errf(err, "lora: cannot open '%s': %s", path, strerror(errno));
+	return fd;
+}
+
+int nx_lora_open(struct nx_lora_src *src, const char *path, const struct nx_model *m, struct nx_err *err)
+{
+	memset(src, 0, sizeof(*src));
+	struct nx_lora_files f = { .name = path, .data_fd = -1, .config_fd = -1 };
+	struct stat st;
+	if (stat(path, &st))
+		return nx_errf(err, "lora: cannot open '%s': %s", path, strerror(errno));
+	/* PEFT: the directory, or the .safetensors inside it with the config beside it. */
 	char stp[4096], cfgp[4096];
 	if (S_ISDIR(st.st_mode)) {
 		snprintf(stp, sizeof(stp), "%s/adapter_model.safetensors", path);
@@ -684,20 +700,17 @@ int nx_lora_open(struct nx_lora_src *src, const char *path, const struct nx_mode
 		snprintf(cfgp, sizeof(cfgp), "%s/adapter_config.json", dirname(tmp));
 		free(tmp);
 	}
-	char *cfg = NULL;
-	size_t cfg_len = 0;
-	if (read_small(cfgp, &cfg, &cfg_len, err))
-		return -1;
-	if (nx_st_open(&src->st, stp, err)) {
-		free(cfg);
-		return nx_err_prefix(err, "lora");
-	}
-	int rc = peft_build(src, &src->st.f, cfg, cfg_len, m, err);
-	free(cfg);
-	if (rc) {
-		nx_err_prefix(err, "%s", path);
-		nx_lora_close(src);
-	}
+	int rc = -1;
+	if ((f.data_fd = open_ro(stp, err)) < 0)
+		goto out;
+	if (!nx_lora_fd_is_gguf(f.data_fd) && (f.config_fd = open_ro(cfgp, err)) < 0)
+		goto out;
+	rc = nx_lora_open_files(src, &f, m, err);
+out:
+	if (f.data_fd >= 0)
+		close(f.data_fd);
+	if (f.config_fd >= 0)
+		close(f.config_fd);
 	return rc;
 }
 

@@ -189,6 +189,19 @@ struct nx_lora_src {
 /* Opens an adapter file or directory (format by content: GGUF magic, else PEFT)
  * and validates it against m. Only regular files are opened. */
 int nx_lora_open(struct nx_lora_src *src, const char *path, const struct nx_model *m, struct nx_err *err);
+/* An adapter's files already open (a daemon opens them as its client may,
+ * daemon/access.c): data_fd is the GGUF or the PEFT safetensors, config_fd
+ * the PEFT adapter_config.json or -1 for a GGUF. The fds stay the caller's;
+ * name is for messages. */
+struct nx_lora_files {
+	const char *name;
+	int data_fd;
+	int config_fd;
+};
+int nx_lora_open_files(struct nx_lora_src *src, const struct nx_lora_files *f, const struct nx_model *m,
+		       struct nx_err *err);
+/* Whether fd is a regular file that starts with the GGUF magic. */
+bool nx_lora_fd_is_gguf(int fd);
 /* The same over bytes in memory (tests, or a daemon that read the files itself).
  * The bytes must outlive src. config is the adapter_config.json text. */
 int nx_lora_parse_peft(struct nx_lora_src *src, const void *st, size_t st_size, const char *config,

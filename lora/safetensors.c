@@ -382,34 +382,34 @@ const char *nx_st_meta_get(const struct nx_st_file *f, const char *key)
 
 int nx_st_open(struct nx_st_mapped *m, const char *path, struct nx_err *err)
 {
-	struct stat st;
 	memset(m, 0, sizeof(*m));
 	/* O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected below. */
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0)
 		return nx_errf(err, "safetensors: cannot open '%s': %s", path, strerror(errno));
-	if (fstat(fd, &st)) {
-		int e = errno;
-		close(fd);
-		return nx_errf(err, "safetensors: fstat '%s': %s", path, strerror(e));
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return nx_errf(err, "safetensors: '%s' is not a regular file", path);
-	}
-	if (st.st_size < 8) {
-		close(fd);
-		return nx_errf(err, "safetensors: '%s' has %jd bytes, too short for the 8-byte header length", path,
-			       (intmax_t)st.st_size);
-	}
-	void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	int rc = nx_st_open_fd(m, fd, path, err);
 	close(fd);
+	return rc;
+}
+
+int nx_st_open_fd(struct nx_st_mapped *m, int fd, const char *name, struct nx_err *err)
+{
+	struct stat st;
+	memset(m, 0, sizeof(*m));
+	if (fstat(fd, &st))
+		return nx_errf(err, "safetensors: fstat '%s': %s", name, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return nx_errf(err, "safetensors: '%s' is not a regular file", name);
+	if (st.st_size < 8)
+		return nx_errf(err, "safetensors: '%s' has %jd bytes, too short for the 8-byte header length", name,
+			       (intmax_t)st.st_size);
+	void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
-		return nx_errf(err, "safetensors: mmap '%s' (%jd bytes): %s", path, (intmax_t)st.st_size,
+		return nx_errf(err, "safetensors: mmap '%s' (%jd bytes): %s", name, (intmax_t)st.st_size,
 			       strerror(errno));
 	if (nx_st_parse(&m->f, map, (size_t)st.st_size, err)) {
 		munmap(map, (size_t)st.st_size);
-		return nx_err_prefix(err, "%s", path);
+		return nx_err_prefix(err, "%s", name);
 	}
 	m->map = map;
 	m->map_size = (size_t)st.st_size;

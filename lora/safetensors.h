@@ -72,6 +72,8 @@ struct nx_st_mapped {
 	size_t map_size;
 };
 int nx_st_open(struct nx_st_mapped *m, const char *path, struct nx_err *err);
+/* The same over a file already open (fd stays the caller's); name is for messages. */
+int nx_st_open_fd(struct nx_st_mapped *m, int fd, const char *name, struct nx_err *err);
 void nx_st_close(struct nx_st_mapped *m);
 
 #endif

@@ -801,40 +801,35 @@ static const char *file_kind(mode_t m)
 
 int gguf_open(struct gguf_mapped *m, const char *path, struct nx_err *err)
 {
-	struct stat st;
-	void *map;
-	int fd;
-
 	memset(m, 0, sizeof(*m));
 	/* O_NONBLOCK: opening a FIFO must not wait for a writer; it is rejected below. */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0)
 		return nx_errf(err, "gguf: cannot open '%s': %s", path, strerror(errno));
-	if (fstat(fd, &st)) {
-		int e = errno;
-		close(fd);
-		return nx_errf(err, "gguf: fstat '%s': %s", path, strerror(e));
-	}
-	if (!S_ISREG(st.st_mode)) {
-		close(fd);
-		return nx_errf(err, "gguf: '%s' is %s, not a regular file", path, file_kind(st.st_mode));
-	}
-	if (st.st_size == 0) {
-		close(fd);
-		return nx_errf(err, "gguf: '%s' is an empty file", path);
-	}
-	if ((uint64_t)st.st_size > SIZE_MAX) {
-		close(fd);
-		return nx_errf(err, "gguf: '%s' is too large to map", path);
-	}
-	/* Shared read-only: every process that maps the model shares its page cache. */
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	int rc = gguf_open_fd(m, fd, path, err);
 	close(fd);
+	return rc;
+}
+
+int gguf_open_fd(struct gguf_mapped *m, int fd, const char *name, struct nx_err *err)
+{
+	struct stat st;
+	memset(m, 0, sizeof(*m));
+	if (fstat(fd, &st))
+		return nx_errf(err, "gguf: fstat '%s': %s", name, strerror(errno));
+	if (!S_ISREG(st.st_mode))
+		return nx_errf(err, "gguf: '%s' is %s, not a regular file", name, file_kind(st.st_mode));
+	if (st.st_size == 0)
+		return nx_errf(err, "gguf: '%s' is an empty file", name);
+	if ((uint64_t)st.st_size > SIZE_MAX)
+		return nx_errf(err, "gguf: '%s' is too large to map", name);
+	/* Shared read-only: every process that maps the model shares its page cache. */
+	void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
-		return nx_errf(err, "gguf: mmap '%s' (%jd bytes): %s", path, (intmax_t)st.st_size, strerror(errno));
+		return nx_errf(err, "gguf: mmap '%s' (%jd bytes): %s", name, (intmax_t)st.st_size, strerror(errno));
 	if (gguf_parse(&m->g, map, (size_t)st.st_size, err)) {
 		munmap(map, (size_t)st.st_size);
-		return nx_err_prefix(err, "%s", path);
+		return nx_err_prefix(err, "%s", name);
 	}
 	m->map = map;
 	m->map_size = (size_t)st.st_size;

@@ -143,6 +143,8 @@ struct gguf_mapped {
 	size_t map_size;
 };
 int gguf_open(struct gguf_mapped *m, const char *path, struct nx_err *err);
+/* The same over a file already open (fd stays the caller's); name is for messages. */
+int gguf_open_fd(struct gguf_mapped *m, int fd, const char *name, struct nx_err *err);
 void gguf_close(struct gguf_mapped *m);
 
 #endif

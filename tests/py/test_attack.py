@@ -1,0 +1,210 @@
+"""test_attack.py - attacks on a running daemon by its own clients (docs/reliability.md, "attacks by clients"):
+a symlink swapped under lora_load, a non-admin keeping the job thread busy, one connection pipelining
+expensive requests. The daemon runs as root; attackers are child processes that drop to `nobody`.
+
+NXD_ATTACK_N sets the attempts of the symlink race (default 3000 in `make test`; `make attack` runs
+50000)."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+import make_lora
+from nxd_helpers import Client, Daemon
+from test_access import ADMIN_GROUP, SOCKET_GROUP, as_user, need_root_and_groups, nobody_gid
+
+ATTEMPTS = int(os.environ.get("NXD_ATTACK_N", "3000"))
+
+# Runs as the attacker: sends `n` copies of a request (ids 0..n-1), `batch` in flight at a time; unloads
+# whatever got loaded; prints every final event.
+LOADER = r'''
+import json, socket, sys
+path, req, n, batch = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(120)
+s.connect(path)
+f = s.makefile("rb")
+out = []
+def final():
+    while True:
+        ev = json.loads(f.readline())
+        if ev.get("event") not in ("token", "progress"):
+            return ev
+sent = 0
+while sent < n:
+    k = min(batch, n - sent)
+    s.sendall(b"".join((json.dumps(dict(req, id=sent + i)) + "\n").encode() for i in range(k)))
+    evs = [final() for _ in range(k)]
+    for ev in evs:
+        if ev.get("event") == "lora_loaded":
+            s.sendall((json.dumps({"op": "lora_unload", "id": "u", "name": req["name"]}) + "\n").encode())
+            final()
+    out += evs
+    sent += k
+print(json.dumps(out))
+'''
+
+# Runs as root beside the attacker: points `link` at a and b in turn, atomically, until killed.
+FLIPPER = r'''
+import os, sys
+link, a, b = sys.argv[1:4]
+tmp = link + ".tmp"
+while True:
+    for t in (a, b):
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        os.symlink(t, tmp)
+        os.replace(tmp, link)
+'''
+
+
+@pytest.fixture
+def public_dir():
+    d = tempfile.mkdtemp(prefix="nxd-attack-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def attack(sock, req, n, uid, gid, groups, batch=32):
+    r = subprocess.run(["/usr/bin/python3", "-c", LOADER, sock, json.dumps(req), str(n), str(batch)], user=uid,
+                       group=gid,
+                       extra_groups=groups, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def flipping(link, a, b):
+    return subprocess.Popen([sys.executable, "-c", FLIPPER, link, a, b])
+
+
+def tiny_adapter(model_path, path, rank, seed):
+    """A valid GGUF LoRA for the model: the last layer's ffn_down at `rank`."""
+    weights, arch, heads = make_lora.model_weights(model_path, targets=("ffn_down",))
+    last = max(il for il, _ in weights)
+    ab = make_lora.random_adapter({k: v for k, v in weights.items() if k[0] == last}, rank=rank, alpha=rank,
+                                  seed=seed)
+    make_lora.write_gguf_lora(path, arch, ab, alpha=rank, dtype="F32", heads=heads)
+
+
+def test_symlink_swapped_under_lora_load(model_path, public_dir, tmp_path):
+    """An admin who is not root flips a symlink between a file it may read and a root-only file while
+    asking to load it, thousands of times: the daemon never parses the root-only file for it (no error
+    carries its bytes) and never loads a root-only adapter; both sides of the race were hit."""
+    nobody, users, staff = need_root_and_groups()
+    d_ = public_dir
+    # Not adapters: each one's first 8 bytes become the "header length" in the error.
+    pub, secret = os.path.join(d_, "pub.safetensors"), os.path.join(d_, "secret.safetensors")
+    with open(pub, "wb") as f:
+        f.write(b"PUBLIC!!" + b"\0" * 56)
+    with open(secret, "wb") as f:
+        f.write(b"root:*:2" + b"\0" * 56)
+    os.chmod(secret, 0o600)
+    with open(os.path.join(d_, "adapter_config.json"), "w") as f:
+        json.dump({"r": 2, "lora_alpha": 2, "target_modules": ["down_proj"]}, f)
+    # Adapters: the public one at rank 2, the root-only one at rank 4.
+    pub_a, secret_a = os.path.join(d_, "pub.gguf"), os.path.join(d_, "secret.gguf")
+    tiny_adapter(model_path, pub_a, 2, 1)
+    tiny_adapter(model_path, secret_a, 4, 2)
+    os.chmod(secret_a, 0o600)
+    secret_len = str(struct.unpack("<Q", b"root:*:2")[0])
+    pub_len = str(struct.unpack("<Q", b"PUBLIC!!")[0])
+
+    sock = os.path.join(d_, "nxd.sock")
+    d = Daemon(model_path, tmp_path, workers=1,
+               args=["--ctx", "128", "--socket-group", SOCKET_GROUP, "--admin-group", ADMIN_GROUP],
+               socket_path=sock).start()
+    try:
+        link = os.path.join(d_, "lnk.safetensors")
+        fl = flipping(link, pub, secret)
+        try:
+            evs = attack(sock, {"op": "lora_load", "name": "x", "path": link}, ATTEMPTS, nobody, staff, [users])
+        finally:
+            fl.kill()
+        msgs = [ev.get("message", "") for ev in evs]
+        assert not [m for m in msgs if secret_len in m or "root:" in m], "bytes of a root-only file leaked"
+        refused = sum(m == f"cannot use '{link}': not a readable regular file" for m in msgs)
+        parsed = sum(pub_len in m for m in msgs)
+        assert refused + parsed == len(evs), [m for m in msgs if pub_len not in m][:5]
+        assert refused > 0 and parsed > 0, (refused, parsed)  # both sides of the race were hit
+
+        link = os.path.join(d_, "lnk.gguf")
+        fl = flipping(link, pub_a, secret_a)
+        try:
+            evs = attack(sock, {"op": "lora_load", "name": "x", "path": link}, ATTEMPTS // 3, nobody, staff,
+                         [users], batch=1)
+        finally:
+            fl.kill()
+        ranks = [ev["adapter"]["rank"] for ev in evs if ev["event"] == "lora_loaded"]
+        assert ranks and set(ranks) == {2}, "a root-only adapter was loaded for a client that may not read it"
+        assert all(ev["event"] == "lora_loaded" or ev.get("message") ==
+                   f"cannot use '{link}': not a readable regular file" for ev in evs), evs[:3]
+        print(f"\nsymlink race: {ATTEMPTS} + {ATTEMPTS // 3} loads; {refused} refused, {parsed} parsed the "
+              f"client's file, {len(ranks)} loaded its adapter; root-only bytes leaked: 0")
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_paths_resolved_as_the_client(model_path, public_dir, tmp_path):
+    """What the walk allows and refuses: symlinks (absolute, relative, chained, to a PEFT directory) to
+    files the client may read work; a link into a directory it cannot search, a link loop, and a
+    directory it cannot search on the way are refused with the one message."""
+    nobody, users, staff = need_root_and_groups()
+    d_ = public_dir
+    a = os.path.join(d_, "a.gguf")
+    tiny_adapter(model_path, a, 2, 3)
+    peft = os.path.join(d_, "peft")
+    weights, arch, heads = make_lora.model_weights(model_path, targets=("ffn_down",))
+    last = max(il for il, _ in weights)
+    make_lora.write_peft(peft, make_lora.random_adapter({k: v for k, v in weights.items() if k[0] == last},
+                                                        rank=2, alpha=2, seed=4), rank=2, alpha=2)
+    for f in os.listdir(peft):
+        os.chmod(os.path.join(peft, f), 0o644)
+    os.symlink(a, os.path.join(d_, "abs.gguf"))
+    os.symlink("a.gguf", os.path.join(d_, "rel.gguf"))
+    os.symlink("rel.gguf", os.path.join(d_, "chain.gguf"))
+    os.symlink("peft", os.path.join(d_, "peft-link"))
+    os.symlink("../" + os.path.basename(d_) + "/a.gguf", os.path.join(d_, "dotdot.gguf"))
+    private = os.path.join(d_, "private")
+    os.mkdir(private, 0o700)
+    shutil.copy(a, os.path.join(private, "a.gguf"))
+    os.chmod(os.path.join(private, "a.gguf"), 0o644)
+    os.symlink(os.path.join(private, "a.gguf"), os.path.join(d_, "into-private.gguf"))
+    os.symlink("loop2.gguf", os.path.join(d_, "loop1.gguf"))
+    os.symlink("loop1.gguf", os.path.join(d_, "loop2.gguf"))
+    ok = ["abs.gguf", "rel.gguf", "chain.gguf", "peft-link", "dotdot.gguf", "peft/adapter_model.safetensors",
+          "peft/"]
+    refused = ["into-private.gguf", "loop1.gguf", "private/a.gguf", "private/../a.gguf"]
+    sock = os.path.join(d_, "nxd.sock")
+    d = Daemon(model_path, tmp_path, workers=1,
+               args=["--ctx", "128", "--socket-group", SOCKET_GROUP, "--admin-group", ADMIN_GROUP],
+               socket_path=sock).start()
+    try:
+        reqs = []
+        for i, p in enumerate(ok + refused):
+            reqs.append({"op": "lora_load", "id": f"l{i}", "name": f"n{i}", "path": os.path.join(d_, p)})
+            reqs.append({"op": "lora_unload", "id": f"u{i}", "name": f"n{i}"})
+        evs = as_user(sock, reqs, nobody, staff, [users])
+        for i, p in enumerate(ok):
+            assert evs[2 * i]["event"] == "lora_loaded", (p, evs[2 * i])
+        for i, p in enumerate(refused, len(ok)):
+            ev = evs[2 * i]
+            assert ev.get("message") == f"cannot use '{os.path.join(d_, p)}': not a readable regular file", (p, ev)
+        # Root may read the private file.
+        with Client(sock) as c:
+            c.send({"op": "lora_load", "id": 1, "name": "r", "path": os.path.join(private, "a.gguf")})
+            assert c.recv()["event"] == "lora_loaded"
+    finally:
+        d.stop()
+        d.kill()
