@@ -253,12 +253,15 @@ static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
 	queue_alloc(d, c, q->id, line, len);
 }
 
-/* Operations that change what every client gets (RELIABILITY 25): only for
- * admins (access.c). A dry-run fold changes nothing but costs a full grading. */
+/* Operations that change what every client gets (RELIABILITY 25), and the
+ * background jobs that share the daemon's one job thread and its CPUs with
+ * them (a report, or a dry-run fold, grades the model in service for
+ * seconds): only for admins (access.c), so no other client can keep an
+ * admin's fold `busy` or slow everyone's streams. */
 static bool is_admin_op(enum nxp_op op)
 {
 	return op == NXP_OP_LORA_LOAD || op == NXP_OP_LORA_UNLOAD || op == NXP_OP_LORA_FOLD ||
-	       op == NXP_OP_LORA_UNFOLD || op == NXP_OP_SHUTDOWN;
+	       op == NXP_OP_LORA_UNFOLD || op == NXP_OP_LORA_REPORT || op == NXP_OP_SHUTDOWN;
 }
 
 static const char *admin_op_name(enum nxp_op op)
@@ -268,6 +271,7 @@ static const char *admin_op_name(enum nxp_op op)
 	case NXP_OP_LORA_UNLOAD: return "lora_unload";
 	case NXP_OP_LORA_FOLD: return "lora_fold";
 	case NXP_OP_LORA_UNFOLD: return "lora_unfold";
+	case NXP_OP_LORA_REPORT: return "lora_report";
 	case NXP_OP_SHUTDOWN: return "shutdown";
 	default: return "?";
 	}

@@ -90,6 +90,7 @@ ADMIN_OPS = [
     {"op": "lora_unload", "id": "lu", "name": "x"},
     {"op": "lora_fold", "id": "lf", "name": "x"},
     {"op": "lora_unfold", "id": "lx", "name": "x"},
+    {"op": "lora_report", "id": "lr", "name": "x"},
 ]
 
 

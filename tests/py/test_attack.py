@@ -208,3 +208,55 @@ def test_paths_resolved_as_the_client(model_path, public_dir, tmp_path):
     finally:
         d.stop()
         d.kill()
+
+
+def test_reports_are_for_admins(model_path, public_dir, tmp_path):
+    """lora_report runs on the daemon's one job thread for seconds: a client that is not an admin gets
+    `forbidden` and so cannot keep an admin's fold `busy`; back-to-back reports from it leave every
+    admin fold to run."""
+    nobody, users, staff = need_root_and_groups()
+    a = os.path.join(public_dir, "a.gguf")
+    tiny_adapter(model_path, a, 2, 5)
+    sock = os.path.join(public_dir, "nxd.sock")
+    d = Daemon(model_path, tmp_path, workers=1,
+               args=["--ctx", "256", "--socket-group", SOCKET_GROUP, "--admin-group", ADMIN_GROUP],
+               socket_path=sock).start()
+    try:
+        with Client(sock) as adm:
+            adm.send({"op": "lora_load", "id": "l", "name": "a", "path": a})
+            assert adm.recv()["event"] == "lora_loaded"
+            stop = threading.Event()
+            seen = []
+
+            def spam():
+                while not stop.is_set():
+                    seen.extend(as_user(sock, [{"op": "lora_report", "id": i, "name": "a"} for i in range(8)],
+                                        nobody, nobody_gid(), [users]))
+
+            t = threading.Thread(target=spam)
+            t.start()
+            try:
+                for i in range(4):
+                    time.sleep(0.2)
+                    adm.send({"op": "lora_fold", "id": f"f{i}", "name": "a", "type": "f16"})
+                    ev = adm.recv()
+                    while ev.get("event") == "progress":
+                        ev = adm.recv()
+                    assert ev["event"] == "lora_folded", ev
+                    adm.send({"op": "lora_unfold", "id": f"u{i}", "name": "a"})
+                    ev = adm.recv()
+                    assert ev["event"] == "lora_unfolded", ev
+            finally:
+                stop.set()
+                t.join()
+            assert seen and all(ev["event"] == "error" and ev["code"] == "forbidden" and
+                                "'lora_report' is for admins" in ev["message"] for ev in seen), seen[:3]
+            # An admin still gets its report.
+            adm.send({"op": "lora_report", "id": "r", "name": "a", "types": ["f16"]})
+            ev = adm.recv()
+            while ev.get("event") == "progress":
+                ev = adm.recv()
+            assert ev["event"] == "lora_report", ev
+    finally:
+        d.stop()
+        d.kill()
