@@ -20,7 +20,7 @@ TOOLS    := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
 PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
 
-.PHONY: all deps venv model run test test-c test-py clean install uninstall
+.PHONY: all deps venv model run test test-c test-py attack clean install uninstall
 all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
 
 $(B)/obj/%.o: %.c
@@ -73,6 +73,10 @@ test-py: all venv
 	@set -e; for k in avx2 ref; do \
 		echo "== tests/py/test_forward.py (NX_KERN=$$k: plain layouts, $$k dot kernels, scalar attention)"; \
 		NX_KERN=$$k NX_BUILD=$(B) .venv/bin/python -m pytest -q tests/py/test_forward.py; done
+
+# The attacks of tests/py/test_attack.py at full strength (make test runs them shorter).
+attack: all venv
+	NXD_ATTACK_N=50000 NX_BUILD=$(B) NXD_MODEL=$$(scripts/fetch-model) .venv/bin/python -m pytest -q -s tests/py/test_attack.py
 
 test: deps venv
 	@$(MAKE) --no-print-directory all $(CTESTS)

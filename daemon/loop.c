@@ -28,6 +28,11 @@
 #define ABORT_GRACE 5.0     /* s: survivors that do not leave an aborted step by then are killed */
 #define SHUTDOWN_GRACE 3.0  /* s: time given to clients to read their last events */
 #define MAX_STEP_TRIES 3    /* aborts of one step before its sequences are failed (< max start failures) */
+/* A line longer than this, or past this many bytes of lines from one read,
+ * is prepared on the prep thread (prep.c), not on the loop; so is every line
+ * a connection had buffered while it waited for the thread. */
+#define PREP_INLINE_LINE 2048
+#define PREP_INLINE_BUDGET 8192
 
 #ifndef IORING_OP_FUTEX_WAIT
 #define IORING_OP_FUTEX_WAIT 51 /* kernel 6.7 uapi; liburing 2.3's header predates it */
@@ -42,6 +47,7 @@
 /* user_data: | kind:8 | index:24 | generation:32 | */
 enum ud_kind {
 	UD_ACCEPT = 1, UD_RECV, UD_SEND, UD_HUP, UD_CANCEL, UD_SIGNAL, UD_PIDFD, UD_BELL, UD_EFD, UD_TICK, UD_WLOG,
+	UD_PREP,
 };
 
 static inline uint64_t ud_make(unsigned kind, unsigned idx, uint32_t gen)
@@ -211,6 +217,18 @@ static void arm_wlog(struct nxd *d)
 	d->wlog_armed = true;
 }
 
+static void arm_prep(struct nxd *d)
+{
+	if (d->prep_armed || !d->prep)
+		return;
+	uint64_t *buf;
+	int fd = nxd_prep_fd(d, &buf);
+	struct io_uring_sqe *sqe = sqe_must(d);
+	io_uring_prep_read(sqe, fd, buf, sizeof(*buf), 0);
+	io_uring_sqe_set_data64(sqe, ud_make(UD_PREP, 0, 0));
+	d->prep_armed = true;
+}
+
 void nxd_arm_pidfd(struct nxd *d, int band)
 {
 	struct io_uring_sqe *sqe = sqe_must(d);
@@ -377,18 +395,25 @@ void nxd_conn_close_after_flush(struct nxd *d, struct nxd_conn *c, const char *w
 	c->linger = nxd_now();
 }
 
-static void conn_lines(struct nxd *d, struct nxd_conn *c, size_t old_len)
+/* Handles the complete lines in c's buffer: short ones here, while they fit
+ * budget bytes, the others on the prep thread, after which c is paused until
+ * nxd_conn_resume. */
+static void conn_lines(struct nxd *d, struct nxd_conn *c, size_t old_len, size_t budget)
 {
-	size_t start = 0, scan = old_len;
-	for (;;) {
+	size_t start = 0, scan = old_len, inline_bytes = 0;
+	while (!c->prep_busy) {
 		char *nl = memchr(c->in + scan, '\n', c->in_len - scan);
 		if (!nl)
 			break;
-		size_t end = (size_t)(nl - c->in);
-		if (c->skipping)
+		size_t end = (size_t)(nl - c->in), n = end - start + 1;
+		if (c->skipping) {
 			c->skipping = false; /* the end of the oversized line: drop it */
-		else
-			nxd_handle_line(d, c, c->in + start, end - start + 1);
+		} else if (n <= PREP_INLINE_LINE && inline_bytes + n <= budget) {
+			nxd_handle_line(d, c, c->in + start, n);
+			inline_bytes += n;
+		} else if (nxd_prep_submit(d, c, c->in + start, n) < 0) {
+			nxd_send_error(d, c, NULL, NXP_E_INTERNAL, "out of memory for a request line of %zu bytes", n);
+		}
 		start = scan = end + 1;
 		if (c->closing || c->linger > 0)
 			return;
@@ -396,6 +421,10 @@ static void conn_lines(struct nxd *d, struct nxd_conn *c, size_t old_len)
 	if (start > 0) {
 		memmove(c->in, c->in + start, c->in_len - start);
 		c->in_len -= start;
+	}
+	if (c->prep_busy) {
+		c->t_line = 0; /* waiting for us, not dribbling */
+		return;
 	}
 	c->t_line = c->in_len > 0 ? (c->t_line ? c->t_line : nxd_now()) : 0;
 	if (c->skipping) {
@@ -410,6 +439,19 @@ static void conn_lines(struct nxd *d, struct nxd_conn *c, size_t old_len)
 		c->in_len = 0;
 		c->t_line = 0;
 	}
+}
+
+void nxd_conn_resume(struct nxd *d, struct nxd_conn *c)
+{
+	if (c->closing || c->linger > 0)
+		return;
+	conn_lines(d, c, 0, 0);
+	if (c->closing || c->linger > 0)
+		return;
+	if (c->t_rx < 0 && c->n_reqs == 0 && !c->prep_busy && nxd_conn_queued(c) == 0)
+		nxd_conn_close(d, c, "all answers sent"); /* half-closed, nothing more to wait for */
+	else if (c->t_rx >= 0)
+		conn_arm_recv(d, c);
 }
 
 static void on_accept(struct nxd *d, struct io_uring_cqe *cqe)
@@ -480,7 +522,7 @@ static void on_recv(struct nxd *d, struct nxd_conn *c, int res)
 			nxd_debug("client %d: recv failed: %s", c->idx, strerror(-res));
 		/* EOF may be a half-close after the last request: answers still go
 		 * out. A full close shows up as a hang-up (or a failed send). */
-		if (res < 0 || c->n_reqs == 0)
+		if (res < 0 || (c->n_reqs == 0 && !c->prep_busy))
 			nxd_conn_close(d, c, res < 0 ? "recv error" : "end of input");
 		else
 			c->t_rx = -1; /* no more input: only waits for its answers */
@@ -489,8 +531,8 @@ static void on_recv(struct nxd *d, struct nxd_conn *c, int res)
 	c->t_rx = nxd_now();
 	size_t old = c->in_len;
 	c->in_len += (size_t)res;
-	conn_lines(d, c, old);
-	if (!c->closing)
+	conn_lines(d, c, old, PREP_INLINE_BUDGET);
+	if (!c->closing && !c->prep_busy)
 		conn_arm_recv(d, c);
 }
 
@@ -510,7 +552,7 @@ static void on_send(struct nxd *d, struct nxd_conn *c, int res)
 		return;
 	}
 	/* Half-closed client with nothing left to wait for. */
-	if (c->t_rx < 0 && c->n_reqs == 0 && nxd_conn_queued(c) == 0)
+	if (c->t_rx < 0 && c->n_reqs == 0 && !c->prep_busy && nxd_conn_queued(c) == 0)
 		nxd_conn_close(d, c, "all answers sent");
 }
 
@@ -714,7 +756,7 @@ static void on_tick(struct nxd *d)
 			nxd_send_error(d, c, NULL, NXP_E_BAD_REQUEST, "request line not finished within %.0f s",
 				       d->o.line_timeout);
 			nxd_conn_close_after_flush(d, c, "line timeout");
-		} else if (c->n_reqs == 0 && nxd_conn_queued(c) == 0 && c->t_rx > 0 &&
+		} else if (c->n_reqs == 0 && !c->prep_busy && nxd_conn_queued(c) == 0 && c->t_rx > 0 &&
 			   now - c->t_rx > d->o.idle_timeout) {
 			nxd_conn_close(d, c, "idle timeout");
 		}
@@ -793,6 +835,11 @@ static void dispatch(struct nxd *d, struct io_uring_cqe *cqe)
 	case UD_WLOG:
 		on_wlog(d, res);
 		break;
+	case UD_PREP:
+		d->prep_armed = false;
+		nxd_prep_collect(d);
+		arm_prep(d);
+		break;
 	}
 }
 
@@ -847,6 +894,7 @@ int nxd_loop_run(struct nxd *d)
 	arm_signal(d);
 	arm_tick(d);
 	arm_wlog(d);
+	arm_prep(d);
 	while (!d->exit_now) {
 		check_state(d);
 		if (d->exit_now)

@@ -309,7 +309,7 @@ static int start(struct nxd *d, struct nx_err *err)
 	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
 		return -1;
 	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_guard_init(d, err) < 0 ||
-	    nxd_lora_init(d, err) < 0)
+	    nxd_lora_init(d, err) < 0 || nxd_prep_init(d, err) < 0)
 		return -1;
 	for (int i = 0; i < d->n_workers; i++)
 		if (nxd_proc_spawn(d, i) < 0)
@@ -359,6 +359,7 @@ int main(int argc, char **argv)
 	}
 	nxd_procs_stop(d);
 	nxd_loop_free(d);
+	nxd_prep_free(d);
 	nxd_sched_free(d);
 	nxd_lora_free(d);
 	nxd_guard_free(d);

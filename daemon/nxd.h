@@ -8,6 +8,7 @@
  *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
  *   conn.c    per-connection line buffer and output queue
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
+ *   prep.c    the thread that prepares long request lines off the loop
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   access.c  socket group, admin rights, client paths, adapter limits
  *   guard.c   validating shared memory, repair after a scribbling worker, the step watchdog
@@ -157,6 +158,7 @@ struct nxd_conn {
 	char *out, *snd;
 	size_t out_len, out_cap, snd_len, snd_off, snd_cap;
 	int n_reqs;           /* requests (queued or in a slot) this connection owns */
+	bool prep_busy;       /* a line of it is on the prep thread: its later lines wait (prep.c) */
 };
 
 /* ---------------------------------------------------------------- requests and slots */
@@ -288,6 +290,7 @@ struct nxd {
 	struct __kernel_timespec tick_ts;
 	bool tick_armed;
 	bool wlog_armed;
+	bool prep_armed;
 	int ops_pending;          /* ring ops of the daemon itself (not conns) in flight */
 
 	/* connections */
@@ -318,6 +321,7 @@ struct nxd {
 	uint64_t prof_last_end;   /* nx_prof ticks: the step before's end (its last worker) */
 	uint64_t prof_turn_ticks, prof_turns;
 	struct nxd_lora_reg *lora; /* lora.c: adapters, folds, the helper thread's job */
+	struct nxd_prep_pool *prep; /* prep.c: request lines prepared off the loop */
 
 	/* guard.c: shared memory is checked against these, never trusted */
 	bool ctl_dirty;           /* inconsistency found: workers killed; rewrite the block once all are gone */
@@ -359,6 +363,8 @@ void nxd_conn_close(struct nxd *d, struct nxd_conn *c, const char *why);
  * are sent first; bounded by a grace period. */
 void nxd_conn_close_after_flush(struct nxd *d, struct nxd_conn *c, const char *why);
 void nxd_begin_shutdown(struct nxd *d, const char *why);
+/* c's prep job is done: handle the lines it has buffered, read on. */
+void nxd_conn_resume(struct nxd *d, struct nxd_conn *c);
 
 /* conn.c */
 int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
@@ -367,8 +373,46 @@ void nxd_conn_reset(struct nxd_conn *c);
 void nxd_send_error(struct nxd *d, struct nxd_conn *c, const char *id, enum nxp_code code,
 		    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* ops.c */
+/* ops.c - a request line in two parts. nxd_prepare does what reads nothing
+ * the loop changes (parse; the chat template and tokenizer of generate,
+ * tokenize and detokenize) and may run on the prep thread; nxd_apply does the
+ * rest on the loop. */
+struct nxd_prep_ctx {
+	const struct nx_tok *tok;
+	enum nx_chat_tmpl tmpl;
+	const char *jinja;
+	size_t max_piece;         /* the longest token's bytes: a cheap bound on a text's tokens */
+	struct nxp_limits lim;
+};
+struct nxd_prepared {
+	bool blank;               /* an empty line: no request, no answer */
+	int parse_rc;             /* nxp_parse: < 0 and parse_err */
+	struct nxp_error parse_err;
+	struct nxp_request q;
+	int prep_rc;              /* the template or tokenizer: < 0 and prep_err */
+	struct nxp_error prep_err;
+	int32_t *toks;            /* generate: the prompt; tokenize: the ids (n_toks) */
+	int n_toks;
+	char *text;               /* detokenize (text_len) */
+	size_t text_len;
+};
+struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
+void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);
+void nxd_apply(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p);
+void nxd_prepared_free(struct nxd_prepared *p);
+/* Both at once, on the loop (a short line). */
 void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
+
+/* prep.c - the prep thread */
+int nxd_prep_init(struct nxd *d, struct nx_err *err);
+void nxd_prep_free(struct nxd *d);
+/* Copies the line to the thread and pauses c until its answer is applied;
+ * -1 when out of memory (c is not paused). */
+int nxd_prep_submit(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
+/* The eventfd that counts finished jobs, and the buffer to read it into. */
+int nxd_prep_fd(const struct nxd *d, uint64_t **buf);
+/* Applies every finished job whose connection is still there and resumes it. */
+void nxd_prep_collect(struct nxd *d);
 
 /* sched.c */
 int nxd_sched_init(struct nxd *d, struct nx_err *err);

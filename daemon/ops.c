@@ -17,11 +17,39 @@ static void queue_alloc(struct nxd *d, struct nxd_conn *c, const char *id, char 
 	free(line);
 }
 
+/* ---------------------------------------------------------------- preparing (any thread) */
+
+struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d)
+{
+	return (struct nxd_prep_ctx){
+		.tok = d->model.tok,
+		.tmpl = d->model.tmpl,
+		.jinja = d->model.jinja,
+		.max_piece = nx_tok_max_piece(d->model.tok),
+		.lim = {
+			.n_vocab = d->model.n_vocab,
+			.n_ctx = d->o.n_ctx,
+			.max_tokens = d->o.max_tokens ? d->o.max_tokens : d->o.n_ctx,
+			.max_line = d->o.max_line,
+		},
+	};
+}
+
+static int prep_fail(struct nxd_prepared *p, enum nxp_code code, const char *what, const struct nx_err *err)
+{
+	struct nx_err e = *err;
+	nx_err_prefix(&e, "%s", what);
+	p->prep_rc = -1;
+	p->prep_err.code = code;
+	_Static_assert(sizeof(p->prep_err.msg) == sizeof(e.msg), "one message size");
+	memcpy(p->prep_err.msg, e.msg, sizeof(e.msg));
+	return -1;
+}
+
 /* Encodes text into a malloc'd token array (*out), growing once if needed. */
-static int encode(struct nxd *d, const char *text, size_t len, bool special, bool add_bos, int32_t **out,
+static int encode(const struct nx_tok *tk, const char *text, size_t len, bool special, bool add_bos, int32_t **out,
 		  int *n_out, struct nx_err *err)
 {
-	const struct nx_tok *tk = d->model.tok;
 	size_t cap = len + 2, n = 0;
 	int32_t *t = malloc(cap * sizeof(*t));
 	if (!t)
@@ -57,23 +85,24 @@ static int encode(struct nxd *d, const char *text, size_t len, bool special, boo
 	return 0;
 }
 
-static uint64_t fresh_seed(struct nxd *d)
+/* Bytes of text the prompt carries before the template adds its own. */
+static size_t prompt_bytes(const struct nxp_generate *g)
 {
-	static uint64_t base;
-	if (!base && getrandom(&base, sizeof(base), GRND_NONBLOCK) != sizeof(base))
-		base = (uint64_t)nxd_now() * 0x9e3779b97f4a7c15ull ^ (uint64_t)d->pid;
-	uint64_t z = base + 0x9e3779b97f4a7c15ull * ++d->seed_ctr; /* splitmix64 */
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	size_t n = 0;
+	if (g->input == NXP_IN_PROMPT)
+		n = strlen(g->prompt) + (g->system && !g->raw ? strlen(g->system) : 0);
+	else if (g->input == NXP_IN_MESSAGES)
+		for (int i = 0; i < g->n_messages; i++)
+			n += strlen(g->messages[i].content);
+	return n;
 }
 
 /* The prompt's tokens: chat template (unless raw or given as tokens), then
  * the tokenizer with special tokens parsed, BOS where the model wants one. */
-static int prompt_tokens(struct nxd *d, const struct nxp_generate *g, int32_t **out, int *n_out,
+static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate *g, int32_t **out, int *n_out,
 			 struct nx_err *err)
 {
-	const struct nx_tok *tk = d->model.tok;
+	const struct nx_tok *tk = x->tok;
 	if (g->input == NXP_IN_TOKENS) {
 		*out = malloc(((size_t)g->n_tokens + 1) * sizeof(int32_t));
 		if (!*out)
@@ -85,7 +114,7 @@ static int prompt_tokens(struct nxd *d, const struct nxp_generate *g, int32_t **
 	char *text = NULL;
 	int rc;
 	if (g->input == NXP_IN_PROMPT && g->raw) {
-		rc = encode(d, g->prompt, strlen(g->prompt), true, nx_tok_add_bos(tk), out, n_out, err);
+		rc = encode(tk, g->prompt, strlen(g->prompt), true, nx_tok_add_bos(tk), out, n_out, err);
 		return rc;
 	}
 	struct nx_chat_msg *msgs = calloc((size_t)(g->input == NXP_IN_MESSAGES ? g->n_messages : 2), sizeof(*msgs));
@@ -100,19 +129,122 @@ static int prompt_tokens(struct nxd *d, const struct nxp_generate *g, int32_t **
 		for (int i = 0; i < g->n_messages; i++)
 			msgs[n++] = (struct nx_chat_msg){ nxp_role_name(g->messages[i].role), g->messages[i].content };
 	}
-	rc = nx_chat_render(d->model.tmpl, d->model.jinja, msgs, n, true, &text, err);
+	rc = nx_chat_render(x->tmpl, x->jinja, msgs, n, true, &text, err);
 	free(msgs);
 	if (rc < 0)
 		return -1;
-	rc = encode(d, text, strlen(text), true, nx_tok_add_bos(tk), out, n_out, err);
+	rc = encode(tk, text, strlen(text), true, nx_tok_add_bos(tk), out, n_out, err);
 	free(text);
 	return rc;
 }
 
-static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
+static void prep_generate(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
 {
-	struct nxp_generate *g = &q->u.gen;
+	const struct nxp_generate *g = &p->q.u.gen;
 	struct nx_err err = {{0}};
+	/* The cheap check first: every token is at most max_piece bytes of the
+	 * text, so more bytes than n_ctx such tokens cannot fit, and a megabyte
+	 * prompt is refused without a megabyte of tokenizer work. */
+	size_t bytes = prompt_bytes(g);
+	if (x->max_piece > 0 && bytes / x->max_piece >= (size_t)x->lim.n_ctx) {
+		p->prep_rc = -1;
+		p->prep_err.code = NXP_E_CONTEXT_OVERFLOW;
+		snprintf(p->prep_err.msg, sizeof(p->prep_err.msg),
+			 "the prompt is %zu bytes, at least %zu tokens; the context holds %d, and at least one position "
+			 "must be left to generate", bytes, bytes / x->max_piece, x->lim.n_ctx);
+		return;
+	}
+	if (prompt_tokens(x, g, &p->toks, &p->n_toks, &err) < 0)
+		prep_fail(p, NXP_E_BAD_REQUEST, "prompt", &err);
+}
+
+static void prep_tokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
+{
+	const struct nxp_tokenize *t = &p->q.u.tok;
+	struct nx_err err = {{0}};
+	bool bos = t->add_bos < 0 ? nx_tok_add_bos(x->tok) : t->add_bos == 1;
+	if (encode(x->tok, t->text, strlen(t->text), t->special, bos, &p->toks, &p->n_toks, &err) < 0)
+		prep_fail(p, NXP_E_BAD_REQUEST, "tokenize", &err);
+}
+
+static void prep_detokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
+{
+	const struct nxp_detokenize *dt = &p->q.u.detok;
+	struct nx_err err = {{0}};
+	size_t cap = (size_t)dt->n_tokens * 16 + 16, n = 0;
+	char *text = malloc(cap);
+	if (!text) {
+		nx_errf(&err, "out of memory");
+		prep_fail(p, NXP_E_INTERNAL, "detokenize", &err);
+		return;
+	}
+	if (nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap, &n, &err) < 0) {
+		if (n > cap) {
+			char *q = realloc(text, n);
+			if (q) {
+				text = q;
+				cap = n;
+			}
+		}
+		if (n > cap ||
+		    nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap, &n, &err) < 0) {
+			free(text);
+			prep_fail(p, NXP_E_BAD_REQUEST, "detokenize", &err);
+			return;
+		}
+	}
+	p->text = text;
+	p->text_len = n;
+}
+
+void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len)
+{
+	memset(p, 0, sizeof(*p));
+	/* Blank lines (a client's "\r\n" keep-alive) are not requests. */
+	size_t body = len;
+	while (body && (line[body - 1] == '\n' || line[body - 1] == '\r'))
+		body--;
+	if (body == 0) {
+		p->blank = true;
+		return;
+	}
+	p->parse_rc = nxp_parse(line, len, &x->lim, &p->q, &p->parse_err);
+	if (p->parse_rc < 0)
+		return;
+	switch (p->q.op) {
+	case NXP_OP_GENERATE: prep_generate(x, p); break;
+	case NXP_OP_TOKENIZE: prep_tokenize(x, p); break;
+	case NXP_OP_DETOKENIZE: prep_detokenize(x, p); break;
+	default: break;
+	}
+}
+
+void nxd_prepared_free(struct nxd_prepared *p)
+{
+	nxp_request_free(&p->q);
+	free(p->toks);
+	free(p->text);
+	p->toks = NULL;
+	p->text = NULL;
+}
+
+/* ---------------------------------------------------------------- answering (the loop) */
+
+static uint64_t fresh_seed(struct nxd *d)
+{
+	static uint64_t base;
+	if (!base && getrandom(&base, sizeof(base), GRND_NONBLOCK) != sizeof(base))
+		base = (uint64_t)nxd_now() * 0x9e3779b97f4a7c15ull ^ (uint64_t)d->pid;
+	uint64_t z = base + 0x9e3779b97f4a7c15ull * ++d->seed_ctr; /* splitmix64 */
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
+{
+	struct nxp_request *q = &p->q;
+	struct nxp_generate *g = &q->u.gen;
 	struct nxd_req *r = calloc(1, sizeof(*r));
 	if (!r) {
 		nxd_send_error(d, c, q->id, NXP_E_INTERNAL, "out of memory");
@@ -126,11 +258,14 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxp_request *q
 		nxd_req_free(r);
 		return;
 	}
-	if (prompt_tokens(d, g, &r->prompt, &r->n_prompt, &err) < 0) {
-		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "prompt: %s", err.msg);
+	if (p->prep_rc < 0) {
+		nxd_send_error(d, c, q->id, p->prep_err.code, "%s", p->prep_err.msg);
 		nxd_req_free(r);
 		return;
 	}
+	r->prompt = p->toks; /* taken over */
+	r->n_prompt = p->n_toks;
+	p->toks = NULL;
 	if (r->n_prompt == 0) {
 		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "the prompt is empty (no tokens)");
 		nxd_req_free(r);
@@ -168,51 +303,26 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxp_request *q
 	nxd_sched_submit(d, r);
 }
 
-static void op_tokenize(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
+static void op_tokenize(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
 {
-	struct nx_err err = {{0}};
-	int32_t *t = NULL;
-	int n = 0;
-	bool bos = q->u.tok.add_bos < 0 ? nx_tok_add_bos(d->model.tok) : q->u.tok.add_bos == 1;
-	if (encode(d, q->u.tok.text, strlen(q->u.tok.text), q->u.tok.special, bos, &t, &n, &err) < 0) {
-		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "tokenize: %s", err.msg);
+	if (p->prep_rc < 0) {
+		nxd_send_error(d, c, p->q.id, p->prep_err.code, "%s", p->prep_err.msg);
 		return;
 	}
 	size_t len;
-	char *line = nxp_enc_tokens_alloc(q->id, t, n, &len);
-	free(t);
-	queue_alloc(d, c, q->id, line, len);
+	char *line = nxp_enc_tokens_alloc(p->q.id, p->toks, p->n_toks, &len);
+	queue_alloc(d, c, p->q.id, line, len);
 }
 
-static void op_detokenize(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
+static void op_detokenize(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
 {
-	struct nx_err err = {{0}};
-	const struct nxp_detokenize *dt = &q->u.detok;
-	size_t cap = (size_t)dt->n_tokens * 16 + 16, n = 0;
-	char *text = malloc(cap);
-	if (!text) {
-		nxd_send_error(d, c, q->id, NXP_E_INTERNAL, "out of memory");
+	if (p->prep_rc < 0) {
+		nxd_send_error(d, c, p->q.id, p->prep_err.code, "%s", p->prep_err.msg);
 		return;
 	}
-	if (nx_tok_decode(d->model.tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap, &n, &err) < 0) {
-		if (n > cap) {
-			char *p = realloc(text, n);
-			if (p) {
-				text = p;
-				cap = n;
-			}
-		}
-		if (n > cap || nx_tok_decode(d->model.tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap,
-					     &n, &err) < 0) {
-			free(text);
-			nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "detokenize: %s", err.msg);
-			return;
-		}
-	}
 	size_t len;
-	char *line = nxp_enc_text_alloc(q->id, text, n, &len);
-	free(text);
-	queue_alloc(d, c, q->id, line, len);
+	char *line = nxp_enc_text_alloc(p->q.id, p->text, p->text_len, &len);
+	queue_alloc(d, c, p->q.id, line, len);
 }
 
 static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
@@ -279,73 +389,68 @@ static const char *admin_op_name(enum nxp_op op)
 
 void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t len)
 {
-	struct nxp_request q;
-	struct nxp_error e;
-	struct nxp_limits lim = {
-		.n_vocab = d->model.n_vocab,
-		.n_ctx = d->o.n_ctx,
-		.max_tokens = d->o.max_tokens ? d->o.max_tokens : d->o.n_ctx,
-		.max_line = d->o.max_line,
-	};
-	/* Blank lines (a client's "\r\n" keep-alive) are not requests. */
-	size_t body = len;
-	while (body && (line[body - 1] == '\n' || line[body - 1] == '\r'))
-		body--;
-	if (body == 0)
+	struct nxd_prepared p;
+	struct nxd_prep_ctx x = nxd_prep_ctx_of(d);
+	nxd_prepare(&x, &p, line, len);
+	nxd_apply(d, c, &p);
+	nxd_prepared_free(&p);
+}
+
+void nxd_apply(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
+{
+	struct nxp_request *q = &p->q;
+	if (p->blank)
 		return;
-	if (nxp_parse(line, len, &lim, &q, &e) < 0) {
-		nxd_send_error(d, c, q.id, e.code, "%s", e.msg);
-		nxp_request_free(&q);
+	if (p->parse_rc < 0) {
+		nxd_send_error(d, c, q->id, p->parse_err.code, "%s", p->parse_err.msg);
 		return;
 	}
-	if (d->phase == NXD_STOPPING && q.op != NXP_OP_STATUS && q.op != NXP_OP_HELLO) {
-		nxd_send_error(d, c, q.id, NXP_E_SHUTTING_DOWN, "the daemon is shutting down");
-		nxp_request_free(&q);
+	if (d->phase == NXD_STOPPING && q->op != NXP_OP_STATUS && q->op != NXP_OP_HELLO) {
+		nxd_send_error(d, c, q->id, NXP_E_SHUTTING_DOWN, "the daemon is shutting down");
 		return;
 	}
-	if (is_admin_op(q.op)) {
+	if (is_admin_op(q->op)) {
 		struct nx_err err = {{0}};
 		if (nxd_access_check_admin(c, &err) < 0) {
 			nxd_warn("client %d (pid %d, uid %d): '%s' refused: not an admin", c->idx, (int)c->cred.pid,
-				 (int)c->cred.uid, admin_op_name(q.op));
-			nxd_send_error(d, c, q.id, NXP_E_FORBIDDEN, "'%s' is for admins: %s", admin_op_name(q.op), err.msg);
-			nxp_request_free(&q);
-			return;
+				 (int)c->cred.uid, admin_op_name(q->op));
+			nxd_send_error(d, c, q->id, NXP_E_FORBIDDEN, "'%s' is for admins: %s", admin_op_name(q->op), err.msg);
+				return;
 		}
 	}
-	switch (q.op) {
+	switch (q->op) {
 	case NXP_OP_HELLO: {
 		struct nxp_hello_info h = { .model = d->model.name, .arch = d->model.arch, .n_ctx = d->o.n_ctx,
 					    .n_vocab = d->model.n_vocab };
 		char buf[2048];
-		size_t n = nxp_enc_hello(buf, sizeof(buf), q.has_id ? q.id : NULL, &h);
+		size_t n = nxp_enc_hello(buf, sizeof(buf), q->has_id ? q->id : NULL, &h);
 		if (n < sizeof(buf))
 			nxd_conn_queue(d, c, buf, n);
 		break;
 	}
 	case NXP_OP_GENERATE:
-		op_generate(d, c, &q);
+		op_generate(d, c, p);
 		break;
 	case NXP_OP_TOKENIZE:
-		op_tokenize(d, c, &q);
+		op_tokenize(d, c, p);
 		break;
 	case NXP_OP_DETOKENIZE:
-		op_detokenize(d, c, &q);
+		op_detokenize(d, c, p);
 		break;
 	case NXP_OP_STATUS:
-		op_status(d, c, &q);
+		op_status(d, c, q);
 		break;
 	case NXP_OP_CANCEL: {
 		/* Only one's own requests (ids are per connection), the latest
 		 * with that id if the client reused one. */
-		struct nxd_req *r = nxd_sched_find(d, c, q.u.cancel.target);
+		struct nxd_req *r = nxd_sched_find(d, c, q->u.cancel.target);
 		if (!r) {
-			nxd_send_error(d, c, q.id, NXP_E_NOT_FOUND, "no running request with id %s on this connection",
-				       q.u.cancel.target);
+			nxd_send_error(d, c, q->id, NXP_E_NOT_FOUND, "no running request with id %s on this connection",
+				       q->u.cancel.target);
 			break;
 		}
 		char buf[NXP_ID_MAX + 64];
-		size_t n = nxp_enc_ok(buf, sizeof(buf), q.id);
+		size_t n = nxp_enc_ok(buf, sizeof(buf), q->id);
 		if (n < sizeof(buf))
 			nxd_conn_queue(d, c, buf, n);
 		nxd_sched_cancel(d, r, NXP_DONE_CANCELLED);
@@ -357,11 +462,11 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 	case NXP_OP_LORA_FOLD:
 	case NXP_OP_LORA_UNFOLD:
 	case NXP_OP_LORA_REPORT:
-		nxd_lora_op(d, c, &q);
+		nxd_lora_op(d, c, q);
 		break;
 	case NXP_OP_SHUTDOWN: {
 		char buf[NXP_ID_MAX + 64], why[96];
-		size_t n = nxp_enc_ok(buf, sizeof(buf), q.id);
+		size_t n = nxp_enc_ok(buf, sizeof(buf), q->id);
 		if (n < sizeof(buf))
 			nxd_conn_queue(d, c, buf, n);
 		snprintf(why, sizeof(why), "shutdown requested by uid %d, pid %d", (int)c->cred.uid, (int)c->cred.pid);
@@ -369,8 +474,7 @@ void nxd_handle_line(struct nxd *d, struct nxd_conn *c, const char *line, size_t
 		break;
 	}
 	case NXP_OP_NONE:
-		nxd_send_error(d, c, q.id, NXP_E_BAD_REQUEST, "no operation");
+		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "no operation");
 		break;
 	}
-	nxp_request_free(&q);
 }

@@ -7,6 +7,7 @@ NXD_ATTACK_N sets the attempts of the symlink race (default 3000 in `make test`;
 import json
 import os
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -257,6 +258,130 @@ def test_reports_are_for_admins(model_path, public_dir, tmp_path):
             while ev.get("event") == "progress":
                 ev = adm.recv()
             assert ev["event"] == "lora_report", ev
+    finally:
+        d.stop()
+        d.kill()
+
+
+def stream_rate(c, seconds, rid):
+    """Tokens per second of one greedy stream on c over `seconds`, from its first token on."""
+    c.send({"id": rid, "op": "generate", "prompt": "Tell me a long story.", "max_tokens": 1500, "temperature": 0,
+            "ignore_eos": True})
+    n, t0, t_end = 0, None, None
+    for ev in c.events(rid):
+        if ev["event"] != "token":
+            break
+        now = time.monotonic()
+        if t0 is None:
+            t0, t_end = now, now + seconds
+        elif now < t_end:
+            n += 1
+        elif t_end is not None and n >= 0:
+            c.send({"id": f"{rid}-x", "op": "cancel", "target": rid})
+            t_end, n = float("inf"), -n - 1
+    assert n < 0, "the stream ended before the window did"
+    return (-n - 1) / seconds
+
+
+def test_pipelined_megabyte_lines_do_not_starve_others(model_path, tmp_path):
+    """One connection pipelines 30 tokenize requests of ~1 MiB (each a third of a second of tokenizer
+    work): another client's stream keeps >= 80% of its tokens per second meanwhile, a third client's
+    small requests are answered at once, and every one of the 30 gets its right answer. A 1 MiB
+    generate prompt is refused as context_overflow without being tokenized."""
+    d = Daemon(model_path, tmp_path, workers=2, args=["--ctx", "2048"]).start()
+    try:
+        with Client(d.sock) as dec, Client(d.sock) as att, Client(d.sock) as other:
+            words = ["lighthouse", "keeper", "climbed", "the", "stairs", "every", "evening", "at", "dusk", "1905,",
+                     "Einstein", "published", "papers", "photoelectric", "effect;", "Brownian", "motion!"]
+            text = " ".join(words[(i * 7 + i // 3) % len(words)] for i in range(100000))[:1000000]
+            want = other.request({"op": "tokenize", "id": "w", "text": text[:20000]})["tokens"]
+            stream_rate(dec, 1.0, "warm")
+            before = stream_rate(dec, 3.0, "a")
+
+            line = b"".join((json.dumps({"op": "tokenize", "id": i, "text": text}) + "\n").encode()
+                            for i in range(30))
+            got, t_end = [], []
+
+            def attack_read():
+                got.extend(att.recv() for _ in range(30))
+                t_end.append(time.monotonic())
+
+            t_att = time.monotonic()
+            threading.Thread(target=att.send, args=(line,), daemon=True).start()
+            att_reader = threading.Thread(target=attack_read)
+            att_reader.start()
+            time.sleep(0.3)
+            # Small requests from another client during the attack: answered at once.
+            lat = []
+            for i in range(5):
+                t = time.monotonic()
+                r = other.request({"op": "tokenize", "id": f"s{i}", "text": text[:20000]})
+                lat.append(time.monotonic() - t)
+                assert r["tokens"] == want
+                t = time.monotonic()
+                r = other.request({"op": "generate", "id": f"big{i}", "prompt": text, "max_tokens": 1})
+                lat.append(time.monotonic() - t)
+                assert r["event"] == "error" and r["code"] == "context_overflow", r
+            during = stream_rate(dec, 3.0, "b")
+            t_during = time.monotonic()
+            att_reader.join()
+            after = stream_rate(dec, 3.0, "c")
+            alone = max(before, after)
+            assert [g["id"] for g in got] == list(range(30))
+            assert all(g["event"] == "tokens" and g["tokens"][:len(want) - 8] == want[:-8] for g in got)
+            print(f"\nstream alone {before:.0f} / {after:.0f} tok/s, during 30 x 1 MiB tokenize {during:.0f} tok/s "
+                  f"({during / alone:.2f}); the attacker's answers took {t_end[0] - t_att:.1f} s; the other "
+                  f"client's small requests: at most {max(lat) * 1000:.0f} ms")
+            assert t_during < t_end[0], "the attack must last the whole measured window"
+            assert during >= 0.8 * alone, (during, alone)
+            assert max(lat) < 0.5, lat
+    finally:
+        d.stop()
+        d.kill()
+
+
+def test_long_lines_keep_their_order_and_answers(model_path, tmp_path):
+    """Lines prepared off the loop answer in the order they were sent, mixed with short ones on the
+    same connection; a client that half-closes after a long line still gets its answer; one that
+    vanishes while its line is being prepared costs the daemon nothing."""
+    d = Daemon(model_path, tmp_path, workers=1, args=["--ctx", "512"]).start()
+    try:
+        text = "the quick brown fox jumps over the lazy dog. " * 4000
+        with Client(d.sock) as c:
+            want = c.request({"op": "tokenize", "id": "w", "text": text})["tokens"]
+            reqs = []
+            for i in range(12):
+                t = text if i % 3 == 0 else "hi"
+                reqs.append({"op": "tokenize", "id": i, "text": t})
+                reqs.append({"op": "status", "id": f"s{i}"})
+            reqs.append({"op": "generate", "id": "g", "prompt": "x " * 20000, "max_tokens": 1})
+            reqs.append({"op": "generate", "id": "h", "prompt": "Hello " * 500, "raw": True, "max_tokens": 2,
+                         "temperature": 0, "stream": False})
+            c.send(b"".join((json.dumps(r) + "\n").encode() for r in reqs))
+            evs = [c.recv() for _ in reqs]
+            assert [e["id"] for e in evs] == [r["id"] for r in reqs]
+            for r, e in zip(reqs, evs):
+                if r["op"] == "tokenize":
+                    assert e["event"] == "tokens" and (r["text"] != text or e["tokens"] == want), e
+                elif r["op"] == "status":
+                    assert e["event"] == "status"
+            assert evs[-2]["event"] == "error" and evs[-2]["code"] == "context_overflow", evs[-2]
+            assert evs[-1]["event"] == "done" and evs[-1]["usage"]["prompt_tokens"] > 500, evs[-1]
+        # Half-close after a long line: the answer still comes.
+        with Client(d.sock) as c:
+            c.send({"op": "tokenize", "id": 1, "text": text})
+            c.s.shutdown(socket.SHUT_WR)
+            e = c.recv()
+            assert e["event"] == "tokens" and e["tokens"] == want
+        # Gone while its lines are prepared.
+        for _ in range(5):
+            c = Client(d.sock)
+            c.send(b"".join((json.dumps({"op": "tokenize", "id": i, "text": text}) + "\n").encode()
+                            for i in range(4)))
+            c.close()
+        with Client(d.sock) as c:
+            assert c.request({"op": "tokenize", "id": 2, "text": text})["tokens"] == want
+        assert d.proc.poll() is None
     finally:
         d.stop()
         d.kill()
