@@ -15,6 +15,11 @@
 #include <jansson.h>
 
 #include "common/err.h"
+#include "sample/stop.h"
+
+/* The daemon hands a request's stop strings to the matcher as they are. */
+_Static_assert(NXP_MAX_STOP <= NX_STOP_MAX && NXP_MAX_STOP_LEN <= NX_STOP_MAX_LEN,
+	       "the stop matcher must hold what the protocol allows");
 
 // --- names
 
