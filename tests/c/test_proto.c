@@ -27,7 +27,7 @@ static void check_err_(const char *line, enum nxp_code code, const char *n1, con
 	struct nxp_error e = {0};
 	int rc = nxp_parse(line, strlen(line), &LIM, &r, &e);
 	if (rc != -1 || e.code != code || (n1 && !strstr(e.msg, n1)) || (n2 && !strstr(e.msg, n2))) {
-		print_error("%s:%d: request %s\n  want %s with '%s' '%s'\n  got rc %d %s: %s\n", file,
+		print_error("%s:%d: request %.300s\n  want %s with '%s' '%s'\n  got rc %d %s: %s\n", file,
 			    lineno, line, nxp_code_name(code), n1 ? n1 : "", n2 ? n2 : "", rc,
 			    nxp_code_name(e.code), e.msg);
 		nxp_request_free(&r);
@@ -41,7 +41,7 @@ static void parse_ok_(const char *line, struct nxp_request *r, const char *file,
 {
 	struct nxp_error e = {0};
 	if (nxp_parse(line, strlen(line), &LIM, r, &e) != 0) {
-		print_error("%s:%d: request %s\n  failed: %s: %s\n", file, lineno, line,
+		print_error("%s:%d: request %.300s\n  failed: %s: %s\n", file, lineno, line,
 			    nxp_code_name(e.code), e.msg);
 		fail();
 	}
@@ -253,7 +253,7 @@ static void test_generate_ranges(void **st)
 	check_err(GEN "\"max_tokens\":1e300}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "1e+300");
 	check_err(GEN "\"temperature\":-1}", NXP_E_OUT_OF_RANGE, "'temperature'", "got -1");
 	check_err(GEN "\"temperature\":-0.0001}", NXP_E_OUT_OF_RANGE, "'temperature'", NULL);
-	check_err(GEN "\"temperature\":1e39}", NXP_E_OUT_OF_RANGE, "'temperature'", "finite");
+	check_err(GEN "\"temperature\":1e39}", NXP_E_OUT_OF_RANGE, "'temperature'", "32-bit float");
 	check_err(GEN "\"top_p\":0}", NXP_E_OUT_OF_RANGE, "'top_p'", "got 0");
 	check_err(GEN "\"top_p\":1.5}", NXP_E_OUT_OF_RANGE, "'top_p'", "got 1.5");
 	check_err(GEN "\"top_p\":-0.5}", NXP_E_OUT_OF_RANGE, "'top_p'", NULL);
@@ -947,6 +947,59 @@ static void test_parse_mutations(void **st)
 	}
 }
 
+/* Every number field stored as a float: its range is checked on the value
+ * sent (a negative value is negative however small), and a value a 32-bit
+ * float cannot hold (too big, or so small it would become 0) is refused as
+ * out of range, saying so. */
+static void test_float_fields(void **st)
+{
+	check_err(GEN "\"temperature\":-1e-300}", NXP_E_OUT_OF_RANGE,
+		  "field 'temperature' must be >= 0 (0 is greedy), got -1e-300", NULL);
+	check_err(GEN "\"min_p\":-1e-300}", NXP_E_OUT_OF_RANGE, "field 'min_p' must be in [0, 1], got -1e-300",
+		  NULL);
+	check_err(GEN "\"top_p\":1.0000000001}", NXP_E_OUT_OF_RANGE,
+		  "field 'top_p' must be in (0, 1], got 1.0000000001", NULL);
+	check_err(GEN "\"repeat_penalty\":-1e-300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' must be > 0", NULL);
+	check_err(GEN "\"temperature\":3.5e38}", NXP_E_OUT_OF_RANGE,
+		  "field 'temperature' is out of range for a 32-bit float (at most 3.4028235e+38), got 3.5e+38",
+		  NULL);
+	check_err(GEN "\"repeat_penalty\":1e300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' is out of range", "1e+300");
+	check_err(GEN "\"top_p\":1e-50}", NXP_E_OUT_OF_RANGE,
+		  "field 'top_p' is too close to 0 for a 32-bit float (at least 1.4e-45), got 1e-50", NULL);
+	check_err(GEN "\"repeat_penalty\":1e-300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' is too close to 0",
+		  NULL);
+	check_err(GEN "\"temperature\":1e-50}", NXP_E_OUT_OF_RANGE, "'temperature' is too close to 0", NULL);
+	check_err(GEN "\"lora\":[{\"name\":\"a\",\"scale\":3.5e38}]}", NXP_E_OUT_OF_RANGE,
+		  "field 'lora[0].scale' is out of range for a 32-bit float", NULL);
+	check_err(GEN "\"lora\":[{\"name\":\"a\",\"scale\":-1e-60}]}", NXP_E_OUT_OF_RANGE,
+		  "field 'lora[0].scale' is too close to 0", NULL);
+	check_err("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/x\",\"scale\":-3.5e38}",
+		  NXP_E_OUT_OF_RANGE, "field 'scale' is out of range for a 32-bit float", "-3.5e+38");
+	check_err("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"scale\":1e39}", NXP_E_OUT_OF_RANGE,
+		  "field 'scale' is out of range", NULL);
+	check_err("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"scale\":1e-46}", NXP_E_OUT_OF_RANGE,
+		  "field 'scale' is too close to 0", NULL);
+
+	/* The edges themselves are fine: the largest float, the smallest
+	 * nonzero one, zero and -0 where 0 is allowed, a negative LoRA scale. */
+	struct nxp_request r;
+	parse_ok(GEN "\"temperature\":3.4028234e38,\"top_p\":1.4e-45,\"min_p\":-0.0,\"repeat_penalty\":1e-45,"
+		     "\"lora\":[{\"name\":\"a\",\"scale\":-2.5}]}",
+		 &r);
+	assert_true(r.u.gen.sampling.temperature == FLT_MAX);
+	assert_true(r.u.gen.sampling.top_p > 0.0f);
+	assert_true(r.u.gen.sampling.min_p == 0.0f);
+	assert_true(r.u.gen.sampling.repeat_penalty > 0.0f);
+	assert_true(r.u.gen.lora[0].scale == -2.5f);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"temperature\":-0.0,\"min_p\":0,\"top_p\":1}", &r);
+	assert_true(r.u.gen.sampling.temperature == 0.0f);
+	nxp_request_free(&r);
+	parse_ok("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/x\",\"scale\":-3.4e38}", &r);
+	assert_true(r.u.lora.scale == -3.4e38f);
+	nxp_request_free(&r);
+}
+
 static void test_socket_path(void **st)
 {
 	char buf[256];
@@ -997,6 +1050,7 @@ int main(void)
 		cmocka_unit_test(test_enc_big_numbers),
 		cmocka_unit_test(test_id_echo),
 		cmocka_unit_test(test_parse_mutations),
+		cmocka_unit_test(test_float_fields),
 		cmocka_unit_test(test_socket_path),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
