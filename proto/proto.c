@@ -1210,6 +1210,37 @@ static int key_before(const char *s, size_t len, size_t pos, char *key, size_t c
 	return 1;
 }
 
+/* jansson counts every value as a level, the innermost number too, and
+ * stops at JSON_PARSER_MAX_DEPTH: a limit that is not one nesting depth
+ * (2048 empty arrays pass, 2048 around a number do not). The request's own
+ * limit is checked first and sits below jansson's, so jansson's never decides. */
+_Static_assert(NXP_MAX_DEPTH + 1 < JSON_PARSER_MAX_DEPTH, "jansson must parse what NXP_MAX_DEPTH lets through");
+
+/* Offset of the first '[' or '{' nested deeper than max, or -1. Brackets in
+ * strings are text; malformed JSON is left for jansson to name. */
+static long too_deep(const char *s, size_t n, int max)
+{
+	int depth = 0;
+	bool in_str = false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+		} else if (c == '"') {
+			in_str = true;
+		} else if (c == '[' || c == '{') {
+			if (++depth > max)
+				return (long)i;
+		} else if ((c == ']' || c == '}') && depth > 0) {
+			depth--;
+		}
+	}
+	return -1;
+}
+
 int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct nxp_request *req,
 	      struct nxp_error *e)
 {
@@ -1225,11 +1256,16 @@ int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct
 		return fail(e, NXP_E_TOO_LARGE, "request line of %zu bytes is over the limit of %zu bytes",
 			    body, max_line);
 
+	long deep = too_deep(line, body, NXP_MAX_DEPTH);
+	if (deep >= 0)
+		return fail(e, NXP_E_PARSE_ERROR,
+			    "request nested deeper than %d levels of arrays and objects (at byte %ld)", NXP_MAX_DEPTH,
+			    deep + 1);
+
 	json_error_t jerr;
 	/* Duplicate keys are refused: two readers could otherwise disagree on
 	 * which "max_tokens" counts. jansson also refuses NaN, Infinity, numbers
-	 * that overflow a double (1e999) or int64, invalid UTF-8, \u0000 and
-	 * nesting deeper than 2048. */
+	 * that overflow a double (1e999) or int64, invalid UTF-8 and \u0000. */
 	json_t *o = json_loadb(line, body, JSON_REJECT_DUPLICATES, &jerr);
 	if (!o) {
 		char key[64];

@@ -98,7 +98,7 @@ static void test_deep_nesting(void **st)
 	memset(s + k, '[', n);
 	memset(s + k + n, ']', n);
 	strcpy(s + k + 2 * n, "}");
-	check_err(s, NXP_E_PARSE_ERROR, "invalid JSON", NULL);
+	check_err(s, NXP_E_PARSE_ERROR, "deeper than 1024 levels", "at byte 1050");
 	free(s);
 }
 
@@ -947,6 +947,66 @@ static void test_parse_mutations(void **st)
 	}
 }
 
+// --- documented limits (docs/protocol.md), each at its value and one past it
+
+/* A malloc'd string: head, then n copies of unit joined by sep, then tail. */
+static char *repeat(const char *head, const char *unit, const char *sep, size_t n, const char *tail)
+{
+	size_t len = strlen(head) + n * (strlen(unit) + strlen(sep)) + strlen(tail) + 1;
+	char *s = malloc(len), *p = s;
+	p = stpcpy(p, head);
+	for (size_t i = 0; i < n; i++)
+		p = stpcpy(stpcpy(p, i ? sep : ""), unit);
+	strcpy(p, tail);
+	return s;
+}
+
+static void check_ok_(char *line, const char *file, int lineno)
+{
+	struct nxp_request r;
+	parse_ok_(line, &r, file, lineno);
+	nxp_request_free(&r);
+	free(line);
+}
+#define check_ok(line) check_ok_(line, __FILE__, __LINE__)
+
+static void check_err_free_(char *line, enum nxp_code code, const char *n1, const char *n2, const char *file,
+			    int lineno)
+{
+	check_err_(line, code, n1, n2, file, lineno);
+	free(line);
+}
+#define check_err_free(line, code, n1, n2) check_err_free_(line, code, n1, n2, __FILE__, __LINE__)
+
+/* "Nesting deeper than 1024 levels gives parse_error": levels of arrays and
+ * objects, the request object itself the first; whatever is innermost. */
+static void test_depth_limit(void **st)
+{
+	static const char *inner[] = {"", "1", "\"s\"", "{}", "[]", "null"};
+	for (size_t i = 0; i < sizeof(inner) / sizeof(inner[0]); i++) {
+		/* an innermost container is a level too */
+		size_t extra = inner[i][0] == '{' || inner[i][0] == '[';
+		size_t arrays = 1024 - 1 - extra;
+		char *head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "[", "", arrays, inner[i]);
+		check_ok(repeat(head, "]", "", arrays, "}"));
+		free(head);
+		head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "[", "", arrays + 1, inner[i]);
+		check_err_free(repeat(head, "]", "", arrays + 1, "}"), NXP_E_PARSE_ERROR, "deeper than 1024 levels",
+			       NULL);
+		free(head);
+	}
+	/* Brackets inside strings are text, not nesting. */
+	char *text = repeat("{\"id\":1,\"op\":\"tokenize\",\"text\":\"", "[{", "", 3000, "\\\"]\"}");
+	check_ok(text);
+	/* Objects count as arrays do. */
+	char *head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "{\"a\":", "", 1024, "1");
+	check_err_free(repeat(head, "}", "", 1024, "}"), NXP_E_PARSE_ERROR, "deeper than 1024", NULL);
+	free(head);
+	head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "{\"a\":", "", 1023, "1");
+	check_ok(repeat(head, "}", "", 1023, "}"));
+	free(head);
+}
+
 /* Every number field stored as a float: its range is checked on the value
  * sent (a negative value is negative however small), and a value a 32-bit
  * float cannot hold (too big, or so small it would become 0) is refused as
@@ -1050,6 +1110,7 @@ int main(void)
 		cmocka_unit_test(test_enc_big_numbers),
 		cmocka_unit_test(test_id_echo),
 		cmocka_unit_test(test_parse_mutations),
+		cmocka_unit_test(test_depth_limit),
 		cmocka_unit_test(test_float_fields),
 		cmocka_unit_test(test_socket_path),
 	};
