@@ -3,13 +3,36 @@ import pytest
 
 from nxd_helpers import Client, Daemon
 
+MAX_LINE = 1 << 20  # docs/protocol.md: a request line may be at most 1 MiB, not counting the line end
+STATUS = b'{"op":"status","id":1}'
 
 
 @pytest.fixture(scope="module")
 def daemon(model_path, tmp_path_factory):
+    # the default --max-line: the documented value itself
     d = Daemon(model_path, tmp_path_factory.mktemp("nxd"), workers=2, args=["--ctx", "512", "--slots", "2"])
     with d:
         yield d
+
+
+def padded(body_len, end):
+    """A status request padded with spaces to body_len bytes, then the line end."""
+    return STATUS + b" " * (body_len - len(STATUS)) + end
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_line_limit_either_line_end(daemon, end):
+    with Client(daemon.sock) as c:
+        c.send(padded(MAX_LINE, end))
+        ev = c.recv()
+        assert ev["event"] == "status" and ev["id"] == 1, ev
+        c.send(padded(MAX_LINE + 1, end))
+        ev = c.recv()
+        assert ev["event"] == "error" and ev["code"] == "too_large" and ev["id"] is None, ev
+        assert "limit of 1048576 bytes" in ev["message"], ev
+        # the oversized line is skipped whole; the next one is served
+        ev = c.request({"op": "status", "id": "after"})
+        assert ev["event"] == "status" and ev["id"] == "after", ev
 
 
 def test_stop_string_of_256_bytes(daemon):
