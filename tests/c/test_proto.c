@@ -1060,6 +1060,112 @@ static void test_float_fields(void **st)
 	nxp_request_free(&r);
 }
 
+static void test_documented_limits(void **st)
+{
+	/* id: at most 255 bytes of JSON text, quotes included */
+	check_ok(repeat("{\"op\":\"status\",\"id\":\"", "a", "", 253, "\"}"));
+	check_err_free(repeat("{\"op\":\"status\",\"id\":\"", "a", "", 254, "\"}"), NXP_E_OUT_OF_RANGE,
+		       "at most 255 bytes", "got 256");
+	/* an escape counts as written: \u0001 is 6 bytes */
+	check_ok(repeat("{\"op\":\"status\",\"id\":\"", "\\u0001", "", 42, "a\"}"));
+	check_err_free(repeat("{\"op\":\"status\",\"id\":\"", "\\u0001", "", 42, "ab\"}"), NXP_E_OUT_OF_RANGE,
+		       "'id'", "got 256");
+	/* stop: at most 8 strings of 1..256 bytes */
+	check_ok(repeat(GEN "\"stop\":[", "\"s\"", ",", 8, "]}"));
+	check_err_free(repeat(GEN "\"stop\":[", "\"s\"", ",", 9, "]}"), NXP_E_OUT_OF_RANGE, "at most 8 entries",
+		       "got 9");
+	check_ok(repeat(GEN "\"stop\":[\"", "x", "", 256, "\"]}"));
+	check_err_free(repeat(GEN "\"stop\":[\"", "x", "", 257, "\"]}"), NXP_E_OUT_OF_RANGE,
+		       "'stop[0]' must be 1..256 bytes", "got 257");
+	/* logprobs: 0..20 */
+	check_ok(strdup(GEN "\"logprobs\":20}"));
+	check_err(GEN "\"logprobs\":21}", NXP_E_OUT_OF_RANGE, "'logprobs' must be in 0..20", NULL);
+	/* messages: 1..4096 */
+	const char *msg = "{\"role\":\"user\",\"content\":\"m\"}";
+	check_ok(repeat("{\"id\":1,\"op\":\"generate\",\"messages\":[", msg, ",", 4096, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"generate\",\"messages\":[", msg, ",", 4097, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'messages' must have 1..4096 entries", "got 4097");
+	check_err("{\"id\":1,\"op\":\"generate\",\"messages\":[]}", NXP_E_OUT_OF_RANGE, "'messages'", "got 0");
+	/* tokens: 1..n_ctx (64 here) */
+	check_ok(repeat("{\"id\":1,\"op\":\"generate\",\"tokens\":[", "7", ",", 64, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"generate\",\"tokens\":[", "7", ",", 65, "]}"),
+		       NXP_E_CONTEXT_OVERFLOW, "65 tokens", "context of 64");
+	check_err("{\"id\":1,\"op\":\"generate\",\"tokens\":[]}", NXP_E_OUT_OF_RANGE, "'tokens'", "got 0");
+	/* max_tokens: 1..limit (512 here) */
+	check_ok(strdup(GEN "\"max_tokens\":512}"));
+	check_err(GEN "\"max_tokens\":513}", NXP_E_OUT_OF_RANGE, "must be in 1..512", NULL);
+	/* seed: 0..2^63-1; past int64 is not JSON the parser takes */
+	check_ok(strdup(GEN "\"seed\":9223372036854775807}"));
+	check_err(GEN "\"seed\":9223372036854775808}", NXP_E_PARSE_ERROR, "field 'seed'", NULL);
+	/* integer fields without a stated maximum: at most 2^31-1 */
+	check_ok(strdup(GEN "\"top_k\":2147483647,\"repeat_last_n\":2147483647}"));
+	check_err(GEN "\"top_k\":2147483648}", NXP_E_OUT_OF_RANGE, "'top_k' must be in 0..2147483647", NULL);
+	check_err(GEN "\"repeat_last_n\":2147483648}", NXP_E_OUT_OF_RANGE, "'repeat_last_n'", NULL);
+	/* lora: at most 8 adapters, names 1..128 bytes */
+	char *names = repeat(GEN "\"lora\":[", "{\"name\":\"a\"}", ",", 1, "");
+	for (int i = 1; i < 9; i++) {
+		char one[32];
+		snprintf(one, sizeof(one), ",{\"name\":\"a%d\"}", i);
+		names = realloc(names, strlen(names) + sizeof(one));
+		strcat(names, one);
+		char *line = repeat(names, "", "", 0, "]}");
+		if (i < 8)
+			check_ok(line);
+		else
+			check_err_free(line, NXP_E_OUT_OF_RANGE, "'lora' must have at most 8 entries", "got 9");
+	}
+	free(names);
+	check_ok(repeat(GEN "\"lora\":[{\"name\":\"", "n", "", 128, "\"}]}"));
+	check_err_free(repeat(GEN "\"lora\":[{\"name\":\"", "n", "", 129, "\"}]}"), NXP_E_OUT_OF_RANGE,
+		       "'lora[0].name' must be 1..128 bytes", "got 129");
+	/* adapter operations: name 1..128 bytes, path 1..4095 bytes */
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_unload\",\"name\":\"", "n", "", 128, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_unload\",\"name\":\"", "n", "", 129, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'name' must be 1..128 bytes", "got 129");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/", "p", "", 4094, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/", "p", "", 4095, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'path' must be 1..4095 bytes", "got 4096");
+	/* lora_report: types 1..8 names of 1..15 bytes, layers 1..1024 ids in 0..1023 */
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"types\":[", "\"f16\"", ",", 8, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"types\":[", "\"f16\"", ",", 9, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'types' must have 1..8 entries", "got 9");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"type\":\"", "t", "", 15, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"type\":\"", "t", "", 16, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'type' must be 1..15 bytes", "got 16");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[", "1023", ",", 1024, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[", "0", ",", 1025, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'layers' must have 1..1024 entries", "got 1025");
+	check_err("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[1024]}", NXP_E_OUT_OF_RANGE,
+		  "'layers[0]' must be in 0..1023", NULL);
+}
+
+/* The line limit does not count the line end, and "\r\n" is as good as "\n". */
+static void test_line_limit_line_ends(void **st)
+{
+	struct nxp_limits lim = LIM;
+	lim.max_line = 64;
+	static const char *ends[] = {"\n", "\r\n", ""};
+	for (size_t i = 0; i < 3; i++) {
+		for (size_t body = 64; body <= 65; body++) {
+			char line[80];
+			memset(line, ' ', body);
+			memcpy(line, "{\"id\":1,\"op\":\"status\"}", 22);
+			strcpy(line + body, ends[i]);
+			struct nxp_request r;
+			struct nxp_error e;
+			int rc = nxp_parse(line, strlen(line), &lim, &r, &e);
+			if (body == 64) {
+				assert_int_equal(rc, 0);
+			} else {
+				assert_int_equal(rc, -1);
+				assert_int_equal(e.code, NXP_E_TOO_LARGE);
+				assert_string_equal(e.msg, "request line of 65 bytes is over the limit of 64 bytes");
+			}
+			nxp_request_free(&r);
+		}
+	}
+}
+
 static void test_socket_path(void **st)
 {
 	char buf[256];
@@ -1112,6 +1218,8 @@ int main(void)
 		cmocka_unit_test(test_parse_mutations),
 		cmocka_unit_test(test_depth_limit),
 		cmocka_unit_test(test_float_fields),
+		cmocka_unit_test(test_documented_limits),
+		cmocka_unit_test(test_line_limit_line_ends),
 		cmocka_unit_test(test_socket_path),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

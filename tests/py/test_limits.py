@@ -56,3 +56,31 @@ def test_stop_string_of_256_bytes(daemon):
         ev = c.request({"op": "generate", "id": 3, "prompt": "x", "stop": ["s" * 257]})
         assert ev["event"] == "error" and ev["code"] == "out_of_range", ev
         assert ev["message"] == "field 'stop[0]' must be 1..256 bytes long, got 257", ev
+
+
+def test_tokens_ids_and_max_tokens(daemon):
+    """A tokens prompt must leave room to generate (at most n_ctx - 1 ids);
+    max_tokens goes up to n_ctx; an id is at most 255 bytes of JSON text."""
+    n_ctx = 512
+    with Client(daemon.sock) as c:
+        _, _, done = c.generate(rid=1, tokens=[100] * (n_ctx - 1), max_tokens=1)
+        assert done["event"] == "done" and done["usage"]["prompt_tokens"] == n_ctx - 1, done
+        ev = c.request({"op": "generate", "id": 2, "tokens": [100] * n_ctx})
+        assert ev["event"] == "error" and ev["code"] == "context_overflow", ev
+        ev = c.request({"op": "generate", "id": 3, "tokens": [100] * (n_ctx + 1)})
+        assert ev["event"] == "error" and ev["code"] == "context_overflow", ev
+
+        c.send({"op": "generate", "id": 4, "prompt": "Count:", "max_tokens": n_ctx})
+        ev = c.recv()
+        assert ev["event"] == "token" and ev["id"] == 4, ev
+        c.send({"op": "cancel", "id": 5, "target": 4})
+        assert [e["event"] for e in c.events(4)][-1] == "done"
+        ev = c.request({"op": "generate", "id": 6, "prompt": "x", "max_tokens": n_ctx + 1})
+        assert ev["code"] == "out_of_range" and ev["message"] == "field 'max_tokens' must be in 1..512, got 513", ev
+
+        rid = "i" * 253  # 255 bytes with its quotes
+        ev = c.request({"op": "status", "id": rid})
+        assert ev["event"] == "status" and ev["id"] == rid, ev
+        ev = c.request({"op": "status", "id": rid + "i"})
+        assert ev["code"] == "out_of_range" and ev["id"] is None, ev
+        assert ev["message"] == "field 'id' must be at most 255 bytes as JSON text, got 256", ev
