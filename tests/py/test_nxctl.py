@@ -247,6 +247,19 @@ def test_version_mismatch(nxd):
     assert nxd.ops() == ["hello"]
 
 
+def test_version_mismatch_names_both(nxd):
+    nxd.handlers["hello"] = lambda req, send: send({"event": "hello", "version": 99, "server": "nxd"})
+    r = run(["status"], sock=nxd.path)
+    assert r.returncode == 1 and r.stdout == b""
+    assert r.stderr.decode() == f"nxctl: nxd at {nxd.path} speaks protocol version 99; nxctl speaks version 1\n"
+    nxd.handlers["hello"] = lambda req, send: send({"event": "hello", "version": "1"})
+    r = run(["status"], sock=nxd.path)
+    assert r.returncode == 1
+    assert r.stderr.decode() == (f"nxctl: nxd at {nxd.path} sent a hello whose 'version' is not an integer (got "
+                                 f"string); nxctl speaks protocol version 1\n")
+    assert nxd.ops() == ["hello", "hello"]  # nothing sent past the hello
+
+
 def test_ctrl_c_cancels(nxd, procs):
     gen_id = {}
     started = threading.Event()
