@@ -19,7 +19,11 @@
 	"      --seed S           random seed, 0..2^63-1 (default: a fresh one)\n"               \
 	"      --stop STR         stop before STR (repeatable, at most 8)\n"                    \
 	"      --ignore-eos       keep going past the end-of-sequence token\n"                  \
-	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"
+	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"   \
+	"      --raw-output       write the text to a terminal as it is, control characters\n" \
+	"                         and all (by default a terminal shows them: ESC as ^[, BEL\n" \
+	"                         as ^G, U+009B as <U+009B>; pipes and files always get the\n" \
+	"                         bytes unchanged)\n"
 
 const char nxc_usage_generate[] =
 	"usage: nxctl generate [OPTIONS] PROMPT|-\n\n"
@@ -49,13 +53,14 @@ struct gen_args {
 	json_t *params;       /* sampling and stop fields, copied into every request */
 	const char *system;
 	bool raw, json, tokens;
+	bool raw_output;      /* --raw-output: no terminal filter on stdout */
 	int n_stop;
 	int first_arg;        /* argv index of the first PROMPT word */
 };
 
 enum {
 	O_TOPK = 256, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_IGNORE_EOS, O_SYSTEM,
-	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA,
+	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA, O_RAW_OUTPUT,
 };
 
 static const struct option gen_opts[] = {
@@ -76,6 +81,7 @@ static const struct option gen_opts[] = {
 	{"logprobs", required_argument, NULL, O_LOGPROBS},
 	{"tokens", no_argument, NULL, O_TOKENS},
 	{"lora", required_argument, NULL, O_LORA},
+	{"raw-output", no_argument, NULL, O_RAW_OUTPUT},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
 };
@@ -223,6 +229,9 @@ static int parse_gen_args(const char *cmd, bool is_chat, int argc, char **argv, 
 		case O_IGNORE_EOS:
 			json_object_set_new(ga->params, "ignore_eos", json_true());
 			break;
+		case O_RAW_OUTPUT:
+			ga->raw_output = true;
+			break;
 		case O_SYSTEM:
 			ga->system = optarg;
 			break;
@@ -241,10 +250,19 @@ static int parse_gen_args(const char *cmd, bool is_chat, int argc, char **argv, 
 		}
 	}
 	ga->first_arg = optind;
+	if (ga->raw_output)
+		nxc_term_raw(&nxc_stdout);
 	return 0;
 }
 
 // --- streaming one answer
+
+/* Ends the answer's line: what the terminal filter held back is shown first. */
+static void end_line(void)
+{
+	nxc_term_end(&nxc_stdout);
+	nxc_term_write(&nxc_stdout, "\n", 1);
+}
 
 struct strbuf {
 	char *p;
@@ -287,7 +305,7 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 		if (k == -2) {
 			if (nxc_interrupts >= 2) {
 				if (!json_mode && !at_line_start)
-					putchar('\n');
+					end_line();
 				*hard = true;
 				return NXC_EXIT_INTR;
 			}
@@ -301,14 +319,14 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 		}
 		if (k == 0) {
 			if (!json_mode && !at_line_start)
-				putchar('\n');
+				end_line();
 			nxc_msg("%s closed the connection before the answer was done", c->path);
 			return NXC_EXIT_ERROR;
 		}
 		if (k < 0)
 			return NXC_EXIT_ERROR;
 		if (json_mode) {
-			puts(raw);
+			nxc_print_json(raw, strlen(raw));
 			fflush(stdout);
 		}
 		const char *name = nxc_ev_name(ev);
@@ -324,7 +342,7 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 			if (json_is_string(t)) {
 				size_t n = json_string_length(t);
 				if (!json_mode && n) {
-					fwrite(json_string_value(t), 1, n, stdout);
+					nxc_term_write(&nxc_stdout, json_string_value(t), n);
 					fflush(stdout);
 					at_line_start = json_string_value(t)[n - 1] == '\n';
 				}
@@ -335,11 +353,11 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 			const char *reason = json_string_value(json_object_get(ev, "reason"));
 			json_t *t = json_object_get(ev, "text"); /* only when not streamed */
 			if (json_is_string(t) && !json_mode)
-				fwrite(json_string_value(t), 1, json_string_length(t), stdout);
+				nxc_term_write(&nxc_stdout, json_string_value(t), json_string_length(t));
 			if (json_is_string(t) && acc)
 				sb_add(acc, json_string_value(t), json_string_length(t));
 			if (!json_mode)
-				putchar('\n');
+				end_line();
 			fflush(stdout);
 			int rc = NXC_EXIT_OK;
 			if (reason && !strcmp(reason, "cancelled")) {
@@ -356,7 +374,7 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 			return rc;
 		} else if (!strcmp(name, "error")) {
 			if (!json_mode && !at_line_start)
-				putchar('\n');
+				end_line();
 			nxc_print_error(ev);
 			json_decref(ev);
 			return NXC_EXIT_ERROR;

@@ -16,8 +16,10 @@ const char nxc_usage_tokenize[] =
 	"  --no-bos    do not add it (default: what the model asks for)\n";
 
 const char nxc_usage_detokenize[] =
-	"usage: nxctl detokenize ID...\n\n"
-	"Prints the text of the token ids (separated by spaces or commas).\n";
+	"usage: nxctl detokenize [--raw-output] ID...\n\n"
+	"Prints the text of the token ids (separated by spaces or commas). On a terminal,\n"
+	"control characters in it are shown (ESC as ^[, U+009B as <U+009B>), not obeyed.\n\n"
+	"  --raw-output  write the text to a terminal as it is\n";
 
 const char nxc_usage_shutdown[] =
 	"usage: nxctl shutdown\n\n"
@@ -158,8 +160,8 @@ int nxc_cmd_tokenize(struct nxc_ctx *ctx, int argc, char **argv)
 		return NXC_EXIT_ERROR;
 	}
 	for (size_t i = 0; i < json_array_size(toks); i++)
-		printf("%s%lld", i ? " " : "", (long long)json_integer_value(json_array_get(toks, i)));
-	putchar('\n');
+		nxc_printf("%s%lld", i ? " " : "", (long long)json_integer_value(json_array_get(toks, i)));
+	nxc_printf("\n");
 	json_decref(ev);
 	return NXC_EXIT_OK;
 }
@@ -170,6 +172,10 @@ int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv)
 		return nxc_help(nxc_usage_detokenize);
 	json_t *toks = json_array();
 	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--raw-output")) {
+			nxc_term_raw(&nxc_stdout);
+			continue;
+		}
 		if (argv[i][0] == '-' && argv[i][1] && (argv[i][1] < '0' || argv[i][1] > '9')) {
 			json_decref(toks);
 			return nxc_usage_err("detokenize", "unknown option '%s'", argv[i]);
@@ -201,8 +207,9 @@ int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv)
 		json_decref(ev);
 		return NXC_EXIT_ERROR;
 	}
-	fwrite(json_string_value(text), 1, json_string_length(text), stdout);
-	putchar('\n');
+	nxc_term_write(&nxc_stdout, json_string_value(text), json_string_length(text));
+	nxc_term_end(&nxc_stdout);
+	nxc_printf("\n");
 	json_decref(ev);
 	return NXC_EXIT_OK;
 }
@@ -211,13 +218,13 @@ static void print_duration(double s)
 {
 	long long t = (long long)s;
 	if (t >= 86400)
-		printf("%lldd %02lldh%02lldm%02llds", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60);
+		nxc_printf("%lldd %02lldh%02lldm%02llds", t / 86400, t / 3600 % 24, t / 60 % 60, t % 60);
 	else if (t >= 3600)
-		printf("%lldh%02lldm%02llds", t / 3600, t / 60 % 60, t % 60);
+		nxc_printf("%lldh%02lldm%02llds", t / 3600, t / 60 % 60, t % 60);
 	else if (t >= 60)
-		printf("%lldm%02llds", t / 60, t % 60);
+		nxc_printf("%lldm%02llds", t / 60, t % 60);
 	else
-		printf("%.1fs", s);
+		nxc_printf("%.1fs", s);
 }
 
 static const char *sget(json_t *o, const char *k)
@@ -245,9 +252,9 @@ static void print_profile(json_t *prof)
 	json_t *v;
 	json_object_foreach(ms, k, v)
 		total += json_number_value(v);
-	printf("profile:   %.3f ms per step over %lld steps (mean of the workers)\n", total, iget(prof, "steps"));
+	nxc_printf("profile:   %.3f ms per step over %lld steps (mean of the workers)\n", total, iget(prof, "steps"));
 	json_object_foreach(ms, k, v)
-		printf("  %-11s %8.3f ms  %5.1f%%\n", k, json_number_value(v),
+		nxc_printf("  %-11s %8.3f ms  %5.1f%%\n", k, json_number_value(v),
 		       total > 0 ? 100 * json_number_value(v) / total : 0.0);
 }
 
@@ -283,35 +290,35 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	}
 	if (as_json) {
 		char *s = json_dumps(profile ? prof : ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
-		puts(s ? s : "{}");
+		nxc_print_json(s ? s : "{}", s ? strlen(s) : 2);
 		free(s);
 		json_decref(ev);
 		return NXC_EXIT_OK;
 	}
-	printf("model:     %s (%s, %s), context %lld, vocabulary %lld, activations %s\n", sget(ev, "model"),
+	nxc_printf("model:     %s (%s, %s), context %lld, vocabulary %lld, activations %s\n", sget(ev, "model"),
 	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"), sget(ev, "activations"));
 	json_t *ws = json_object_get(ev, "workers");
-	printf("workers:   %zu\n", json_array_size(ws));
+	nxc_printf("workers:   %zu\n", json_array_size(ws));
 	for (size_t i = 0; i < json_array_size(ws); i++) {
 		json_t *w = json_array_get(ws, i);
-		printf("  pid %-8lld cpu %-3lld %-10s restarts %lld\n", iget(w, "pid"), iget(w, "cpu"),
+		nxc_printf("  pid %-8lld cpu %-3lld %-10s restarts %lld\n", iget(w, "pid"), iget(w, "cpu"),
 		       sget(w, "state"), iget(w, "restarts"));
 	}
 	json_t *sl = json_object_get(ev, "slots");
-	printf("slots:     %lld of %lld used, %lld queued\n", iget(sl, "used"), iget(sl, "total"),
+	nxc_printf("slots:     %lld of %lld used, %lld queued\n", iget(sl, "used"), iget(sl, "total"),
 	       iget(sl, "queued"));
 	json_t *sps = json_object_get(ev, "sequences_per_step");
-	printf("tokens:    %lld served, %.1f tokens/s recently, %.2f sequences/step (max %lld)\n",
+	nxc_printf("tokens:    %lld served, %.1f tokens/s recently, %.2f sequences/step (max %lld)\n",
 	       iget(ev, "tokens_served"), nget(ev, "tokens_per_s"), nget(sps, "mean"),
 	       iget(sps, "max"));
-	printf("cache:     %lld prompt tokens reused from earlier requests\n", iget(ev, "prompt_tokens_cached"));
-	printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
+	nxc_printf("cache:     %lld prompt tokens reused from earlier requests\n", iget(ev, "prompt_tokens_cached"));
+	nxc_printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
 	       iget(ev, "steps_retried"));
 	if (has_prof) /* nxd started with NXD_PROFILE=1 */
 		print_profile(prof);
-	printf("uptime:    ");
+	nxc_printf("uptime:    ");
 	print_duration(nget(ev, "uptime_s"));
-	putchar('\n');
+	nxc_printf("\n");
 	json_decref(ev);
 	return NXC_EXIT_OK;
 }
@@ -328,6 +335,6 @@ int nxc_cmd_shutdown(struct nxc_ctx *ctx, int argc, char **argv)
 	if (!ev)
 		return rc;
 	json_decref(ev);
-	printf("nxd is shutting down\n");
+	nxc_printf("nxd is shutting down\n");
 	return NXC_EXIT_OK;
 }

@@ -166,7 +166,7 @@ done:
 static void print_json(json_t *ev)
 {
 	char *s = json_dumps(ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
-	puts(s ? s : "{}");
+	nxc_print_json(s ? s : "{}", s ? strlen(s) : 2);
 	free(s);
 }
 
@@ -223,7 +223,7 @@ int nxc_cmd_lora_load(struct nxc_ctx *ctx, int argc, char **argv)
 	if (!ev)
 		return rc;
 	json_t *a = json_object_get(ev, "adapter");
-	printf("loaded %s: rank %lld, alpha %g, %lld matrices, %.1f MiB\n", sget(a, "name"), iget(a, "rank"),
+	nxc_printf("loaded %s: rank %lld, alpha %g, %lld matrices, %.1f MiB\n", sget(a, "name"), iget(a, "rank"),
 	       nget(a, "alpha"), iget(a, "tensors"), nget(a, "bytes") / 1048576);
 	json_decref(ev);
 	return NXC_EXIT_OK;
@@ -253,24 +253,24 @@ int nxc_cmd_lora_list(struct nxc_ctx *ctx, int argc, char **argv)
 	}
 	json_t *list = json_object_get(ev, "adapters");
 	if (json_array_size(list) == 0)
-		printf("no adapters loaded\n");
+		nxc_printf("no adapters loaded\n");
 	else
-		printf("%-20s %5s %7s %7s %9s %-14s %6s  %s\n", "NAME", "RANK", "ALPHA", "MATRICES", "MEMORY", "FOLDED",
+		nxc_printf("%-20s %5s %7s %7s %9s %-14s %6s  %s\n", "NAME", "RANK", "ALPHA", "MATRICES", "MEMORY", "FOLDED",
 		       "IN USE", "PATH");
 	for (size_t i = 0; i < json_array_size(list); i++) {
 		json_t *a = json_array_get(list, i), *f = json_object_get(a, "folded");
 		char folded[32] = "no";
 		if (json_is_object(f))
 			snprintf(folded, sizeof(folded), "#%lld %s", iget(f, "order"), sget(f, "type"));
-		printf("%-20s %5lld %7g %7lld %7.1fMi %-14s %6lld  %s\n", sget(a, "name"), iget(a, "rank"), nget(a, "alpha"),
+		nxc_printf("%-20s %5lld %7g %7lld %7.1fMi %-14s %6lld  %s\n", sget(a, "name"), iget(a, "rank"), nget(a, "alpha"),
 		       iget(a, "tensors"), nget(a, "bytes") / 1048576, folded, iget(a, "in_use"), sget(a, "path"));
 	}
 	json_t *job = json_object_get(ev, "job");
 	if (job)
-		printf("running: %s of %s, %lld of %lld\n", sget(job, "kind"), sget(job, "adapter"), iget(job, "done"),
+		nxc_printf("running: %s of %s, %lld of %lld\n", sget(job, "kind"), sget(job, "adapter"), iget(job, "done"),
 		       iget(job, "total"));
 	if (json_object_get(ev, "checksum"))
-		printf("weights checksum: %s\n", sget(ev, "checksum"));
+		nxc_printf("weights checksum: %s\n", sget(ev, "checksum"));
 	json_decref(ev);
 	return NXC_EXIT_OK;
 }
@@ -292,7 +292,7 @@ int nxc_cmd_lora_unload(struct nxc_ctx *ctx, int argc, char **argv)
 	json_t *ev = NULL;
 	int rc = name_only(ctx, argc, argv, "lora-unload", "lora_unload", nxc_usage_lora_unload, &ev);
 	if (ev)
-		printf("unloaded %s\n", argv[1]);
+		nxc_printf("unloaded %s\n", argv[1]);
 	json_decref(ev);
 	return rc;
 }
@@ -302,14 +302,14 @@ int nxc_cmd_lora_unfold(struct nxc_ctx *ctx, int argc, char **argv)
 	json_t *ev = NULL;
 	int rc = name_only(ctx, argc, argv, "lora-unfold", "lora_unfold", nxc_usage_lora_unfold, &ev);
 	if (ev)
-		printf("unfolded %s: %lld matrices back to their base\n", sget(ev, "name"), iget(ev, "tensors"));
+		nxc_printf("unfolded %s: %lld matrices back to their base\n", sget(ev, "name"), iget(ev, "tensors"));
 	json_decref(ev);
 	return rc;
 }
 
 static void print_err_pair(json_t *e)
 {
-	printf("  %8.2e %8.2e", nget(e, "rel_rms"), nget(e, "max_abs"));
+	nxc_printf("  %8.2e %8.2e", nget(e, "rel_rms"), nget(e, "max_abs"));
 }
 
 /* The accuracy report as a table (the columns of tools/nx-lora report). */
@@ -317,17 +317,17 @@ static void print_report(json_t *ev)
 {
 	json_t *r = json_object_get(ev, "report"), *types = json_object_get(r, "types");
 	json_t *cost = json_object_get(r, "cost"), *tot = json_object_get(r, "total");
-	printf("# adapter %s, scale %g: fold and runtime delta vs the exact float64 (dequant(W) + s*B@A) @ x,\n"
+	nxc_printf("# adapter %s, scale %g: fold and runtime delta vs the exact float64 (dequant(W) + s*B@A) @ x,\n"
 	       "# x = the real hidden states of a %lld-token probe prompt (each matrix's own input).\n"
 	       "# rel rms / max abs error; effect = |s*B@A@x| / |y|; noise = the base type's own quantization error.\n",
 	       sget(ev, "name"), nget(r, "scale"), iget(r, "probe_tokens"));
-	printf("%-26s %-5s %4s %8s", "tensor", "type", "rank", "effect");
+	nxc_printf("%-26s %-5s %4s %8s", "tensor", "type", "rank", "effect");
 	for (size_t i = 0; i < json_array_size(types); i++) {
 		char h[40];
 		snprintf(h, sizeof(h), "fold %s", json_string_value(json_array_get(types, i)));
-		printf("  %-17s", h);
+		nxc_printf("  %-17s", h);
 	}
-	printf("  %-17s  %-8s %8s\n", "delta (f32)", "noise", "fold ms");
+	nxc_printf("  %-17s  %-8s %8s\n", "delta (f32)", "noise", "fold ms");
 	json_t *ts = json_object_get(r, "tensors");
 	for (size_t k = 0; k <= json_array_size(ts); k++) {
 		json_t *t = k < json_array_size(ts) ? json_array_get(ts, k) : tot;
@@ -339,27 +339,27 @@ static void print_report(json_t *ev)
 		char rank[16] = "";
 		if (t != tot)
 			snprintf(rank, sizeof(rank), "%lld", iget(t, "rank"));
-		printf("%-26s %-5s %4s %8.2e", name, t == tot ? "" : sget(t, "type"), rank, nget(t, "effect"));
+		nxc_printf("%-26s %-5s %4s %8.2e", name, t == tot ? "" : sget(t, "type"), rank, nget(t, "effect"));
 		json_t *folds = json_object_get(t, "fold");
 		for (size_t i = 0; i < json_array_size(folds); i++)
 			print_err_pair(json_array_get(folds, i));
 		print_err_pair(json_object_get(t, "delta"));
-		printf("  %8.2e %8.1f\n", nget(json_object_get(t, "noise"), "rel_rms"), nget(t, "fold_ms"));
+		nxc_printf("  %8.2e %8.1f\n", nget(json_object_get(t, "noise"), "rel_rms"), nget(t, "fold_ms"));
 	}
 	json_t *folds = json_object_get(tot, "fold");
 	for (size_t i = 0; i < json_array_size(folds); i++) {
 		json_t *f = json_array_get(folds, i);
 		if (nget(f, "rel_rms") > 0.5 * nget(tot, "effect"))
-			printf("# fold %s: its error is %.0f%% of the adapter's effect - that fold loses much of the adapter;\n"
+			nxc_printf("# fold %s: its error is %.0f%% of the adapter's effect - that fold loses much of the adapter;\n"
 			       "#   a wider type (f16, q8_0) or the runtime delta keeps it\n",
 			       sget(f, "type"), 100 * nget(f, "rel_rms") / nget(tot, "effect"));
 	}
 	json_t *fd = json_object_get(r, "folded");
 	if (fd)
-		printf("# folded now (%s): the fold took %.0f ms\n", sget(fd, "type"), nget(fd, "ms"));
-	printf("# fold time (to %s, one thread, from the grading): %.0f ms\n",
+		nxc_printf("# folded now (%s): the fold took %.0f ms\n", sget(fd, "type"), nget(fd, "ms"));
+	nxc_printf("# fold time (to %s, one thread, from the grading): %.0f ms\n",
 	       json_string_value(json_array_get(types, 0)), nget(tot, "fold_ms"));
-	printf("# runtime delta: %.3f ms per token on one thread, %.1f Mflop (a decode step of the model: %.2f ms)\n",
+	nxc_printf("# runtime delta: %.3f ms per token on one thread, %.1f Mflop (a decode step of the model: %.2f ms)\n",
 	       nget(cost, "delta_ms_per_token"), nget(cost, "delta_flops_per_token") / 1e6,
 	       nget(cost, "base_ms_per_token"));
 }
@@ -440,7 +440,7 @@ int nxc_cmd_lora_fold(struct nxc_ctx *ctx, int argc, char **argv)
 	else if (dry)
 		print_report(ev);
 	else
-		printf("folded %s (%s, scale %g): %lld matrices, %.1f MiB, %.0f ms; fold #%lld\n", sget(ev, "name"),
+		nxc_printf("folded %s (%s, scale %g): %lld matrices, %.1f MiB, %.0f ms; fold #%lld\n", sget(ev, "name"),
 		       sget(ev, "type"), nget(ev, "scale"), iget(ev, "tensors"), nget(ev, "bytes") / 1048576, nget(ev, "ms"),
 		       iget(ev, "order"));
 	json_decref(ev);

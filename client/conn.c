@@ -168,6 +168,23 @@ int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw)
 	}
 }
 
+const char *nxc_json_type(const json_t *v)
+{
+	if (!v)
+		return "nothing";
+	switch (json_typeof(v)) {
+	case JSON_OBJECT: return "object";
+	case JSON_ARRAY: return "array";
+	case JSON_STRING: return "string";
+	case JSON_INTEGER: return "integer";
+	case JSON_REAL: return "real";
+	case JSON_TRUE:
+	case JSON_FALSE: return "boolean";
+	case JSON_NULL: return "null";
+	}
+	return "value";
+}
+
 const char *nxc_ev_name(json_t *ev)
 {
 	const char *s = json_string_value(json_object_get(ev, "event"));
@@ -272,9 +289,16 @@ int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out)
 		}
 		if (!strcmp(name, "hello")) {
 			json_t *v = json_object_get(ev, "version");
-			if (!json_is_integer(v) || json_integer_value(v) != NXP_VERSION) {
-				nxc_msg("nxd at %s speaks protocol version %s; nxctl speaks %d", c->path,
-					json_is_integer(v) ? "another" : "an unknown", NXP_VERSION);
+			if (!json_is_integer(v)) {
+				nxc_msg("nxd at %s sent a hello whose 'version' is not an integer (got %s); nxctl "
+					"speaks protocol version %d",
+					c->path, nxc_json_type(v), NXP_VERSION);
+				json_decref(ev);
+				goto err;
+			}
+			if (json_integer_value(v) != NXP_VERSION) {
+				nxc_msg("nxd at %s speaks protocol version %lld; nxctl speaks version %d", c->path,
+					(long long)json_integer_value(v), NXP_VERSION);
 				json_decref(ev);
 				goto err;
 			}

@@ -1,4 +1,5 @@
 /* nxctl.c - nxd's command-line client: global options, the command table, argument helpers. */
+#define _GNU_SOURCE /* vasprintf */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -43,25 +44,30 @@ static void main_usage(FILE *f)
 		   "2 bad command line, 3 cannot connect (nxd not running), 130 interrupted.\n");
 }
 
+/* Messages carry the server's words (error messages, lines it sent): on a
+ * terminal they go through nxc_stderr like the model's text does. */
 void nxc_msg(const char *fmt, ...)
 {
 	va_list ap;
+	char *s = NULL;
 	fflush(stdout); /* keep streamed text and the message in order on a terminal */
-	fputs("nxctl: ", stderr);
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	int n = vasprintf(&s, fmt, ap);
 	va_end(ap);
-	fputc('\n', stderr);
+	nxc_eprintf("nxctl: %s\n", n >= 0 ? s : fmt);
+	free(n >= 0 ? s : NULL);
 }
 
 int nxc_usage_err(const char *cmd, const char *fmt, ...)
 {
 	va_list ap;
-	fprintf(stderr, "nxctl: %s%s", cmd ? cmd : "", cmd ? ": " : "");
+	char *s = NULL;
 	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
+	int n = vasprintf(&s, fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "\nTry 'nxctl %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
+	nxc_eprintf("nxctl: %s%s%s\nTry 'nxctl %s%s--help'.\n", cmd ? cmd : "", cmd ? ": " : "", n >= 0 ? s : fmt,
+		    cmd ? cmd : "", cmd ? " " : "");
+	free(n >= 0 ? s : NULL);
 	return NXC_EXIT_USAGE;
 }
 

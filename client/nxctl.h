@@ -69,6 +69,38 @@ int nxc_parse_double(const char *cmd, const char *flag, const char *s, double *o
 /* All of fd (stdin) as a NUL-terminated string, or NULL (message printed). */
 char *nxc_read_all(int fd);
 
+// --- terminal output (term.c)
+
+/* Where model or server text is printed. On a terminal, control characters
+ * are shown instead of obeyed, as less and cat -v show them: C0 and DEL in
+ * caret notation (ESC ^[, BEL ^G, DEL ^?), C1 controls as <U+009B>, a byte
+ * that is not UTF-8 as <FF>; '\n', '\t' and "\r\n" pass, a bare '\r' is
+ * ^M. A JSON line (nxc_print_json) gets \u escapes for DEL and C1 instead,
+ * so it still parses to the same value. Not a terminal, or after
+ * nxc_term_raw: the bytes pass unchanged. State carries from one write to
+ * the next, so a sequence cut between two events is still seen whole. */
+struct nxc_term {
+	int fd;               /* 1 or 2 */
+	int filter;           /* -1 until the first write asks isatty */
+	bool json;            /* writing a JSON line */
+	bool cr;              /* a '\r' whose next byte is not known yet */
+	unsigned char seq[4]; /* a UTF-8 sequence begun, need bytes long */
+	size_t n_seq, need;
+};
+extern struct nxc_term nxc_stdout, nxc_stderr;
+
+/* --raw-output: t's bytes pass unchanged even on a terminal. */
+void nxc_term_raw(struct nxc_term *t);
+void nxc_term_write(struct nxc_term *t, const char *s, size_t n);
+/* The end of a text: what was held back (a '\r', part of a sequence) is shown. */
+void nxc_term_end(struct nxc_term *t);
+/* Formatted into nxc_stdout. */
+void nxc_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A whole message into nxc_stderr. */
+void nxc_eprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* One JSON line and its '\n' into nxc_stdout. */
+void nxc_print_json(const char *line, size_t len);
+
 // --- connection (conn.c)
 
 /* Buffered reader of '\n'-terminated lines from a socket or stdin. */
@@ -114,6 +146,8 @@ int nxc_send(struct nxc_conn *c, json_t *req);
  * (message printed), -2 when interrupted by a signal. */
 int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw);
 
+/* "string", "integer"... for messages; "nothing" for NULL. */
+const char *nxc_json_type(const json_t *v);
 /* The event's "event" field, or "" when absent. */
 const char *nxc_ev_name(json_t *ev);
 /* Whether ev's id equals the integer id (nxctl only uses integer ids). */

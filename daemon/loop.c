@@ -309,7 +309,7 @@ static void conn_arm_recv(struct nxd *d, struct nxd_conn *c)
 {
 	if (c->recv_armed || c->closing || c->linger > 0)
 		return;
-	size_t max = d->o.max_line + 1; /* the line and its '\n' */
+	size_t max = d->o.max_line + 2; /* the line and its "\r\n" */
 	if (c->in_len == c->in_cap && c->in_cap < max) {
 		size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
 		if (cap > max)
@@ -430,9 +430,11 @@ static void conn_lines(struct nxd *d, struct nxd_conn *c, size_t old_len, size_t
 	if (c->skipping) {
 		c->in_len = 0; /* still inside the oversized line */
 		c->t_line = 0;
-	} else if (c->in_len >= d->o.max_line + 1) {
-		/* A full buffer without a '\n': answer once, then skip to the next
-		 * newline; the connection stays usable. */
+	} else if (c->in_len >= d->o.max_line + 2) {
+		/* A full buffer without a '\n' holds more than the limit even if it
+		 * ends in the '\r' of "\r\n": answer once, then skip to the next
+		 * newline; the connection stays usable. A line that fits the buffer
+		 * with its '\n' but not the limit is nxp_parse's too_large. */
 		nxd_send_error(d, c, NULL, NXP_E_TOO_LARGE, "request line longer than the limit of %zu bytes",
 			       d->o.max_line);
 		c->skipping = true;

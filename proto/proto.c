@@ -15,6 +15,11 @@
 #include <jansson.h>
 
 #include "common/err.h"
+#include "sample/stop.h"
+
+/* The daemon hands a request's stop strings to the matcher as they are. */
+_Static_assert(NXP_MAX_STOP <= NX_STOP_MAX && NXP_MAX_STOP_LEN <= NX_STOP_MAX_LEN,
+	       "the stop matcher must hold what the protocol allows");
 
 // --- names
 
@@ -539,23 +544,66 @@ static int opt_int(json_t *obj, const char *name, long long lo, long long hi, in
 	return 0;
 }
 
-/* A number stored as a float: must be representable (|x| <= FLT_MAX). The
- * range rules themselves are the sampler's (nx_sample_params_check). */
-static int opt_float(json_t *obj, const char *name, float *out, bool *present, struct nxp_error *e)
+/* The range of a number field, checked on the value as sent, before it
+ * becomes a float: -1e-300 is negative even though it rounds to -0. */
+struct real_rule {
+	double lo, hi;
+	bool lo_open, hi_open;
+	const char *text; /* "must be in (0, 1]"; unused when the range is everything */
+};
+
+static const struct real_rule R_TEMPERATURE = {0, HUGE_VAL, false, false, "must be >= 0 (0 is greedy)"};
+static const struct real_rule R_TOP_P = {0, 1, true, false, "must be in (0, 1]"};
+static const struct real_rule R_MIN_P = {0, 1, false, false, "must be in [0, 1]"};
+static const struct real_rule R_PENALTY = {0, HUGE_VAL, true, false, "must be > 0 (1 is off)"};
+static const struct real_rule R_SCALE = {-HUGE_VAL, HUGE_VAL, false, false, NULL};
+
+/* The shortest text that reads back as d, so a message shows the value
+ * that was sent ("1.0000000001", where %g would say "1"). */
+static const char *real_text(double d, char buf[32])
+{
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, 32, "%.*g", prec, d);
+		if (strtod(buf, NULL) == d)
+			break;
+	}
+	return buf;
+}
+
+/* A number held as a float: in the field's range, and one a float can
+ * hold, neither rounding to infinity nor a nonzero value rounding to 0. */
+static int get_float(const json_t *v, const char *name, const struct real_rule *rule, float *out,
+		     struct nxp_error *e)
+{
+	char got[32];
+	if (!json_is_number(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a number, got %s", name, type_name(v));
+	double d = json_number_value(v);
+	if (!isfinite(d)) /* jansson refuses these already */
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be a finite number, got %s", name,
+			    real_text(d, got));
+	if (d < rule->lo || d > rule->hi || (rule->lo_open && d == rule->lo) || (rule->hi_open && d == rule->hi))
+		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' %s, got %s", name, rule->text, real_text(d, got));
+	float f = (float)d; /* IEEE rounding: what is out of reach becomes inf or 0 */
+	if (isinf(f))
+		return fail(e, NXP_E_OUT_OF_RANGE,
+			    "field '%s' is out of range for a 32-bit float (at most %.8g), got %s", name,
+			    (double)FLT_MAX, real_text(d, got));
+	if (f == 0.0f && d != 0.0)
+		return fail(e, NXP_E_OUT_OF_RANGE,
+			    "field '%s' is too close to 0 for a 32-bit float (at least %.2g), got %s", name,
+			    (double)FLT_TRUE_MIN, real_text(d, got));
+	*out = f;
+	return 0;
+}
+
+static int opt_float(json_t *obj, const char *name, const struct real_rule *rule, float *out, bool *present,
+		     struct nxp_error *e)
 {
 	json_t *v = field(obj, name);
 	if (present)
 		*present = v != NULL;
-	if (!v)
-		return 0;
-	if (!json_is_number(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a number, got %s", name,
-			    type_name(v));
-	double d = json_number_value(v);
-	if (!isfinite(d) || fabs(d) > FLT_MAX)
-		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be a finite number, got %g", name, d);
-	*out = (float)d;
-	return 0;
+	return v ? get_float(v, name, rule, out, e) : 0;
 }
 
 static int opt_bool(json_t *obj, const char *name, bool *out, bool *present, struct nxp_error *e)
@@ -807,15 +855,11 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 					    "field 'lora[%zu].name' repeats adapter '%s'", i, g->lora[k].name);
 		g->lora[i].scale = 1.0f;
 		json_t *sc = field(a, "scale");
-		if (sc && !json_is_number(sc))
-			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].scale' must be a number, got %s",
-				    i, type_name(sc));
 		if (sc) {
-			double d = json_number_value(sc);
-			if (!(fabs(d) <= FLT_MAX))
-				return fail(e, NXP_E_OUT_OF_RANGE,
-					    "field 'lora[%zu].scale' must be a finite number, got %g", i, d);
-			g->lora[i].scale = (float)d;
+			char nm_scale[32];
+			snprintf(nm_scale, sizeof(nm_scale), "lora[%zu].scale", i);
+			if (get_float(sc, nm_scale, &R_SCALE, &g->lora[i].scale, e))
+				return -1;
 			g->lora[i].has_scale = true;
 		}
 		g->lora[i].name = strdup(json_string_value(nm));
@@ -888,27 +932,17 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	if (opt_int(o, "max_tokens", 1, mt_hi, &g->max_tokens, e))
 		return -1;
 
-	/* Sampling. Types and int ranges here; value rules are the sampler's. */
+	/* Sampling: each range checked on the value sent (get_float, opt_int);
+	 * the sampler's own check below agrees and stays the last word. */
 	struct nx_sample_params *sp = &g->sampling;
-	if (opt_float(o, "temperature", &sp->temperature, NULL, e) ||
+	if (opt_float(o, "temperature", &R_TEMPERATURE, &sp->temperature, NULL, e) ||
 	    opt_int(o, "top_k", 0, INT32_MAX, &sp->top_k, e) ||
-	    opt_float(o, "top_p", &sp->top_p, NULL, e) || opt_float(o, "min_p", &sp->min_p, NULL, e) ||
-	    opt_float(o, "repeat_penalty", &sp->repeat_penalty, NULL, e) ||
+	    opt_float(o, "top_p", &R_TOP_P, &sp->top_p, NULL, e) ||
+	    opt_float(o, "min_p", &R_MIN_P, &sp->min_p, NULL, e) ||
+	    opt_float(o, "repeat_penalty", &R_PENALTY, &sp->repeat_penalty, NULL, e) ||
 	    opt_int(o, "repeat_last_n", 0, INT32_MAX, &sp->repeat_last_n, e) ||
 	    opt_int(o, "logprobs", 0, NXP_MAX_LOGPROBS, &sp->n_logprobs, e))
 		return -1;
-	if (!(sp->temperature >= 0.0f))
-		return fail(e, NXP_E_OUT_OF_RANGE,
-			    "field 'temperature' must be >= 0 (0 is greedy), got %g", (double)sp->temperature);
-	if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
-		return fail(e, NXP_E_OUT_OF_RANGE, "field 'top_p' must be in (0, 1], got %g",
-			    (double)sp->top_p);
-	if (!(sp->min_p >= 0.0f && sp->min_p <= 1.0f))
-		return fail(e, NXP_E_OUT_OF_RANGE, "field 'min_p' must be in [0, 1], got %g",
-			    (double)sp->min_p);
-	if (!(sp->repeat_penalty > 0.0f))
-		return fail(e, NXP_E_OUT_OF_RANGE, "field 'repeat_penalty' must be > 0 (1 is off), got %g",
-			    (double)sp->repeat_penalty);
 	json_t *seed = field(o, "seed");
 	if (seed) {
 		long long s;
@@ -973,7 +1007,7 @@ static int type_name_field(json_t *v, const char *name, char out[NXP_MAX_TYPE_NA
 
 static int lora_scale(json_t *o, struct nxp_lora_op *l, struct nxp_error *e)
 {
-	return opt_float(o, "scale", &l->scale, &l->has_scale, e);
+	return opt_float(o, "scale", &R_SCALE, &l->scale, &l->has_scale, e);
 }
 
 static int parse_lora_load(json_t *o, const struct nxp_limits *lim, struct nxp_request *r, struct nxp_error *e)
@@ -1176,6 +1210,37 @@ static int key_before(const char *s, size_t len, size_t pos, char *key, size_t c
 	return 1;
 }
 
+/* jansson counts every value as a level, the innermost number too, and
+ * stops at JSON_PARSER_MAX_DEPTH: a limit that is not one nesting depth
+ * (2048 empty arrays pass, 2048 around a number do not). The request's own
+ * limit is checked first and sits below jansson's, so jansson's never decides. */
+_Static_assert(NXP_MAX_DEPTH + 1 < JSON_PARSER_MAX_DEPTH, "jansson must parse what NXP_MAX_DEPTH lets through");
+
+/* Offset of the first '[' or '{' nested deeper than max, or -1. Brackets in
+ * strings are text; malformed JSON is left for jansson to name. */
+static long too_deep(const char *s, size_t n, int max)
+{
+	int depth = 0;
+	bool in_str = false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (in_str) {
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_str = false;
+		} else if (c == '"') {
+			in_str = true;
+		} else if (c == '[' || c == '{') {
+			if (++depth > max)
+				return (long)i;
+		} else if ((c == ']' || c == '}') && depth > 0) {
+			depth--;
+		}
+	}
+	return -1;
+}
+
 int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct nxp_request *req,
 	      struct nxp_error *e)
 {
@@ -1191,11 +1256,16 @@ int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct
 		return fail(e, NXP_E_TOO_LARGE, "request line of %zu bytes is over the limit of %zu bytes",
 			    body, max_line);
 
+	long deep = too_deep(line, body, NXP_MAX_DEPTH);
+	if (deep >= 0)
+		return fail(e, NXP_E_PARSE_ERROR,
+			    "request nested deeper than %d levels of arrays and objects (at byte %ld)", NXP_MAX_DEPTH,
+			    deep + 1);
+
 	json_error_t jerr;
 	/* Duplicate keys are refused: two readers could otherwise disagree on
 	 * which "max_tokens" counts. jansson also refuses NaN, Infinity, numbers
-	 * that overflow a double (1e999) or int64, invalid UTF-8, \u0000 and
-	 * nesting deeper than 2048. */
+	 * that overflow a double (1e999) or int64, invalid UTF-8 and \u0000. */
 	json_t *o = json_loadb(line, body, JSON_REJECT_DUPLICATES, &jerr);
 	if (!o) {
 		char key[64];

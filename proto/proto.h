@@ -31,6 +31,7 @@
 #define NXP_MAX_FOLD_TYPES 8                 /* lora_report "types" */
 #define NXP_MAX_TYPE_NAME  16                /* "keep", "f16", "q8_0"... NUL included */
 #define NXP_MAX_LAYERS     1024              /* lora_report "layers": ids 0..1023 (the daemon checks n_layer) */
+#define NXP_MAX_DEPTH      1024              /* levels of arrays and objects, the request itself the first */
 
 /* Operations. NXP_OP_NONE is what a zeroed request holds (safe to free).
  * Adding an op: an enum entry here, a member in nxp_request's union, an entry

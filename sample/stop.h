@@ -21,7 +21,7 @@
 #include "common/err.h"
 
 #define NX_STOP_MAX 16      /* stop strings per matcher */
-#define NX_STOP_MAX_LEN 128 /* bytes per stop string */
+#define NX_STOP_MAX_LEN 256 /* bytes per stop string (the protocol allows 256) */
 
 /* nx_stop_feed() / nx_stop_flush() results */
 #define NX_STOP_MORE 0      /* no stop string yet: keep generating */

@@ -27,7 +27,7 @@ static void check_err_(const char *line, enum nxp_code code, const char *n1, con
 	struct nxp_error e = {0};
 	int rc = nxp_parse(line, strlen(line), &LIM, &r, &e);
 	if (rc != -1 || e.code != code || (n1 && !strstr(e.msg, n1)) || (n2 && !strstr(e.msg, n2))) {
-		print_error("%s:%d: request %s\n  want %s with '%s' '%s'\n  got rc %d %s: %s\n", file,
+		print_error("%s:%d: request %.300s\n  want %s with '%s' '%s'\n  got rc %d %s: %s\n", file,
 			    lineno, line, nxp_code_name(code), n1 ? n1 : "", n2 ? n2 : "", rc,
 			    nxp_code_name(e.code), e.msg);
 		nxp_request_free(&r);
@@ -41,7 +41,7 @@ static void parse_ok_(const char *line, struct nxp_request *r, const char *file,
 {
 	struct nxp_error e = {0};
 	if (nxp_parse(line, strlen(line), &LIM, r, &e) != 0) {
-		print_error("%s:%d: request %s\n  failed: %s: %s\n", file, lineno, line,
+		print_error("%s:%d: request %.300s\n  failed: %s: %s\n", file, lineno, line,
 			    nxp_code_name(e.code), e.msg);
 		fail();
 	}
@@ -98,7 +98,7 @@ static void test_deep_nesting(void **st)
 	memset(s + k, '[', n);
 	memset(s + k + n, ']', n);
 	strcpy(s + k + 2 * n, "}");
-	check_err(s, NXP_E_PARSE_ERROR, "invalid JSON", NULL);
+	check_err(s, NXP_E_PARSE_ERROR, "deeper than 1024 levels", "at byte 1050");
 	free(s);
 }
 
@@ -253,7 +253,7 @@ static void test_generate_ranges(void **st)
 	check_err(GEN "\"max_tokens\":1e300}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "1e+300");
 	check_err(GEN "\"temperature\":-1}", NXP_E_OUT_OF_RANGE, "'temperature'", "got -1");
 	check_err(GEN "\"temperature\":-0.0001}", NXP_E_OUT_OF_RANGE, "'temperature'", NULL);
-	check_err(GEN "\"temperature\":1e39}", NXP_E_OUT_OF_RANGE, "'temperature'", "finite");
+	check_err(GEN "\"temperature\":1e39}", NXP_E_OUT_OF_RANGE, "'temperature'", "32-bit float");
 	check_err(GEN "\"top_p\":0}", NXP_E_OUT_OF_RANGE, "'top_p'", "got 0");
 	check_err(GEN "\"top_p\":1.5}", NXP_E_OUT_OF_RANGE, "'top_p'", "got 1.5");
 	check_err(GEN "\"top_p\":-0.5}", NXP_E_OUT_OF_RANGE, "'top_p'", NULL);
@@ -947,6 +947,225 @@ static void test_parse_mutations(void **st)
 	}
 }
 
+// --- documented limits (docs/protocol.md), each at its value and one past it
+
+/* A malloc'd string: head, then n copies of unit joined by sep, then tail. */
+static char *repeat(const char *head, const char *unit, const char *sep, size_t n, const char *tail)
+{
+	size_t len = strlen(head) + n * (strlen(unit) + strlen(sep)) + strlen(tail) + 1;
+	char *s = malloc(len), *p = s;
+	p = stpcpy(p, head);
+	for (size_t i = 0; i < n; i++)
+		p = stpcpy(stpcpy(p, i ? sep : ""), unit);
+	strcpy(p, tail);
+	return s;
+}
+
+static void check_ok_(char *line, const char *file, int lineno)
+{
+	struct nxp_request r;
+	parse_ok_(line, &r, file, lineno);
+	nxp_request_free(&r);
+	free(line);
+}
+#define check_ok(line) check_ok_(line, __FILE__, __LINE__)
+
+static void check_err_free_(char *line, enum nxp_code code, const char *n1, const char *n2, const char *file,
+			    int lineno)
+{
+	check_err_(line, code, n1, n2, file, lineno);
+	free(line);
+}
+#define check_err_free(line, code, n1, n2) check_err_free_(line, code, n1, n2, __FILE__, __LINE__)
+
+/* "Nesting deeper than 1024 levels gives parse_error": levels of arrays and
+ * objects, the request object itself the first; whatever is innermost. */
+static void test_depth_limit(void **st)
+{
+	static const char *inner[] = {"", "1", "\"s\"", "{}", "[]", "null"};
+	for (size_t i = 0; i < sizeof(inner) / sizeof(inner[0]); i++) {
+		/* an innermost container is a level too */
+		size_t extra = inner[i][0] == '{' || inner[i][0] == '[';
+		size_t arrays = 1024 - 1 - extra;
+		char *head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "[", "", arrays, inner[i]);
+		check_ok(repeat(head, "]", "", arrays, "}"));
+		free(head);
+		head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "[", "", arrays + 1, inner[i]);
+		check_err_free(repeat(head, "]", "", arrays + 1, "}"), NXP_E_PARSE_ERROR, "deeper than 1024 levels",
+			       NULL);
+		free(head);
+	}
+	/* Brackets inside strings are text, not nesting. */
+	char *text = repeat("{\"id\":1,\"op\":\"tokenize\",\"text\":\"", "[{", "", 3000, "\\\"]\"}");
+	check_ok(text);
+	/* Objects count as arrays do. */
+	char *head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "{\"a\":", "", 1024, "1");
+	check_err_free(repeat(head, "}", "", 1024, "}"), NXP_E_PARSE_ERROR, "deeper than 1024", NULL);
+	free(head);
+	head = repeat("{\"id\":1,\"op\":\"status\",\"x\":", "{\"a\":", "", 1023, "1");
+	check_ok(repeat(head, "}", "", 1023, "}"));
+	free(head);
+}
+
+/* Every number field stored as a float: its range is checked on the value
+ * sent (a negative value is negative however small), and a value a 32-bit
+ * float cannot hold (too big, or so small it would become 0) is refused as
+ * out of range, saying so. */
+static void test_float_fields(void **st)
+{
+	check_err(GEN "\"temperature\":-1e-300}", NXP_E_OUT_OF_RANGE,
+		  "field 'temperature' must be >= 0 (0 is greedy), got -1e-300", NULL);
+	check_err(GEN "\"min_p\":-1e-300}", NXP_E_OUT_OF_RANGE, "field 'min_p' must be in [0, 1], got -1e-300",
+		  NULL);
+	check_err(GEN "\"top_p\":1.0000000001}", NXP_E_OUT_OF_RANGE,
+		  "field 'top_p' must be in (0, 1], got 1.0000000001", NULL);
+	check_err(GEN "\"repeat_penalty\":-1e-300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' must be > 0", NULL);
+	check_err(GEN "\"temperature\":3.5e38}", NXP_E_OUT_OF_RANGE,
+		  "field 'temperature' is out of range for a 32-bit float (at most 3.4028235e+38), got 3.5e+38",
+		  NULL);
+	check_err(GEN "\"repeat_penalty\":1e300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' is out of range", "1e+300");
+	check_err(GEN "\"top_p\":1e-50}", NXP_E_OUT_OF_RANGE,
+		  "field 'top_p' is too close to 0 for a 32-bit float (at least 1.4e-45), got 1e-50", NULL);
+	check_err(GEN "\"repeat_penalty\":1e-300}", NXP_E_OUT_OF_RANGE, "'repeat_penalty' is too close to 0",
+		  NULL);
+	check_err(GEN "\"temperature\":1e-50}", NXP_E_OUT_OF_RANGE, "'temperature' is too close to 0", NULL);
+	check_err(GEN "\"lora\":[{\"name\":\"a\",\"scale\":3.5e38}]}", NXP_E_OUT_OF_RANGE,
+		  "field 'lora[0].scale' is out of range for a 32-bit float", NULL);
+	check_err(GEN "\"lora\":[{\"name\":\"a\",\"scale\":-1e-60}]}", NXP_E_OUT_OF_RANGE,
+		  "field 'lora[0].scale' is too close to 0", NULL);
+	check_err("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/x\",\"scale\":-3.5e38}",
+		  NXP_E_OUT_OF_RANGE, "field 'scale' is out of range for a 32-bit float", "-3.5e+38");
+	check_err("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"scale\":1e39}", NXP_E_OUT_OF_RANGE,
+		  "field 'scale' is out of range", NULL);
+	check_err("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"scale\":1e-46}", NXP_E_OUT_OF_RANGE,
+		  "field 'scale' is too close to 0", NULL);
+
+	/* The edges themselves are fine: the largest float, the smallest
+	 * nonzero one, zero and -0 where 0 is allowed, a negative LoRA scale. */
+	struct nxp_request r;
+	parse_ok(GEN "\"temperature\":3.4028234e38,\"top_p\":1.4e-45,\"min_p\":-0.0,\"repeat_penalty\":1e-45,"
+		     "\"lora\":[{\"name\":\"a\",\"scale\":-2.5}]}",
+		 &r);
+	assert_true(r.u.gen.sampling.temperature == FLT_MAX);
+	assert_true(r.u.gen.sampling.top_p > 0.0f);
+	assert_true(r.u.gen.sampling.min_p == 0.0f);
+	assert_true(r.u.gen.sampling.repeat_penalty > 0.0f);
+	assert_true(r.u.gen.lora[0].scale == -2.5f);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"temperature\":-0.0,\"min_p\":0,\"top_p\":1}", &r);
+	assert_true(r.u.gen.sampling.temperature == 0.0f);
+	nxp_request_free(&r);
+	parse_ok("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/x\",\"scale\":-3.4e38}", &r);
+	assert_true(r.u.lora.scale == -3.4e38f);
+	nxp_request_free(&r);
+}
+
+static void test_documented_limits(void **st)
+{
+	/* id: at most 255 bytes of JSON text, quotes included */
+	check_ok(repeat("{\"op\":\"status\",\"id\":\"", "a", "", 253, "\"}"));
+	check_err_free(repeat("{\"op\":\"status\",\"id\":\"", "a", "", 254, "\"}"), NXP_E_OUT_OF_RANGE,
+		       "at most 255 bytes", "got 256");
+	/* an escape counts as written: \u0001 is 6 bytes */
+	check_ok(repeat("{\"op\":\"status\",\"id\":\"", "\\u0001", "", 42, "a\"}"));
+	check_err_free(repeat("{\"op\":\"status\",\"id\":\"", "\\u0001", "", 42, "ab\"}"), NXP_E_OUT_OF_RANGE,
+		       "'id'", "got 256");
+	/* stop: at most 8 strings of 1..256 bytes */
+	check_ok(repeat(GEN "\"stop\":[", "\"s\"", ",", 8, "]}"));
+	check_err_free(repeat(GEN "\"stop\":[", "\"s\"", ",", 9, "]}"), NXP_E_OUT_OF_RANGE, "at most 8 entries",
+		       "got 9");
+	check_ok(repeat(GEN "\"stop\":[\"", "x", "", 256, "\"]}"));
+	check_err_free(repeat(GEN "\"stop\":[\"", "x", "", 257, "\"]}"), NXP_E_OUT_OF_RANGE,
+		       "'stop[0]' must be 1..256 bytes", "got 257");
+	/* logprobs: 0..20 */
+	check_ok(strdup(GEN "\"logprobs\":20}"));
+	check_err(GEN "\"logprobs\":21}", NXP_E_OUT_OF_RANGE, "'logprobs' must be in 0..20", NULL);
+	/* messages: 1..4096 */
+	const char *msg = "{\"role\":\"user\",\"content\":\"m\"}";
+	check_ok(repeat("{\"id\":1,\"op\":\"generate\",\"messages\":[", msg, ",", 4096, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"generate\",\"messages\":[", msg, ",", 4097, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'messages' must have 1..4096 entries", "got 4097");
+	check_err("{\"id\":1,\"op\":\"generate\",\"messages\":[]}", NXP_E_OUT_OF_RANGE, "'messages'", "got 0");
+	/* tokens: 1..n_ctx (64 here) */
+	check_ok(repeat("{\"id\":1,\"op\":\"generate\",\"tokens\":[", "7", ",", 64, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"generate\",\"tokens\":[", "7", ",", 65, "]}"),
+		       NXP_E_CONTEXT_OVERFLOW, "65 tokens", "context of 64");
+	check_err("{\"id\":1,\"op\":\"generate\",\"tokens\":[]}", NXP_E_OUT_OF_RANGE, "'tokens'", "got 0");
+	/* max_tokens: 1..limit (512 here) */
+	check_ok(strdup(GEN "\"max_tokens\":512}"));
+	check_err(GEN "\"max_tokens\":513}", NXP_E_OUT_OF_RANGE, "must be in 1..512", NULL);
+	/* seed: 0..2^63-1; past int64 is not JSON the parser takes */
+	check_ok(strdup(GEN "\"seed\":9223372036854775807}"));
+	check_err(GEN "\"seed\":9223372036854775808}", NXP_E_PARSE_ERROR, "field 'seed'", NULL);
+	/* integer fields without a stated maximum: at most 2^31-1 */
+	check_ok(strdup(GEN "\"top_k\":2147483647,\"repeat_last_n\":2147483647}"));
+	check_err(GEN "\"top_k\":2147483648}", NXP_E_OUT_OF_RANGE, "'top_k' must be in 0..2147483647", NULL);
+	check_err(GEN "\"repeat_last_n\":2147483648}", NXP_E_OUT_OF_RANGE, "'repeat_last_n'", NULL);
+	/* lora: at most 8 adapters, names 1..128 bytes */
+	char *names = repeat(GEN "\"lora\":[", "{\"name\":\"a\"}", ",", 1, "");
+	for (int i = 1; i < 9; i++) {
+		char one[32];
+		snprintf(one, sizeof(one), ",{\"name\":\"a%d\"}", i);
+		names = realloc(names, strlen(names) + sizeof(one));
+		strcat(names, one);
+		char *line = repeat(names, "", "", 0, "]}");
+		if (i < 8)
+			check_ok(line);
+		else
+			check_err_free(line, NXP_E_OUT_OF_RANGE, "'lora' must have at most 8 entries", "got 9");
+	}
+	free(names);
+	check_ok(repeat(GEN "\"lora\":[{\"name\":\"", "n", "", 128, "\"}]}"));
+	check_err_free(repeat(GEN "\"lora\":[{\"name\":\"", "n", "", 129, "\"}]}"), NXP_E_OUT_OF_RANGE,
+		       "'lora[0].name' must be 1..128 bytes", "got 129");
+	/* adapter operations: name 1..128 bytes, path 1..4095 bytes */
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_unload\",\"name\":\"", "n", "", 128, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_unload\",\"name\":\"", "n", "", 129, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'name' must be 1..128 bytes", "got 129");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/", "p", "", 4094, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_load\",\"name\":\"a\",\"path\":\"/", "p", "", 4095, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'path' must be 1..4095 bytes", "got 4096");
+	/* lora_report: types 1..8 names of 1..15 bytes, layers 1..1024 ids in 0..1023 */
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"types\":[", "\"f16\"", ",", 8, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"types\":[", "\"f16\"", ",", 9, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'types' must have 1..8 entries", "got 9");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"type\":\"", "t", "", 15, "\"}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_fold\",\"name\":\"a\",\"type\":\"", "t", "", 16, "\"}"),
+		       NXP_E_OUT_OF_RANGE, "'type' must be 1..15 bytes", "got 16");
+	check_ok(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[", "1023", ",", 1024, "]}"));
+	check_err_free(repeat("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[", "0", ",", 1025, "]}"),
+		       NXP_E_OUT_OF_RANGE, "'layers' must have 1..1024 entries", "got 1025");
+	check_err("{\"id\":1,\"op\":\"lora_report\",\"name\":\"a\",\"layers\":[1024]}", NXP_E_OUT_OF_RANGE,
+		  "'layers[0]' must be in 0..1023", NULL);
+}
+
+/* The line limit does not count the line end, and "\r\n" is as good as "\n". */
+static void test_line_limit_line_ends(void **st)
+{
+	struct nxp_limits lim = LIM;
+	lim.max_line = 64;
+	static const char *ends[] = {"\n", "\r\n", ""};
+	for (size_t i = 0; i < 3; i++) {
+		for (size_t body = 64; body <= 65; body++) {
+			char line[80];
+			memset(line, ' ', body);
+			memcpy(line, "{\"id\":1,\"op\":\"status\"}", 22);
+			strcpy(line + body, ends[i]);
+			struct nxp_request r;
+			struct nxp_error e;
+			int rc = nxp_parse(line, strlen(line), &lim, &r, &e);
+			if (body == 64) {
+				assert_int_equal(rc, 0);
+			} else {
+				assert_int_equal(rc, -1);
+				assert_int_equal(e.code, NXP_E_TOO_LARGE);
+				assert_string_equal(e.msg, "request line of 65 bytes is over the limit of 64 bytes");
+			}
+			nxp_request_free(&r);
+		}
+	}
+}
+
 static void test_socket_path(void **st)
 {
 	char buf[256];
@@ -997,6 +1216,10 @@ int main(void)
 		cmocka_unit_test(test_enc_big_numbers),
 		cmocka_unit_test(test_id_echo),
 		cmocka_unit_test(test_parse_mutations),
+		cmocka_unit_test(test_depth_limit),
+		cmocka_unit_test(test_float_fields),
+		cmocka_unit_test(test_documented_limits),
+		cmocka_unit_test(test_line_limit_line_ends),
 		cmocka_unit_test(test_socket_path),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1131,6 +1131,51 @@ static void test_stop_chunking_invariant(void **state)
 	}
 }
 
+/* The protocol's stop strings (docs/protocol.md: at most 8, each 1..256
+ * bytes) fit the matcher: the longest is held back piece by piece until it
+ * completes, and one byte more is refused. */
+static void test_stop_protocol_limit(void **state)
+{
+	(void)state;
+	char s256[257], s257[258], other[257];
+	memset(s256, 'q', 256);
+	s256[255] = 'Z';
+	s256[256] = '\0';
+	memset(s257, 'q', 257);
+	s257[257] = '\0';
+	memset(other, 'q', 256);
+	other[256] = '\0';
+	const char *stops[8] = { s256, other, "a", "b", "c", "d", "e", "f" };
+	struct nx_stop st;
+	stop_init_ok(&st, stops, 8);
+	struct feed_out o = { .len = 0 };
+	assert_int_equal(feed(&st, "x", &o), NX_STOP_MORE);
+	/* 255 bytes that begin both long strings: all held, one at a time */
+	for (int i = 0; i < 255; i++)
+		assert_int_equal(feed(&st, "q", &o), NX_STOP_MORE);
+	assert_string_equal(o.text, "x");
+	assert_int_equal(st.n_held, 255);
+	assert_int_equal(feed(&st, "Zy", &o), NX_STOP_HIT);
+	assert_int_equal(st.hit_index, 0);
+	assert_string_equal(o.text, "x");
+
+	/* a 256-byte run that is not quite a stop string comes out whole */
+	nx_stop_reset(&st);
+	struct feed_out p = { .len = 0 };
+	char near[257];
+	memcpy(near, s256, 257);
+	near[255] = 'Y';
+	assert_int_equal(feed(&st, near, &p), NX_STOP_MORE);
+	assert_int_equal(st.n_held, 0);
+	assert_int_equal(p.len, 256);
+	assert_memory_equal(p.text, near, 256);
+
+	const char *toolong[] = { "ok", s257 };
+	struct nx_err err = { { 0 } };
+	assert_int_equal(nx_stop_init(&st, toolong, 2, &err), -1);
+	assert_string_equal(err.msg, "stop: stop string 1 is 257 bytes, at most 256 allowed");
+}
+
 static void test_stop_errors(void **state)
 {
 	(void)state;
@@ -1149,7 +1194,9 @@ static void test_stop_errors(void **state)
 	longs[sizeof(longs) - 1] = '\0';
 	const char *toolong[] = { longs };
 	assert_int_equal(nx_stop_init(&st, toolong, 1, &err), -1);
-	assert_non_null(strstr(err.msg, "129 bytes"));
+	char want[64];
+	snprintf(want, sizeof(want), "%d bytes", NX_STOP_MAX_LEN + 1);
+	assert_non_null(strstr(err.msg, want));
 
 	/* the longest allowed string works */
 	longs[NX_STOP_MAX_LEN] = '\0';
@@ -1204,6 +1251,7 @@ int main(void)
 		cmocka_unit_test(test_stop_at_start),
 		cmocka_unit_test(test_stop_chunking_invariant),
 		cmocka_unit_test(test_stop_errors),
+		cmocka_unit_test(test_stop_protocol_limit),
 	};
 	return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

@@ -6,11 +6,15 @@ end-to-end tests against the real daemon live elsewhere.
 """
 import json
 import os
+import re
+import select
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
+import tty
 
 import pytest
 
@@ -247,6 +251,19 @@ def test_version_mismatch(nxd):
     assert nxd.ops() == ["hello"]
 
 
+def test_version_mismatch_names_both(nxd):
+    nxd.handlers["hello"] = lambda req, send: send({"event": "hello", "version": 99, "server": "nxd"})
+    r = run(["status"], sock=nxd.path)
+    assert r.returncode == 1 and r.stdout == b""
+    assert r.stderr.decode() == f"nxctl: nxd at {nxd.path} speaks protocol version 99; nxctl speaks version 1\n"
+    nxd.handlers["hello"] = lambda req, send: send({"event": "hello", "version": "1"})
+    r = run(["status"], sock=nxd.path)
+    assert r.returncode == 1
+    assert r.stderr.decode() == (f"nxctl: nxd at {nxd.path} sent a hello whose 'version' is not an integer (got "
+                                 f"string); nxctl speaks protocol version 1\n")
+    assert nxd.ops() == ["hello", "hello"]  # nothing sent past the hello
+
+
 def test_ctrl_c_cancels(nxd, procs):
     gen_id = {}
     started = threading.Event()
@@ -470,3 +487,194 @@ def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
         os.close(slave)
     gens = [q for q in nxd.requests if q["op"] == "generate"]
     assert gens[0]["messages"] == [{"role": "user", "content": "hello"}]
+
+
+# --- the terminal as an attack surface: model and server text is shown, not obeyed
+
+# What a model (or a hostile server) may write: OSC title change, clear
+# screen, an escape sequence cut across two events, BEL, DEL, backspace, C1
+# controls (U+009B is CSI), a '\r' whose '\n' comes in the next event, a bare
+# '\r' that would overwrite the line, and plain text that must pass.
+HOSTILE = ["Hi \x1b]0;pwned\x07", "\x1b[2J\x1b[H", "split \x1b", "[31mred", " bell\x07 del\x7f bs\x08",
+           " \x01\x1f c1:\u009b31m \u0085", " cr at end\r", "\nnext line", " bare\rover", " tab\tok",
+           " caf\u00e9 \U0001F600 \u00a0", " \r\r\n"]
+SHOWN = ("Hi ^[]0;pwned^G^[[2J^[[Hsplit ^[[31mred bell^G del^? bs^H ^A^_ c1:<U+009B>31m <U+0085> cr at end\r\n"
+         "next line bare^Mover tab\tok caf\u00e9 \U0001F600 \u00a0 ^M\r\n")
+RAW = "".join(HOSTILE)
+
+
+def assert_inert(out):
+    """No byte a terminal would act on: C0 but '\\t' '\\n', DEL, C1 in UTF-8, '\\r' but in "\\r\\n"."""
+    assert not re.search(rb"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]|\r(?!\n)", out), out
+
+
+def run_tty(args, sock, stdin=subprocess.DEVNULL, stderr_tty=True, timeout=10):
+    """nxctl with stdout (and stderr) on a pseudo-terminal in raw mode, so the
+    bytes read are the bytes nxctl wrote. Returns (exit code, terminal bytes, stderr bytes)."""
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    p = subprocess.Popen([NXCTL, "--socket", sock] + args, stdin=stdin, stdout=slave,
+                         stderr=slave if stderr_tty else subprocess.PIPE)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            r, _, _ = select.select([master], [], [], timeout)
+            if not r:
+                break
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: nxctl has exited
+                break
+            if not chunk:
+                break
+            out += chunk
+        p.wait(timeout)
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = p.stderr.read() if p.stderr else b""
+    return p.returncode, out, err
+
+
+def test_terminal_shows_control_characters(nxd):
+    nxd.handlers["generate"] = stream_pieces(HOSTILE)
+    rc, out, err = run_tty(["generate", "hi"], nxd.path, stderr_tty=False)
+    assert rc == 0, err
+    assert out.decode() == SHOWN + "\n"
+    assert_inert(out)
+    # --raw-output: the bytes as the model wrote them
+    rc, out, err = run_tty(["generate", "--raw-output", "hi"], nxd.path, stderr_tty=False)
+    assert rc == 0, err
+    assert out == (RAW + "\n").encode()
+    # not a terminal: byte for byte, as before
+    r = run(["generate", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and r.stdout == (RAW + "\n").encode()
+
+
+def test_terminal_non_streamed_text_and_chat(nxd):
+    def done_with_text(req, send):  # a server that sends the text in done anyway
+        send({"id": req["id"], "event": "done", "reason": "eos", "text": RAW, "usage": {}, "timing": {}})
+    nxd.handlers["generate"] = done_with_text
+    rc, out, _ = run_tty(["generate", "hi"], nxd.path)
+    assert rc == 0 and out.decode() == SHOWN + "\n"
+    nxd.handlers["generate"] = stream_pieces(HOSTILE)
+    r_in, w_in = os.pipe()
+    os.write(w_in, b"hello\nagain\n")
+    os.close(w_in)
+    rc, out, _ = run_tty(["chat"], nxd.path, stdin=r_in)
+    os.close(r_in)
+    assert rc == 0 and out.decode() == (SHOWN + "\n") * 2
+    assert_inert(out)
+    # the conversation keeps the exact text, whatever the terminal showed
+    gens = [q for q in nxd.requests if q["op"] == "generate"]
+    assert gens[-1]["messages"][1] == {"role": "assistant", "content": RAW}
+    r_in, w_in = os.pipe()
+    os.write(w_in, b"hello\n")
+    os.close(w_in)
+    rc, out, _ = run_tty(["chat", "--raw-output"], nxd.path, stdin=r_in)
+    os.close(r_in)
+    assert rc == 0 and out == (RAW + "\n").encode()
+
+
+def test_terminal_json_lines_stay_json(nxd):
+    """--json on a terminal: DEL and C1, which JSON may carry raw, become \\u
+    escapes, so every line still parses to the same event."""
+    nxd.handlers["generate"] = stream_pieces(HOSTILE)
+    rc, out, _ = run_tty(["generate", "--json", "hi"], nxd.path)
+    assert rc == 0
+    assert_inert(out)
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert "".join(e["text"] for e in events if e["event"] == "token") == RAW
+    assert b"\\u009b" in out and b"\\u007f" in out
+    rc, out, _ = run_tty(["generate", "--json", "--raw-output", "hi"], nxd.path)
+    assert rc == 0 and "\u009b".encode() in out and b"\x7f" in out
+
+
+def test_terminal_server_strings(nxd):
+    """Error messages, codes, status fields and adapter listings come from the
+    server too: on a terminal they are shown, not obeyed, on stdout and stderr."""
+    def bad(req, send):
+        send({"id": req["id"], "event": "error", "code": "x\x1b[5m", "message": "no \x1b]0;t\x07 way\u009b"})
+    nxd.handlers["generate"] = bad
+    rc, out, _ = run_tty(["generate", "hi"], nxd.path)
+    assert rc == 1
+    assert out.decode() == "nxctl: no ^[]0;t^G way<U+009B> (x^[[5m)\n"
+    r = run(["generate", "hi"], sock=nxd.path)  # stderr not a terminal: as sent
+    assert r.stderr.decode() == "nxctl: no \x1b]0;t\x07 way\u009b (x\x1b[5m)\n"
+
+    nxd.handlers["generate"] = lambda req, send: send(None, raw=b"\x1b[2J\x1b]0;t\x07 not json\n")
+    rc, out, _ = run_tty(["generate", "hi"], nxd.path)
+    assert rc == 1 and b"^[[2J^[]0;t^G not json" in out
+    assert_inert(out)
+
+    status = {"event": "status", "model": "m\x1b]0;t\x07", "arch": "\u009b", "type": "Q\x7f", "n_ctx": 8,
+              "n_vocab": 9, "activations": "pre\rcise",
+              "workers": [{"pid": 1, "cpu": 0, "state": "\x1b[2J", "restarts": 0}],
+              "slots": {"total": 1, "used": 0, "queued": 0}, "tokens_served": 0,
+              "sequences_per_step": {"mean": 0, "max": 0}, "tokens_per_s": 0, "uptime_s": 1.0, "steps": 0,
+              "steps_retried": 0, "profile": {"steps": 1, "ms_per_step": {"mat\x1bmul": 1.0}}}
+    nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
+    rc, out, _ = run_tty(["status"], nxd.path)
+    assert rc == 0
+    assert_inert(out)
+    text = out.decode()
+    for want in ["m^[]0;t^G (<U+009B>, Q^?)", "activations pre^Mcise", "^[[2J", "mat^[mul"]:
+        assert want in text, (want, text)
+    rc, out, _ = run_tty(["status", "--json"], nxd.path)
+    assert rc == 0
+    assert_inert(out)
+    assert json.loads(out) == dict(status, id=1)
+
+    adapters = {"event": "lora_list", "adapters": [
+        {"name": "a\x1b]0;t\x07", "rank": 8, "alpha": 16, "tensors": 1, "bytes": 1024, "in_use": 0,
+         "path": "/x/\x1b[2J\u009b.gguf", "folded": {"order": 1, "type": "\x07"}}],
+        "job": {"kind": "\x1b[1m", "adapter": "b", "done": 1, "total": 2}, "checksum": "\x1b[8m"}
+    nxd.handlers["lora_list"] = lambda req, send: send(dict(adapters, id=req["id"]))
+    rc, out, _ = run_tty(["lora-list"], nxd.path)
+    assert rc == 0
+    assert_inert(out)
+    for want in ["a^[]0;t^G", "/x/^[[2J<U+009B>.gguf", "#1 ^G", "^[[1m of b", "checksum: ^[[8m"]:
+        assert want in out.decode(), (want, out)
+
+    nxd.handlers["detokenize"] = lambda req, send: send({"id": req["id"], "event": "text", "text": RAW})
+    rc, out, _ = run_tty(["detokenize", "1", "2"], nxd.path)
+    assert rc == 0 and out.decode() == SHOWN + "\n"
+    rc, out, _ = run_tty(["detokenize", "--raw-output", "1", "2"], nxd.path)
+    assert rc == 0 and out == (RAW + "\n").encode()
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="tmux is not installed")
+def test_terminal_under_tmux(nxd, tmp_path):
+    """In a real terminal emulator the hostile answer neither retitles the
+    pane nor clears it; with --raw-output it does both (the test can tell)."""
+    nxd.handlers["generate"] = stream_pieces(["first line\n", "\x1b]2;pwned\x07\x1b[2J\x1b[Hafter"])
+    def run_in_pane(extra):
+        sock = str(tmp_path / f"tmux{extra}.sock")  # one tmux server per run, never a stopping one
+
+        def tmux(*args):
+            return subprocess.run(["tmux", "-S", sock, "-f", "/dev/null"] + list(args), capture_output=True,
+                                  text=True, timeout=10)
+
+        cmd = f"{NXCTL} --socket {nxd.path} generate {extra} hi; echo EXIT=$?; sleep 30"
+        assert tmux("new-session", "-d", "-x", "100", "-y", "20", "-s", "t", cmd).returncode == 0
+        try:
+            end = time.time() + 10
+            screen = ""
+            while "EXIT=" not in screen and time.time() < end:
+                time.sleep(0.1)
+                screen = tmux("capture-pane", "-p", "-t", "t").stdout
+            title = tmux("display-message", "-p", "-t", "t", "#{pane_title}").stdout.strip()
+            return screen, title
+        finally:
+            tmux("kill-server")
+
+    screen, title = run_in_pane("")
+    assert "EXIT=0" in screen, screen
+    assert "first line" in screen and "^[]2;pwned^G^[[2J^[[Hafter" in screen, screen
+    assert title != "pwned"
+    screen, title = run_in_pane("--raw-output")
+    assert "EXIT=0" in screen, screen
+    assert title == "pwned" and "first line" not in screen, (title, screen)
