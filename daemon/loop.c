@@ -14,6 +14,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,14 @@ static int setup_listen(struct nxd *d, struct nx_err *err)
 		int fd = SD_LISTEN_FDS_START;
 		if (sd_is_socket_unix(fd, SOCK_STREAM, 1, NULL, 0) <= 0)
 			return nx_errf(err, "socket: the socket passed by systemd (fd %d) is not a listening AF_UNIX stream socket", fd);
+		/* An abstract (or unnamed) socket has no file mode: anyone on the
+		 * host could connect, whatever --socket-group says. */
+		struct sockaddr_un sa;
+		socklen_t sl = sizeof(sa);
+		if (getsockname(fd, (struct sockaddr *)&sa, &sl) < 0 || sl <= offsetof(struct sockaddr_un, sun_path) ||
+		    sa.sun_path[0] == '\0')
+			return nx_errf(err, "socket: the socket passed by systemd (fd %d) is an abstract or unnamed socket, "
+				       "which no file mode protects; give ListenStream= a path (e.g. /run/nxd/nxd.sock)", fd);
 		if (n > 1)
 			nxd_warn("socket: systemd passed %d sockets; serving on the first", n);
 		for (int i = 1; i < n; i++)

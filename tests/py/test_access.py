@@ -354,3 +354,29 @@ def test_adapter_limits(model_path, nxd_bin, tmp_path):
                 assert c.request({"op": "lora_unload", "id": "u2", "name": "s3"})["event"] == "ok"
                 ev = load("big16", tmp_path / "big16.gguf")  # 3.9 MiB beside s1: fits
                 assert ev["event"] == "lora_loaded", ev
+
+
+def test_abstract_socket_from_systemd_is_refused(model_path, nxd_bin, tmp_path):
+    """An abstract socket has no file mode, so anyone could connect: nxd refuses one passed by socket
+    activation, naming why, and exits non-zero."""
+    if not shutil.which("systemd-socket-activate"):
+        pytest.skip("systemd-socket-activate is not installed")
+    name = f"@nxd-test-{os.getpid()}"
+    p = subprocess.Popen(["systemd-socket-activate", "-l", name, str(nxd_bin), "--model", str(model_path),
+                          "--workers", "1", "--ctx", "128"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 10
+        while True:
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect("\0" + name[1:])
+                break
+            except OSError:
+                assert time.time() < deadline, "systemd-socket-activate did not listen"
+                time.sleep(0.05)
+        out, _ = p.communicate(timeout=30)
+        s.close()
+        assert p.returncode != 0
+        assert b"is an abstract or unnamed socket, which no file mode protects" in out, out
+    finally:
+        p.kill()
