@@ -287,7 +287,6 @@ struct nxd {
 	struct __kernel_timespec tick_ts;
 	bool tick_armed;
 	bool wlog_armed;
-	int ops_pending;          /* ring ops of the daemon itself (not conns) in flight */
 
 	/* connections */
 	struct nxd_conn *conns;   /* (max_clients) */
@@ -360,7 +359,9 @@ void nxd_conn_close_after_flush(struct nxd *d, struct nxd_conn *c, const char *w
 void nxd_begin_shutdown(struct nxd *d, const char *why);
 
 /* conn.c */
-int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
+/* Queues one event line; a client over --out-limit, or one we have no memory
+ * for, is closed instead (nothing for the caller to handle). */
+void nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
 size_t nxd_conn_queued(const struct nxd_conn *c);
 void nxd_conn_reset(struct nxd_conn *c);
 void nxd_send_error(struct nxd *d, struct nxd_conn *c, const char *id, enum nxp_code code,
