@@ -11,7 +11,8 @@
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   access.c  socket group, admin rights, client paths, adapter limits
  *   guard.c   validating shared memory, repair after a scribbling worker, the step watchdog
- * The worker side is worker/worker.c (step loop) and worker/sandbox.c. */
+ * Workers are forked from a struct nxw_spec (worker/worker.h), never this
+ * struct: worker/worker.c (step loop), worker/sandbox.c, worker/test_hooks.c. */
 #ifndef NXD_H
 #define NXD_H
 
@@ -37,7 +38,7 @@
 #include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
-#include "worker/sandbox.h"
+#include "worker/worker.h"
 
 #define NXD_VERSION "0.1.0"
 #define NXD_MAX_SLOTS 256
@@ -105,7 +106,7 @@ struct nxd_shm {
 	struct nx_state_cfg cfg;
 	/* page ranges a worker maps read-only before its first step (the weights
 	 * are read-only already: nxd_model.copy or the --mmap mapping) */
-	struct { void *p; size_t len; } ro[1];
+	struct nxw_range ro[1];
 	int n_ro;
 };
 
@@ -255,8 +256,6 @@ struct nxd {
 	int wlog_rd, wlog_wr;     /* the workers' log pipe */
 	char wlog_buf[4096];
 	size_t wlog_len;
-	const char *test_syscall; /* NXD_TEST_WORKER_SYSCALL */
-	long test_syscall_step;
 
 	/* step */
 	enum nxd_step_state step_state;
@@ -462,8 +461,5 @@ void nxd_lora_release(struct nxd_req *r);
 /* A step boundary (no step in flight, the next not yet planned): finished
  * folds are swapped in, unfolds applied, reports and progress sent. */
 void nxd_lora_boundary(struct nxd *d);
-
-/* worker/worker.c */
-_Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen);
 
 #endif

@@ -56,6 +56,28 @@ int nxd_procs_init(struct nxd *d, struct nx_err *err)
 	return 0;
 }
 
+/* What the band's new process gets: its slice of the arena, never the daemon. */
+static struct nxw_spec worker_spec(const struct nxd *d, int band)
+{
+	const struct nxd_proc *p = &d->procs[band];
+	return (struct nxw_spec){
+		.band = band,
+		.cpu = p->cpu,
+		.spawn = p->spawns,
+		.seen_gen = d->step_gen,
+		.log_fd = d->wlog_wr,
+		.parent = d->pid,
+		.filter = &d->filter,
+		.model = d->shm.model,
+		.state = d->shm.state_shared,
+		.toks = d->shm.toks,
+		.scratch = &d->shm.scratch[band],
+		.ctl = d->shm.ctl,
+		.ro = d->shm.ro,
+		.n_ro = d->shm.n_ro,
+	};
+}
+
 int nxd_proc_spawn(struct nxd *d, int band)
 {
 	struct nxd_proc *p = &d->procs[band];
@@ -67,13 +89,14 @@ int nxd_proc_spawn(struct nxd *d, int band)
 	atomic_store(&w->pid, 0);
 	p->killed = false;
 	p->spawns++;
+	const struct nxw_spec spec = worker_spec(d, band);
 	pid_t pid = fork();
 	if (pid < 0) {
 		nxd_err("worker %d: fork failed: %s", band, strerror(errno));
 		return -1;
 	}
 	if (pid == 0)
-		nxw_main(d, band, d->step_gen);
+		nxw_main(&spec);
 	int fd = pidfd_open(pid);
 	if (fd < 0) {
 		/* Without a pidfd the death would go unseen: do not run blind. */
