@@ -25,9 +25,7 @@
 
 #define RING_ENTRIES 1024
 #define TICK_NS 100000000LL /* 100 ms housekeeping */
-#define ABORT_GRACE 5.0     /* s: survivors that do not leave an aborted step by then are killed */
 #define SHUTDOWN_GRACE 3.0  /* s: time given to clients to read their last events */
-#define MAX_STEP_TRIES 3    /* aborts of one step before its sequences are failed (< max start failures) */
 
 #ifndef IORING_OP_FUTEX_WAIT
 #define IORING_OP_FUTEX_WAIT 51 /* kernel 6.7 uapi; liburing 2.3's header predates it */
@@ -568,11 +566,8 @@ void nxd_begin_shutdown(struct nxd *d, const char *why)
 	}
 	/* Every stream ends with a clear event; then the workers go. */
 	nxd_sched_end_all(d, NXP_DONE_SHUTDOWN);
-	if (d->shm.ctl && was != NXD_STARTING) {
-		nx_ctl_abort(d->shm.ctl);
-		nx_ctl_quit(d->shm.ctl);
-	}
-	d->step_state = NXD_STEP_IDLE;
+	if (was != NXD_STARTING)
+		nxd_step_shutdown(d);
 	d->exit_code = 0;
 }
 
@@ -626,77 +621,29 @@ static void check_state(struct nxd *d)
 		return;
 	}
 
-	/* Shared memory is validated before anything read from it is acted on;
-	 * after a worker scribbled, nothing goes on until the block is rewritten. */
-	if (d->phase == NXD_SERVING)
-		nxd_guard_check(d);
-	if (d->ctl_dirty && !nxd_guard_repair(d))
-		return; /* the killed workers are not all reaped yet */
-
-	for (int i = 0; i < d->n_workers; i++)
-		d->live[i] = d->procs[i].pid > 0;
-	if (d->step_state == NXD_STEP_RUNNING &&
-	    nx_ctl_acked(ctl, (uint32_t)d->n_workers, d->step_gen, d->live) && nxd_procs_all_live(d)) {
-		d->step_state = NXD_STEP_IDLE;
-		d->step_tries = 0;
-		for (int i = 0; i < d->n_workers; i++)
-			d->procs[i].fails = 0; /* a completed step: start-up is behind them */
+	if (d->phase == NXD_STARTING) {
+		nxd_procs_tick(d, now); /* back-off respawns */
+		return;
+	}
+	const char *why = NULL;
+	switch (nxd_step_poll(d, now, &why)) {
+	case NXD_STEP_REPAIRING:
+		return;
+	case NXD_STEP_DONE:
 		nxd_sched_step_done(d);
-	} else if (d->step_state == NXD_STEP_RUNNING && now - d->step_t0 > d->step_limit) {
-		nxd_err("step watchdog: step %u (%d tokens) has run %.1f s, over its limit of %.1f s: aborting it",
-			d->step_gen, d->step_n, now - d->step_t0, d->step_limit);
-		nx_ctl_abort(ctl);
-		d->step_state = NXD_STEP_ABORTING;
-		nxd_sched_forget_prompts(d, "step aborted");
+		break;
+	case NXD_STEP_RETRY:
+		nxd_sched_step_retry(d);
+		break;
+	case NXD_STEP_FAILED:
+		nxd_sched_step_failed(d, why);
+		break;
+	case NXD_STEP_NONE:
+		break;
 	}
-
-	if (d->step_state == NXD_STEP_ABORTING) {
-		if (d->abort_t0 == 0)
-			d->abort_t0 = now;
-		if (nx_ctl_acked(ctl, (uint32_t)d->n_workers, d->step_gen, d->live)) {
-			nxd_procs_tick(d, now); /* respawn the dead now that nobody is inside the step */
-			if (nxd_procs_failed(d)) {
-				d->step_state = NXD_STEP_IDLE;
-				d->abort_t0 = 0;
-				nx_ctl_reset(ctl, (uint32_t)d->n_workers, (uint32_t)d->o.n_batch, d->spin);
-				nxd_sched_step_failed(d, d->fatal);
-			} else if (nxd_procs_all_live(d)) {
-				/* Survivors are out, every band has a process: the step
-				 * can run again from the slots' unchanged state. A step
-				 * that keeps killing workers is not retried forever:
-				 * its sequences get an error, the others go on. */
-				nx_ctl_reset(ctl, (uint32_t)d->n_workers, (uint32_t)d->o.n_batch, d->spin);
-				d->step_state = NXD_STEP_IDLE;
-				d->abort_t0 = 0;
-				if (++d->step_tries >= MAX_STEP_TRIES) {
-					nxd_err("step %u was aborted %d times in a row; failing its sequences", d->step_gen,
-						d->step_tries);
-					nxd_sched_step_failed(d, "this request's step failed repeatedly (a worker died each time)");
-					d->step_tries = 0;
-				} else {
-					d->stats.steps_retried++;
-				}
-				nxd_sched_pump(d);
-			}
-		} else if (now - d->abort_t0 > ABORT_GRACE) {
-			/* A survivor stuck outside any barrier: kill it; its death is
-			 * handled like any other. */
-			for (int i = 0; i < d->n_workers; i++)
-				if (d->live[i] && atomic_load(&ctl->w[i].ack_gen) != d->step_gen && d->procs[i].pid > 0) {
-					nxd_err("worker %d (pid %d) did not leave the aborted step; killing it", i,
-						(int)d->procs[i].pid);
-					kill(d->procs[i].pid, SIGKILL);
-				}
-			d->abort_t0 = now;
-		}
-	} else {
-		d->abort_t0 = 0;
-		nxd_procs_tick(d, now);
-	}
-	if (nxd_procs_failed(d) && d->phase == NXD_SERVING)
+	if (nxd_procs_failed(d))
 		nxd_sched_fail_all(d, NXP_E_INTERNAL, d->fatal);
-	if (d->phase == NXD_SERVING)
-		nxd_sched_pump(d);
+	nxd_sched_pump(d);
 }
 
 static void on_tick(struct nxd *d)

@@ -314,8 +314,8 @@ static int start(struct nxd *d, struct nx_err *err)
 	bool trap = getenv("NXD_SECCOMP_TRAP") != NULL;
 	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
 		return -1;
-	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_guard_init(d, err) < 0 ||
-	    nxd_lora_init(d, err) < 0)
+	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_step_init(d, err) < 0 ||
+	    nxd_guard_init(d, err) < 0 || nxd_lora_init(d, err) < 0)
 		return -1;
 	for (int i = 0; i < d->n_workers; i++)
 		if (nxd_proc_spawn(d, i) < 0)
@@ -365,8 +365,8 @@ int main(int argc, char **argv)
 	nxw_filter_free(&d->filter);
 	nxd_model_free(d);
 	nxd_shm_free(d);
+	nxd_step_free(d);
 	free(d->procs);
-	free(d->live);
 	if (rc == 0)
 		nxd_info("stopped");
 	return rc;

@@ -4,13 +4,14 @@
  *   main.c    options, start-up and shutdown order
  *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
  *   shmem.c   arena layout (size / init per region)
- *   procs.c   worker process table: spawn, pidfds, deaths, back-off
+ *   procs.c   worker process table: spawn, reap, back-off; reports deaths to step.c
+ *   step.c    a forward step's lifecycle: launch, done / retry / failed, deaths, the watchdog
  *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
  *   conn.c    per-connection line buffer and output queue
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   access.c  socket group, admin rights, client paths, adapter limits
- *   guard.c   validating shared memory, repair after a scribbling worker, the step watchdog
+ *   guard.c   checks of shared memory against our copies, and the rewrite from them
  * Workers are forked from a struct nxw_spec (worker/worker.h), never this
  * struct: worker/worker.c (step loop), worker/sandbox.c, worker/test_hooks.c. */
 #ifndef NXD_H
@@ -27,6 +28,7 @@
 
 #include "common/err.h"
 #include "daemon/log.h"
+#include "daemon/step.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -59,7 +61,7 @@ struct nxd_opts {
 	double idle_timeout;  /* s: a connection with nothing in flight and no bytes is closed */
 	double line_timeout;  /* s: a started request line must be finished within this */
 	int max_start_failures; /* worker start-up deaths in a row before giving up */
-	double step_timeout;  /* s: the step watchdog's upper bound (guard.c) */
+	double step_timeout;  /* s: the step watchdog's upper bound (step.c) */
 	const char *socket_group; /* access.c: group that may connect (socket mode 0660), or NULL */
 	const char *admin_group;  /* access.c: group whose members may change the model, or NULL */
 	int max_tokens;       /* a request's max_tokens limit (0: the context) */
@@ -233,7 +235,6 @@ struct nxd_stats {
 
 /* ---------------------------------------------------------------- the daemon */
 
-enum nxd_step_state { NXD_STEP_IDLE, NXD_STEP_RUNNING, NXD_STEP_ABORTING };
 enum nxd_phase { NXD_STARTING, NXD_SERVING, NXD_STOPPING };
 
 struct nxd {
@@ -252,17 +253,11 @@ struct nxd {
 	/* workers */
 	struct nxd_proc *procs;   /* (n_workers) */
 	int n_workers;
-	unsigned char *live;      /* (n_workers) scratch for nx_ctl_acked */
 	int wlog_rd, wlog_wr;     /* the workers' log pipe */
 	char wlog_buf[4096];
 	size_t wlog_len;
 
-	/* step */
-	enum nxd_step_state step_state;
-	uint32_t step_gen;        /* last gen launched (the supervisor's own count) */
-	int step_n;               /* tokens in the running step */
-	int step_tries;           /* launches of the current step */
-	double step_t0;
+	struct nxd_step step;     /* step.c's alone to write */
 
 	/* io_uring loop */
 	struct io_uring ring;
@@ -272,7 +267,6 @@ struct nxd {
 	bool accept_multishot, accept_armed;
 	double accept_retry_at;   /* after an accept error (EMFILE...): not before this */
 	double shutdown_deadline; /* stopping: exit by then even if clients do not read */
-	double abort_t0;          /* when the running step was aborted */
 	int sig_fd;
 	struct signalfd_siginfo sig_buf;
 	bool sig_armed;
@@ -317,12 +311,8 @@ struct nxd {
 	struct nxd_lora_reg *lora; /* lora.c: adapters, folds, the helper thread's job */
 
 	/* guard.c: shared memory is checked against these, never trusted */
-	bool ctl_dirty;           /* inconsistency found: workers killed; rewrite the block once all are gone */
 	struct nx_tok_in *toks_copy;     /* (n_batch) the descriptor as we wrote it */
 	struct nx_scratch *scratch_copy; /* (n_workers) the scratch structs as laid out */
-	double wd_per_tok;        /* watchdog: decaying max of step seconds per token */
-	uint64_t wd_steps;        /* steps measured */
-	double step_limit;        /* s: the running step's watchdog */
 };
 
 double nxd_now(void); /* CLOCK_MONOTONIC seconds */
@@ -338,9 +328,18 @@ void nxd_shm_free(struct nxd *d);
 /* procs.c */
 int nxd_procs_init(struct nxd *d, struct nx_err *err);
 int nxd_proc_spawn(struct nxd *d, int band);
+/* band's pidfd is readable: reaps it, records why, reports the death to
+ * step.c, schedules the respawn (back-off after start-up deaths). */
 void nxd_proc_died(struct nxd *d, int band);
+/* SIGKILLs band's process, if any; excused: its death is no start-up failure. */
+void nxd_proc_kill(struct nxd *d, int band, bool excused);
+/* Respawns the bands whose back-off is over. The caller knows it is safe:
+ * no survivor inside an aborted step, the block not dirty. */
 void nxd_procs_tick(struct nxd *d, double now);
+/* Every worker completed a step: start-up is behind them. */
+void nxd_procs_started(struct nxd *d);
 bool nxd_procs_all_live(const struct nxd *d);
+bool nxd_procs_all_gone(const struct nxd *d);
 bool nxd_procs_all_ready(struct nxd *d);
 bool nxd_procs_failed(const struct nxd *d);
 void nxd_procs_stop(struct nxd *d);
@@ -378,6 +377,8 @@ void nxd_sched_submit(struct nxd *d, struct nxd_req *r);
 void nxd_sched_pump(struct nxd *d);
 /* The step finished (every live worker acked): sample, stream, plan on. */
 void nxd_sched_step_done(struct nxd *d);
+/* The step was aborted and cleaned up: counted, and planned again. */
+void nxd_sched_step_retry(struct nxd *d);
 /* The step could not be completed (retries exhausted, workers failed). */
 void nxd_sched_step_failed(struct nxd *d, const char *why);
 /* The free slots' K/V no longer match their tokens (the weights changed, or
@@ -435,16 +436,14 @@ int nxd_limits_check_adapter(int n_loaded, size_t bytes_loaded, size_t bytes_new
 /* guard.c */
 int nxd_guard_init(struct nxd *d, struct nx_err *err);
 void nxd_guard_free(struct nxd *d);
-/* Launches the planned step of n tokens under our own gen and a watchdog limit. */
-void nxd_guard_launch(struct nxd *d, int n);
-/* A step took dt s for n tokens: feeds the watchdog's estimate. */
-void nxd_guard_step_done(struct nxd *d, double dt, int n);
-double nxd_guard_step_limit(const struct nxd *d, int n);
-/* Validates shared memory against our copies; on a mismatch kills every
- * worker (ctl_dirty) and returns false. */
-bool nxd_guard_check(struct nxd *d);
-/* ctl_dirty and every worker reaped: rewrites the block; true when clean. */
-bool nxd_guard_repair(struct nxd *d);
+/* The descriptor's first n tokens as written for the step being launched. */
+void nxd_guard_keep_descriptor(struct nxd *d, int n);
+/* Checks shared memory against our copies and what d->step says (gen,
+ * tokens, aborting, the live set); false with why naming the first bad field. */
+bool nxd_guard_check(const struct nxd *d, char *why, size_t cap);
+/* Rewrites the block, the descriptor and the workers' structs from our
+ * copies. Only with every worker gone. */
+void nxd_guard_repair(struct nxd *d);
 
 /* lora.c */
 int nxd_lora_init(struct nxd *d, struct nx_err *err);
