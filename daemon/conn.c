@@ -11,6 +11,16 @@ size_t nxd_conn_queued(const struct nxd_conn *c)
 	return c->out_len + (c->snd_len - c->snd_off);
 }
 
+bool nxd_conns_drained(const struct nxd *d)
+{
+	for (int i = 0; i < d->o.max_clients; i++) {
+		const struct nxd_conn *c = &d->conns[i];
+		if (c->fd >= 0 && !c->closing && nxd_conn_queued(c) > 0)
+			return false;
+	}
+	return true;
+}
+
 void nxd_conn_reset(struct nxd_conn *c)
 {
 	free(c->in);

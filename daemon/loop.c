@@ -1,5 +1,9 @@
 /* loop.c - the supervisor's io_uring event loop: accept, recv, send, hang-ups, signals, worker pidfds, the step futex and a tick.
  *
+ * Mechanism only: after every batch of completions it calls
+ * nxd_after_events (daemon.c), which holds the policy (phases, the step's
+ * results, shutdown). Signals are noted in nxd.signals, not acted on here.
+ *
  * Nothing here blocks on a client: every socket operation is a ring op, and
  * a connection's buffers stay alive until every op that points into them has
  * completed (conn->inflight). Completions carry (kind, index, generation) in
@@ -25,7 +29,6 @@
 
 #define RING_ENTRIES 1024
 #define TICK_NS 100000000LL /* 100 ms housekeeping */
-#define SHUTDOWN_GRACE 3.0  /* s: time given to clients to read their last events */
 
 #ifndef IORING_OP_FUTEX_WAIT
 #define IORING_OP_FUTEX_WAIT 51 /* kernel 6.7 uapi; liburing 2.3's header predates it */
@@ -545,16 +548,8 @@ static void on_wlog(struct nxd *d, int res)
 
 /* ---------------------------------------------------------------- shutdown */
 
-void nxd_begin_shutdown(struct nxd *d, const char *why)
+void nxd_loop_stop_accepting(struct nxd *d)
 {
-	if (d->phase == NXD_STOPPING)
-		return;
-	nxd_info("shutting down (%s)", why);
-	enum nxd_phase was = d->phase;
-	d->phase = NXD_STOPPING;
-	sd_notify(0, "STOPPING=1");
-	/* Stop accepting and take the socket name away first, so new clients
-	 * fail fast instead of queueing behind us. */
 	if (d->accept_armed) {
 		struct io_uring_sqe *sqe = sqe_must(d);
 		io_uring_prep_cancel64(sqe, ud_make(UD_ACCEPT, 0, 0), 0);
@@ -564,86 +559,6 @@ void nxd_begin_shutdown(struct nxd *d, const char *why)
 		unlink(d->o.socket_path);
 		d->socket_created = false;
 	}
-	/* Every stream ends with a clear event; then the workers go. */
-	nxd_sched_end_all(d, NXP_DONE_SHUTDOWN);
-	if (was != NXD_STARTING)
-		nxd_step_shutdown(d);
-	d->exit_code = 0;
-}
-
-static bool shutdown_drained(struct nxd *d)
-{
-	for (int i = 0; i < d->o.max_clients; i++) {
-		struct nxd_conn *c = &d->conns[i];
-		if (c->fd >= 0 && !c->closing && nxd_conn_queued(c) > 0)
-			return false;
-	}
-	return true;
-}
-
-/* ---------------------------------------------------------------- state checks */
-
-/* Everything that is decided by looking rather than by a completion: worker
- * readiness, step acks, respawns, launching the next step. Runs after every
- * batch of completions. */
-static void check_state(struct nxd *d)
-{
-	struct nx_ctl *ctl = d->shm.ctl;
-	double now = nxd_now();
-	/* Read the bell before looking, arm with that value after: a change in
-	 * between makes the wait return at once, so no wake-up is lost. */
-	if (!d->bell_armed)
-		d->bell_seen = atomic_load(&ctl->bell);
-
-	bool ready = nxd_procs_all_ready(d);
-	if (d->phase == NXD_STARTING) {
-		if (nxd_procs_failed(d)) {
-			nxd_err("cannot start: %s", d->fatal);
-			d->exit_code = 1;
-			d->exit_now = true;
-			return;
-		}
-		if (ready) {
-			d->phase = NXD_SERVING;
-			nxd_info("ready: %d workers, %d slots x %d positions, %d tokens per step, %s activations "
-				 "(started in %.2f s)", d->n_workers, d->o.n_slots, d->o.n_ctx, d->o.n_batch,
-				 nx_act_mode_name(d->o.act_one_part), now - d->t_start);
-			sd_notifyf(0, "READY=1\nSTATUS=serving %s with %d workers\nMAINPID=%d", d->model.name,
-				   d->n_workers, (int)d->pid);
-			arm_accept(d);
-		}
-	}
-	if (d->phase == NXD_STOPPING) {
-		if (d->shutdown_deadline == 0)
-			d->shutdown_deadline = now + SHUTDOWN_GRACE;
-		if (shutdown_drained(d) || now > d->shutdown_deadline)
-			d->exit_now = true;
-		return;
-	}
-
-	if (d->phase == NXD_STARTING) {
-		nxd_procs_tick(d, now); /* back-off respawns */
-		return;
-	}
-	const char *why = NULL;
-	switch (nxd_step_poll(d, now, &why)) {
-	case NXD_STEP_REPAIRING:
-		return;
-	case NXD_STEP_DONE:
-		nxd_sched_step_done(d);
-		break;
-	case NXD_STEP_RETRY:
-		nxd_sched_step_retry(d);
-		break;
-	case NXD_STEP_FAILED:
-		nxd_sched_step_failed(d, why);
-		break;
-	case NXD_STEP_NONE:
-		break;
-	}
-	if (nxd_procs_failed(d))
-		nxd_sched_fail_all(d, NXP_E_INTERNAL, d->fatal);
-	nxd_sched_pump(d);
 }
 
 static void on_tick(struct nxd *d)
@@ -655,7 +570,7 @@ static void on_tick(struct nxd *d)
 		if (c->fd < 0 || c->closing)
 			continue;
 		if (c->linger > 0) {
-			if (now - c->linger > SHUTDOWN_GRACE)
+			if (now - c->linger > NXD_SHUTDOWN_GRACE)
 				nxd_conn_close(d, c, "output not read in time");
 		} else if (c->t_line > 0 && now - c->t_line > d->o.line_timeout) {
 			nxd_send_error(d, c, NULL, NXP_E_BAD_REQUEST, "request line not finished within %.0f s",
@@ -702,13 +617,9 @@ static void dispatch(struct nxd *d, struct io_uring_cqe *cqe)
 		break;
 	case UD_SIGNAL:
 		d->sig_armed = false;
-		if (res == (int)sizeof(d->sig_buf)) {
-			int sig = (int)d->sig_buf.ssi_signo;
-			if (sig == SIGTERM || sig == SIGINT)
-				nxd_begin_shutdown(d, sig == SIGTERM ? "SIGTERM" : "SIGINT");
-			else if (sig == SIGHUP)
-				nxd_info("SIGHUP: nothing to reload (the model is fixed for the daemon's life)");
-		}
+		/* Only noted: daemon.c acts on it once this batch is through. */
+		if (res == (int)sizeof(d->sig_buf) && d->sig_buf.ssi_signo < 32)
+			d->signals |= NXD_SIG(d->sig_buf.ssi_signo);
 		arm_signal(d);
 		break;
 	case UD_PIDFD: {
@@ -795,7 +706,12 @@ int nxd_loop_run(struct nxd *d)
 	arm_tick(d);
 	arm_wlog(d);
 	while (!d->exit_now) {
-		check_state(d);
+		/* Read the bell before looking, arm with that value after: a
+		 * change in between makes the wait return at once, so no
+		 * wake-up is lost. */
+		if (!d->bell_armed)
+			d->bell_seen = atomic_load(&d->shm.ctl->bell);
+		nxd_after_events(d);
 		if (d->exit_now)
 			break;
 		arm_accept(d);

@@ -2,11 +2,12 @@
  *
  * One struct nxd holds everything; the files of daemon/ each own a part:
  *   main.c    options, start-up and shutdown order
+ *   daemon.c  the phases (starting, serving, stopping): what is decided after every batch of events
  *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
  *   shmem.c   arena layout (size / init per region)
  *   procs.c   worker process table: spawn, reap, back-off; reports deaths to step.c
  *   step.c    a forward step's lifecycle: launch, done / retry / failed, deaths, the watchdog
- *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
+ *   loop.c    io_uring event loop, mechanism only: accept, recv, send, signals, pidfds, the step futex, timers
  *   conn.c    per-connection line buffer and output queue
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
  *   sched.c   slots, queue, continuous batching, sampling and streaming
@@ -44,6 +45,8 @@
 
 #define NXD_VERSION "0.1.0"
 #define NXD_MAX_SLOTS 256
+#define NXD_SHUTDOWN_GRACE 3.0 /* s: time given to clients to read their last events */
+#define NXD_SIG(sig) (1u << (sig)) /* a bit of nxd.signals */
 
 /* ---------------------------------------------------------------- options */
 
@@ -270,6 +273,7 @@ struct nxd {
 	int sig_fd;
 	struct signalfd_siginfo sig_buf;
 	bool sig_armed;
+	uint32_t signals;         /* NXD_SIG bits received, for daemon.c to act on */
 	bool futex_uring;         /* IORING_OP_FUTEX_WAIT works; else the eventfd thread */
 	bool bell_armed;
 	uint32_t bell_seen;
@@ -354,6 +358,14 @@ void nxd_conn_close(struct nxd *d, struct nxd_conn *c, const char *why);
 /* Like nxd_conn_close, but the events already queued (an error saying why)
  * are sent first; bounded by a grace period. */
 void nxd_conn_close_after_flush(struct nxd *d, struct nxd_conn *c, const char *why);
+/* No new connections: the accept is cancelled and our socket file removed. */
+void nxd_loop_stop_accepting(struct nxd *d);
+
+/* daemon.c */
+/* After every batch of events: signals, readiness, the step, the next plan. */
+void nxd_after_events(struct nxd *d);
+/* Stops accepting, ends every stream with a clear event, tells the workers
+ * to quit; the loop exits once clients have read what is left. */
 void nxd_begin_shutdown(struct nxd *d, const char *why);
 
 /* conn.c */
@@ -361,6 +373,8 @@ void nxd_begin_shutdown(struct nxd *d, const char *why);
  * for, is closed instead (nothing for the caller to handle). */
 void nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
 size_t nxd_conn_queued(const struct nxd_conn *c);
+/* Every open connection has sent all that was queued for it. */
+bool nxd_conns_drained(const struct nxd *d);
 void nxd_conn_reset(struct nxd_conn *c);
 void nxd_send_error(struct nxd *d, struct nxd_conn *c, const char *id, enum nxp_code code,
 		    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
