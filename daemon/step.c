@@ -86,21 +86,19 @@ void nxd_step_launch(struct nxd *d, int n)
 
 /* Releases the survivors of the running step; it runs again once every band
  * has a process and nobody is inside it. */
-static void abort_running(struct nxd *d, const char *why)
+static void abort_running(struct nxd *d)
 {
 	nx_ctl_abort(d->shm.ctl);
 	d->step.state = NXD_STEP_ABORTING;
-	nxd_sched_forget_prompts(d, why);
 }
 
 void nxd_step_worker_died(struct nxd *d)
 {
 	/* It may have written anywhere in the arena on its way out. */
 	nxd_sched_forget_prompts(d, "a worker died");
-	if (d->step.state == NXD_STEP_RUNNING) {
-		nx_ctl_abort(d->shm.ctl);
-		d->step.state = NXD_STEP_ABORTING;
-	}
+	/* A step in flight cannot finish without it. */
+	if (d->step.state == NXD_STEP_RUNNING)
+		abort_running(d);
 }
 
 void nxd_step_shutdown(struct nxd *d)
@@ -224,7 +222,8 @@ enum nxd_step_event nxd_step_poll(struct nxd *d, double now, const char **why)
 		if (now - s->t0 > s->limit) {
 			nxd_err("step watchdog: step %u (%d tokens) has run %.1f s, over its limit of %.1f s: aborting it",
 				s->gen, s->n, now - s->t0, s->limit);
-			abort_running(d, "step aborted");
+			abort_running(d);
+			nxd_sched_forget_prompts(d, "step aborted");
 		}
 	}
 	if (s->state == NXD_STEP_ABORTING)
