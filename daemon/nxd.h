@@ -248,7 +248,8 @@ struct nxd {
 	uint32_t spin;            /* pause iterations before a futex sleep */
 	pid_t pid;
 	double t_start;
-	enum nxd_phase phase;
+	enum nxd_phase phase;     /* daemon.c's to change */
+	double shutdown_deadline; /* stopping: exit by then even if clients do not read */
 	bool exit_now;
 	int exit_code;
 	char fatal[256];          /* why the workers are given up on, for status */
@@ -269,7 +270,6 @@ struct nxd {
 	bool socket_created;
 	bool accept_multishot, accept_armed;
 	double accept_retry_at;   /* after an accept error (EMFILE...): not before this */
-	double shutdown_deadline; /* stopping: exit by then even if clients do not read */
 	int sig_fd;
 	struct signalfd_siginfo sig_buf;
 	bool sig_armed;
