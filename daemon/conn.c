@@ -11,6 +11,16 @@ size_t nxd_conn_queued(const struct nxd_conn *c)
 	return c->out_len + (c->snd_len - c->snd_off);
 }
 
+bool nxd_conns_drained(const struct nxd *d)
+{
+	for (int i = 0; i < d->o.max_clients; i++) {
+		const struct nxd_conn *c = &d->conns[i];
+		if (c->fd >= 0 && !c->closing && nxd_conn_queued(c) > 0)
+			return false;
+	}
+	return true;
+}
+
 void nxd_conn_reset(struct nxd_conn *c)
 {
 	free(c->in);
@@ -25,19 +35,20 @@ void nxd_conn_reset(struct nxd_conn *c)
 }
 
 /* Appends one event line. Over the output limit the client is not keeping
- * up: its requests are cancelled and the connection closed, so it costs the
- * others nothing. Returns 0, or -1 when the connection is (now) closing. */
-int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len)
+ * up, and without memory for it nothing more can be sent: either way its
+ * requests are cancelled and the connection closed here, so it costs the
+ * others nothing and the caller has nothing left to do. */
+void nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len)
 {
 	if (c->closing)
-		return -1;
+		return;
 	/* One event always fits an empty queue, however big (a long
 	 * non-streamed result): the limit is on what piles up unread. */
 	if (nxd_conn_queued(c) > 0 && nxd_conn_queued(c) + len > d->o.out_limit) {
 		nxd_warn("client %d (pid %d): %zu bytes of output not read, over the limit of %zu; dropping it",
 			 c->idx, (int)c->cred.pid, nxd_conn_queued(c) + len, d->o.out_limit);
 		nxd_conn_close(d, c, "output queue over the limit");
-		return -1;
+		return;
 	}
 	if (c->out_len + len > c->out_cap) {
 		size_t cap = c->out_cap ? c->out_cap : 4096;
@@ -47,7 +58,7 @@ int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t l
 		if (!p) {
 			nxd_err("client %d: out of memory for %zu bytes of output", c->idx, cap);
 			nxd_conn_close(d, c, "out of memory");
-			return -1;
+			return;
 		}
 		c->out = p;
 		c->out_cap = cap;
@@ -55,7 +66,6 @@ int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t l
 	memcpy(c->out + c->out_len, line, len);
 	c->out_len += len;
 	nxd_conn_flush(d, c);
-	return 0;
 }
 
 void nxd_send_error(struct nxd *d, struct nxd_conn *c, const char *id, enum nxp_code code, const char *fmt, ...)

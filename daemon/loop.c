@@ -1,5 +1,9 @@
 /* loop.c - the supervisor's io_uring event loop: accept, recv, send, hang-ups, signals, worker pidfds, the step futex and a tick.
  *
+ * Mechanism only: after every batch of completions it calls
+ * nxd_after_events (daemon.c), which holds the policy (phases, the step's
+ * results, shutdown). Signals are noted in nxd.signals, not acted on here.
+ *
  * Nothing here blocks on a client: every socket operation is a ring op, and
  * a connection's buffers stay alive until every op that points into them has
  * completed (conn->inflight). Completions carry (kind, index, generation) in
@@ -26,9 +30,6 @@
 
 #define RING_ENTRIES 1024
 #define TICK_NS 100000000LL /* 100 ms housekeeping */
-#define ABORT_GRACE 5.0     /* s: survivors that do not leave an aborted step by then are killed */
-#define SHUTDOWN_GRACE 3.0  /* s: time given to clients to read their last events */
-#define MAX_STEP_TRIES 3    /* aborts of one step before its sequences are failed (< max start failures) */
 /* A line longer than this, or past this many bytes of lines from one read,
  * is prepared on the prep thread (prep.c), not on the loop; so is every line
  * a connection had buffered while it waited for the thread. */
@@ -600,16 +601,8 @@ static void on_wlog(struct nxd *d, int res)
 
 /* ---------------------------------------------------------------- shutdown */
 
-void nxd_begin_shutdown(struct nxd *d, const char *why)
+void nxd_loop_stop_accepting(struct nxd *d)
 {
-	if (d->phase == NXD_STOPPING)
-		return;
-	nxd_info("shutting down (%s)", why);
-	enum nxd_phase was = d->phase;
-	d->phase = NXD_STOPPING;
-	sd_notify(0, "STOPPING=1");
-	/* Stop accepting and take the socket name away first, so new clients
-	 * fail fast instead of queueing behind us. */
 	if (d->accept_armed) {
 		struct io_uring_sqe *sqe = sqe_must(d);
 		io_uring_prep_cancel64(sqe, ud_make(UD_ACCEPT, 0, 0), 0);
@@ -619,137 +612,6 @@ void nxd_begin_shutdown(struct nxd *d, const char *why)
 		unlink(d->o.socket_path);
 		d->socket_created = false;
 	}
-	/* Every stream ends with a clear event; then the workers go. */
-	nxd_sched_end_all(d, NXP_DONE_SHUTDOWN);
-	if (d->shm.ctl && was != NXD_STARTING) {
-		nx_ctl_abort(d->shm.ctl);
-		nx_ctl_quit(d->shm.ctl);
-	}
-	d->step_state = NXD_STEP_IDLE;
-	d->exit_code = 0;
-}
-
-static bool shutdown_drained(struct nxd *d)
-{
-	for (int i = 0; i < d->o.max_clients; i++) {
-		struct nxd_conn *c = &d->conns[i];
-		if (c->fd >= 0 && !c->closing && nxd_conn_queued(c) > 0)
-			return false;
-	}
-	return true;
-}
-
-/* ---------------------------------------------------------------- state checks */
-
-/* Everything that is decided by looking rather than by a completion: worker
- * readiness, step acks, respawns, launching the next step. Runs after every
- * batch of completions. */
-static void check_state(struct nxd *d)
-{
-	struct nx_ctl *ctl = d->shm.ctl;
-	double now = nxd_now();
-	/* Read the bell before looking, arm with that value after: a change in
-	 * between makes the wait return at once, so no wake-up is lost. */
-	if (!d->bell_armed)
-		d->bell_seen = atomic_load(&ctl->bell);
-
-	bool ready = nxd_procs_all_ready(d);
-	if (d->phase == NXD_STARTING) {
-		if (nxd_procs_failed(d)) {
-			nxd_err("cannot start: %s", d->fatal);
-			d->exit_code = 1;
-			d->exit_now = true;
-			return;
-		}
-		if (ready) {
-			d->phase = NXD_SERVING;
-			nxd_info("ready: %d workers, %d slots x %d positions, %d tokens per step, %s activations "
-				 "(started in %.2f s)", d->n_workers, d->o.n_slots, d->o.n_ctx, d->o.n_batch,
-				 nx_act_mode_name(d->o.act_one_part), now - d->t_start);
-			sd_notifyf(0, "READY=1\nSTATUS=serving %s with %d workers\nMAINPID=%d", d->model.name,
-				   d->n_workers, (int)d->pid);
-			arm_accept(d);
-		}
-	}
-	if (d->phase == NXD_STOPPING) {
-		if (d->shutdown_deadline == 0)
-			d->shutdown_deadline = now + SHUTDOWN_GRACE;
-		if (shutdown_drained(d) || now > d->shutdown_deadline)
-			d->exit_now = true;
-		return;
-	}
-
-	/* Shared memory is validated before anything read from it is acted on;
-	 * after a worker scribbled, nothing goes on until the block is rewritten. */
-	if (d->phase == NXD_SERVING)
-		nxd_guard_check(d);
-	if (d->ctl_dirty && !nxd_guard_repair(d))
-		return; /* the killed workers are not all reaped yet */
-
-	for (int i = 0; i < d->n_workers; i++)
-		d->live[i] = d->procs[i].pid > 0;
-	if (d->step_state == NXD_STEP_RUNNING &&
-	    nx_ctl_acked(ctl, (uint32_t)d->n_workers, d->step_gen, d->live) && nxd_procs_all_live(d)) {
-		d->step_state = NXD_STEP_IDLE;
-		d->step_tries = 0;
-		for (int i = 0; i < d->n_workers; i++)
-			d->procs[i].fails = 0; /* a completed step: start-up is behind them */
-		nxd_sched_step_done(d);
-	} else if (d->step_state == NXD_STEP_RUNNING && now - d->step_t0 > d->step_limit) {
-		nxd_err("step watchdog: step %u (%d tokens) has run %.1f s, over its limit of %.1f s: aborting it",
-			d->step_gen, d->step_n, now - d->step_t0, d->step_limit);
-		nx_ctl_abort(ctl);
-		d->step_state = NXD_STEP_ABORTING;
-		nxd_sched_forget_prompts(d, "step aborted");
-	}
-
-	if (d->step_state == NXD_STEP_ABORTING) {
-		if (d->abort_t0 == 0)
-			d->abort_t0 = now;
-		if (nx_ctl_acked(ctl, (uint32_t)d->n_workers, d->step_gen, d->live)) {
-			nxd_procs_tick(d, now); /* respawn the dead now that nobody is inside the step */
-			if (nxd_procs_failed(d)) {
-				d->step_state = NXD_STEP_IDLE;
-				d->abort_t0 = 0;
-				nx_ctl_reset(ctl, (uint32_t)d->n_workers, (uint32_t)d->o.n_batch, d->spin);
-				nxd_sched_step_failed(d, d->fatal);
-			} else if (nxd_procs_all_live(d)) {
-				/* Survivors are out, every band has a process: the step
-				 * can run again from the slots' unchanged state. A step
-				 * that keeps killing workers is not retried forever:
-				 * its sequences get an error, the others go on. */
-				nx_ctl_reset(ctl, (uint32_t)d->n_workers, (uint32_t)d->o.n_batch, d->spin);
-				d->step_state = NXD_STEP_IDLE;
-				d->abort_t0 = 0;
-				if (++d->step_tries >= MAX_STEP_TRIES) {
-					nxd_err("step %u was aborted %d times in a row; failing its sequences", d->step_gen,
-						d->step_tries);
-					nxd_sched_step_failed(d, "this request's step failed repeatedly (a worker died each time)");
-					d->step_tries = 0;
-				} else {
-					d->stats.steps_retried++;
-				}
-				nxd_sched_pump(d);
-			}
-		} else if (now - d->abort_t0 > ABORT_GRACE) {
-			/* A survivor stuck outside any barrier: kill it; its death is
-			 * handled like any other. */
-			for (int i = 0; i < d->n_workers; i++)
-				if (d->live[i] && atomic_load(&ctl->w[i].ack_gen) != d->step_gen && d->procs[i].pid > 0) {
-					nxd_err("worker %d (pid %d) did not leave the aborted step; killing it", i,
-						(int)d->procs[i].pid);
-					kill(d->procs[i].pid, SIGKILL);
-				}
-			d->abort_t0 = now;
-		}
-	} else {
-		d->abort_t0 = 0;
-		nxd_procs_tick(d, now);
-	}
-	if (nxd_procs_failed(d) && d->phase == NXD_SERVING)
-		nxd_sched_fail_all(d, NXP_E_INTERNAL, d->fatal);
-	if (d->phase == NXD_SERVING)
-		nxd_sched_pump(d);
 }
 
 static void on_tick(struct nxd *d)
@@ -761,7 +623,7 @@ static void on_tick(struct nxd *d)
 		if (c->fd < 0 || c->closing)
 			continue;
 		if (c->linger > 0) {
-			if (now - c->linger > SHUTDOWN_GRACE)
+			if (now - c->linger > NXD_SHUTDOWN_GRACE)
 				nxd_conn_close(d, c, "output not read in time");
 		} else if (c->t_line > 0 && now - c->t_line > d->o.line_timeout) {
 			nxd_send_error(d, c, NULL, NXP_E_BAD_REQUEST, "request line not finished within %.0f s",
@@ -808,13 +670,9 @@ static void dispatch(struct nxd *d, struct io_uring_cqe *cqe)
 		break;
 	case UD_SIGNAL:
 		d->sig_armed = false;
-		if (res == (int)sizeof(d->sig_buf)) {
-			int sig = (int)d->sig_buf.ssi_signo;
-			if (sig == SIGTERM || sig == SIGINT)
-				nxd_begin_shutdown(d, sig == SIGTERM ? "SIGTERM" : "SIGINT");
-			else if (sig == SIGHUP)
-				nxd_info("SIGHUP: nothing to reload (the model is fixed for the daemon's life)");
-		}
+		/* Only noted: daemon.c acts on it once this batch is through. */
+		if (res == (int)sizeof(d->sig_buf) && d->sig_buf.ssi_signo < 32)
+			d->signals |= NXD_SIG(d->sig_buf.ssi_signo);
 		arm_signal(d);
 		break;
 	case UD_PIDFD: {
@@ -907,7 +765,12 @@ int nxd_loop_run(struct nxd *d)
 	arm_wlog(d);
 	arm_prep(d);
 	while (!d->exit_now) {
-		check_state(d);
+		/* Read the bell before looking, arm with that value after: a
+		 * change in between makes the wait return at once, so no
+		 * wake-up is lost. */
+		if (!d->bell_armed)
+			d->bell_seen = atomic_load(&d->shm.ctl->bell);
+		nxd_after_events(d);
 		if (d->exit_now)
 			break;
 		arm_accept(d);

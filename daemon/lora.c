@@ -953,7 +953,7 @@ static void op_unfold(struct nxd *d, struct nxd_conn *c, const char *id, const s
 	}
 	g->unfold_pending = true;
 	g->unfold_who = asker_of(c, id);
-	if (d->step_state == NXD_STEP_IDLE)
+	if (nxd_step_idle(d))
 		nxd_lora_boundary(d);
 }
 
@@ -1007,7 +1007,7 @@ static void job_finish(struct nxd *d, struct job *j)
 			f->ent->fold = g->n_stack++;
 			f->t = NULL; /* the stack owns it now */
 			nxd_info("lora: folded '%s' into %d matrices in %.0f ms (swapped in before step %u)", f->ent->name,
-				 g->stack[f->ent->fold].n, g->stack[f->ent->fold].ms, d->step_gen + 1);
+				 g->stack[f->ent->fold].n, g->stack[f->ent->fold].ms, d->step.gen + 1);
 			if (c)
 				send_event(d, c, j->who.id, "lora_folded",
 					   json_pack("{s:s,s:s,s:f,s:i,s:I,s:f,s:i}", "name", f->ent->name, "type",
@@ -1038,7 +1038,7 @@ static void job_finish(struct nxd *d, struct job *j)
 void nxd_lora_boundary(struct nxd *d)
 {
 	struct nxd_lora_reg *g = d->lora;
-	if (!g || d->step_state != NXD_STEP_IDLE)
+	if (!g || !nxd_step_idle(d))
 		return;
 	struct job *j = &g->job;
 	if (j->kind != JOB_NONE) {

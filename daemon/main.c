@@ -1,6 +1,7 @@
 /* main.c - nxd: options, start-up order (socket, model, arena, workers) and the way out. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
+#include "worker/test_hooks.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,11 @@ double nxd_now(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void warn_test_hook(const char *what)
+{
+	nxd_warn("test hook: %s", what);
 }
 
 static const char usage[] =
@@ -308,8 +314,8 @@ static int start(struct nxd *d, struct nx_err *err)
 	bool trap = getenv("NXD_SECCOMP_TRAP") != NULL;
 	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
 		return -1;
-	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_guard_init(d, err) < 0 ||
-	    nxd_lora_init(d, err) < 0 || nxd_prep_init(d, err) < 0)
+	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_step_init(d, err) < 0 ||
+	    nxd_guard_init(d, err) < 0 || nxd_lora_init(d, err) < 0 || nxd_prep_init(d, err) < 0)
 		return -1;
 	for (int i = 0; i < d->n_workers; i++)
 		if (nxd_proc_spawn(d, i) < 0)
@@ -330,13 +336,7 @@ int main(int argc, char **argv)
 	d->n_workers = d->o.n_workers;
 	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
 	d->phase = NXD_STARTING;
-	const char *ts = getenv("NXD_TEST_WORKER_SYSCALL");
-	if (ts && *ts) {
-		d->test_syscall = ts;
-		const char *colon = strchr(ts, ':');
-		d->test_syscall_step = colon ? strtol(colon + 1, NULL, 10) : 0;
-		nxd_warn("test hook: worker 0 will call forbidden syscall %s", ts);
-	}
+	nxw_hooks_announce(warn_test_hook);
 	/* Spin about 20 us before a futex sleep: a futex sleep/wake round trip
 	 * costs 50-90 us here, and the bands of one op usually finish within a
 	 * few us of each other. Measured (bench/clients.py, 2 workers, 2 CPUs):
@@ -366,8 +366,8 @@ int main(int argc, char **argv)
 	nxw_filter_free(&d->filter);
 	nxd_model_free(d);
 	nxd_shm_free(d);
+	nxd_step_free(d);
 	free(d->procs);
-	free(d->live);
 	if (rc == 0)
 		nxd_info("stopped");
 	return rc;

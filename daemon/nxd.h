@@ -2,17 +2,20 @@
  *
  * One struct nxd holds everything; the files of daemon/ each own a part:
  *   main.c    options, start-up and shutdown order
+ *   daemon.c  the phases (starting, serving, stopping): what is decided after every batch of events
  *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
  *   shmem.c   arena layout (size / init per region)
- *   procs.c   worker process table: spawn, pidfds, deaths, back-off
- *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
+ *   procs.c   worker process table: spawn, reap, back-off; reports deaths to step.c
+ *   step.c    a forward step's lifecycle: launch, done / retry / failed, deaths, the watchdog
+ *   loop.c    io_uring event loop, mechanism only: accept, recv, send, signals, pidfds, the step futex, timers
  *   conn.c    per-connection line buffer and output queue
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
  *   prep.c    the thread that prepares long request lines off the loop
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   access.c  socket group, admin rights, client paths, adapter limits
- *   guard.c   validating shared memory, repair after a scribbling worker, the step watchdog
- * The worker side is worker/worker.c (step loop) and worker/sandbox.c. */
+ *   guard.c   checks of shared memory against our copies, and the rewrite from them
+ * Workers are forked from a struct nxw_spec (worker/worker.h), never this
+ * struct: worker/worker.c (step loop), worker/sandbox.c, worker/test_hooks.c. */
 #ifndef NXD_H
 #define NXD_H
 
@@ -28,6 +31,7 @@
 #include "common/err.h"
 #include "lora/adapter.h"
 #include "daemon/log.h"
+#include "daemon/step.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -39,10 +43,12 @@
 #include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
-#include "worker/sandbox.h"
+#include "worker/worker.h"
 
 #define NXD_VERSION "0.1.0"
 #define NXD_MAX_SLOTS 256
+#define NXD_SHUTDOWN_GRACE 3.0 /* s: time given to clients to read their last events */
+#define NXD_SIG(sig) (1u << (sig)) /* a bit of nxd.signals */
 
 /* ---------------------------------------------------------------- options */
 
@@ -60,7 +66,7 @@ struct nxd_opts {
 	double idle_timeout;  /* s: a connection with nothing in flight and no bytes is closed */
 	double line_timeout;  /* s: a started request line must be finished within this */
 	int max_start_failures; /* worker start-up deaths in a row before giving up */
-	double step_timeout;  /* s: the step watchdog's upper bound (guard.c) */
+	double step_timeout;  /* s: the step watchdog's upper bound (step.c) */
 	const char *socket_group; /* access.c: group that may connect (socket mode 0660), or NULL */
 	const char *admin_group;  /* access.c: group whose members may change the model, or NULL */
 	int max_tokens;       /* a request's max_tokens limit (0: the context) */
@@ -107,7 +113,7 @@ struct nxd_shm {
 	struct nx_state_cfg cfg;
 	/* page ranges a worker maps read-only before its first step (the weights
 	 * are read-only already: nxd_model.copy or the --mmap mapping) */
-	struct { void *p; size_t len; } ro[1];
+	struct nxw_range ro[1];
 	int n_ro;
 };
 
@@ -235,7 +241,6 @@ struct nxd_stats {
 
 /* ---------------------------------------------------------------- the daemon */
 
-enum nxd_step_state { NXD_STEP_IDLE, NXD_STEP_RUNNING, NXD_STEP_ABORTING };
 enum nxd_phase { NXD_STARTING, NXD_SERVING, NXD_STOPPING };
 
 struct nxd {
@@ -246,7 +251,8 @@ struct nxd {
 	uint32_t spin;            /* pause iterations before a futex sleep */
 	pid_t pid;
 	double t_start;
-	enum nxd_phase phase;
+	enum nxd_phase phase;     /* daemon.c's to change */
+	double shutdown_deadline; /* stopping: exit by then even if clients do not read */
 	bool exit_now;
 	int exit_code;
 	char fatal[256];          /* why the workers are given up on, for status */
@@ -254,19 +260,11 @@ struct nxd {
 	/* workers */
 	struct nxd_proc *procs;   /* (n_workers) */
 	int n_workers;
-	unsigned char *live;      /* (n_workers) scratch for nx_ctl_acked */
 	int wlog_rd, wlog_wr;     /* the workers' log pipe */
 	char wlog_buf[4096];
 	size_t wlog_len;
-	const char *test_syscall; /* NXD_TEST_WORKER_SYSCALL */
-	long test_syscall_step;
 
-	/* step */
-	enum nxd_step_state step_state;
-	uint32_t step_gen;        /* last gen launched (the supervisor's own count) */
-	int step_n;               /* tokens in the running step */
-	int step_tries;           /* launches of the current step */
-	double step_t0;
+	struct nxd_step step;     /* step.c's alone to write */
 
 	/* io_uring loop */
 	struct io_uring ring;
@@ -275,11 +273,10 @@ struct nxd {
 	bool socket_created;
 	bool accept_multishot, accept_armed;
 	double accept_retry_at;   /* after an accept error (EMFILE...): not before this */
-	double shutdown_deadline; /* stopping: exit by then even if clients do not read */
-	double abort_t0;          /* when the running step was aborted */
 	int sig_fd;
 	struct signalfd_siginfo sig_buf;
 	bool sig_armed;
+	uint32_t signals;         /* NXD_SIG bits received, for daemon.c to act on */
 	bool futex_uring;         /* IORING_OP_FUTEX_WAIT works; else the eventfd thread */
 	bool bell_armed;
 	uint32_t bell_seen;
@@ -291,7 +288,6 @@ struct nxd {
 	bool tick_armed;
 	bool wlog_armed;
 	bool prep_armed;
-	int ops_pending;          /* ring ops of the daemon itself (not conns) in flight */
 
 	/* connections */
 	struct nxd_conn *conns;   /* (max_clients) */
@@ -324,12 +320,8 @@ struct nxd {
 	struct nxd_prep_pool *prep; /* prep.c: request lines prepared off the loop */
 
 	/* guard.c: shared memory is checked against these, never trusted */
-	bool ctl_dirty;           /* inconsistency found: workers killed; rewrite the block once all are gone */
 	struct nx_tok_in *toks_copy;     /* (n_batch) the descriptor as we wrote it */
 	struct nx_scratch *scratch_copy; /* (n_workers) the scratch structs as laid out */
-	double wd_per_tok;        /* watchdog: decaying max of step seconds per token */
-	uint64_t wd_steps;        /* steps measured */
-	double step_limit;        /* s: the running step's watchdog */
 };
 
 double nxd_now(void); /* CLOCK_MONOTONIC seconds */
@@ -345,9 +337,18 @@ void nxd_shm_free(struct nxd *d);
 /* procs.c */
 int nxd_procs_init(struct nxd *d, struct nx_err *err);
 int nxd_proc_spawn(struct nxd *d, int band);
+/* band's pidfd is readable: reaps it, records why, reports the death to
+ * step.c, schedules the respawn (back-off after start-up deaths). */
 void nxd_proc_died(struct nxd *d, int band);
+/* SIGKILLs band's process, if any; excused: its death is no start-up failure. */
+void nxd_proc_kill(struct nxd *d, int band, bool excused);
+/* Respawns the bands whose back-off is over. The caller knows it is safe:
+ * no survivor inside an aborted step, the block not dirty. */
 void nxd_procs_tick(struct nxd *d, double now);
+/* Every worker completed a step: start-up is behind them. */
+void nxd_procs_started(struct nxd *d);
 bool nxd_procs_all_live(const struct nxd *d);
+bool nxd_procs_all_gone(const struct nxd *d);
 bool nxd_procs_all_ready(struct nxd *d);
 bool nxd_procs_failed(const struct nxd *d);
 void nxd_procs_stop(struct nxd *d);
@@ -362,13 +363,25 @@ void nxd_conn_close(struct nxd *d, struct nxd_conn *c, const char *why);
 /* Like nxd_conn_close, but the events already queued (an error saying why)
  * are sent first; bounded by a grace period. */
 void nxd_conn_close_after_flush(struct nxd *d, struct nxd_conn *c, const char *why);
+/* No new connections: the accept is cancelled and our socket file removed. */
+void nxd_loop_stop_accepting(struct nxd *d);
+
+/* daemon.c */
+/* After every batch of events: signals, readiness, the step, the next plan. */
+void nxd_after_events(struct nxd *d);
+/* Stops accepting, ends every stream with a clear event, tells the workers
+ * to quit; the loop exits once clients have read what is left. */
 void nxd_begin_shutdown(struct nxd *d, const char *why);
 /* c's prep job is done: handle the lines it has buffered, read on. */
 void nxd_conn_resume(struct nxd *d, struct nxd_conn *c);
 
 /* conn.c */
-int nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
+/* Queues one event line; a client over --out-limit, or one we have no memory
+ * for, is closed instead (nothing for the caller to handle). */
+void nxd_conn_queue(struct nxd *d, struct nxd_conn *c, const char *line, size_t len);
 size_t nxd_conn_queued(const struct nxd_conn *c);
+/* Every open connection has sent all that was queued for it. */
+bool nxd_conns_drained(const struct nxd *d);
 void nxd_conn_reset(struct nxd_conn *c);
 void nxd_send_error(struct nxd *d, struct nxd_conn *c, const char *id, enum nxp_code code,
 		    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -423,6 +436,8 @@ void nxd_sched_submit(struct nxd *d, struct nxd_req *r);
 void nxd_sched_pump(struct nxd *d);
 /* The step finished (every live worker acked): sample, stream, plan on. */
 void nxd_sched_step_done(struct nxd *d);
+/* The step was aborted and cleaned up: counted, and planned again. */
+void nxd_sched_step_retry(struct nxd *d);
 /* The step could not be completed (retries exhausted, workers failed). */
 void nxd_sched_step_failed(struct nxd *d, const char *why);
 /* The free slots' K/V no longer match their tokens (the weights changed, or
@@ -482,16 +497,14 @@ int nxd_limits_check_adapter(int n_loaded, size_t bytes_loaded, size_t bytes_new
 /* guard.c */
 int nxd_guard_init(struct nxd *d, struct nx_err *err);
 void nxd_guard_free(struct nxd *d);
-/* Launches the planned step of n tokens under our own gen and a watchdog limit. */
-void nxd_guard_launch(struct nxd *d, int n);
-/* A step took dt s for n tokens: feeds the watchdog's estimate. */
-void nxd_guard_step_done(struct nxd *d, double dt, int n);
-double nxd_guard_step_limit(const struct nxd *d, int n);
-/* Validates shared memory against our copies; on a mismatch kills every
- * worker (ctl_dirty) and returns false. */
-bool nxd_guard_check(struct nxd *d);
-/* ctl_dirty and every worker reaped: rewrites the block; true when clean. */
-bool nxd_guard_repair(struct nxd *d);
+/* The descriptor's first n tokens as written for the step being launched. */
+void nxd_guard_keep_descriptor(struct nxd *d, int n);
+/* Checks shared memory against our copies and what d->step says (gen,
+ * tokens, aborting, the live set); false with why naming the first bad field. */
+bool nxd_guard_check(const struct nxd *d, char *why, size_t cap);
+/* Rewrites the block, the descriptor and the workers' structs from our
+ * copies. Only with every worker gone. */
+void nxd_guard_repair(struct nxd *d);
 
 /* lora.c */
 int nxd_lora_init(struct nxd *d, struct nx_err *err);
@@ -508,8 +521,5 @@ void nxd_lora_release(struct nxd_req *r);
 /* A step boundary (no step in flight, the next not yet planned): finished
  * folds are swapped in, unfolds applied, reports and progress sent. */
 void nxd_lora_boundary(struct nxd *d);
-
-/* worker/worker.c */
-_Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen);
 
 #endif

@@ -1,4 +1,7 @@
-/* procs.c - the worker process table: fork, pidfd, what a death means, back-off, giving up (nginx's ngx_process.c). */
+/* procs.c - the worker process table: fork, pidfd, reaping, back-off, giving up (nginx's ngx_process.c).
+ *
+ * A death is reported to step.c, which decides what it means for the step
+ * in flight; nothing here knows about steps. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
@@ -44,8 +47,7 @@ static int cpu_for_band(int band)
 int nxd_procs_init(struct nxd *d, struct nx_err *err)
 {
 	d->procs = calloc((size_t)d->n_workers, sizeof(*d->procs));
-	d->live = calloc((size_t)d->n_workers, 1);
-	if (!d->procs || !d->live)
+	if (!d->procs)
 		return nx_errf(err, "procs: out of memory for %d workers", d->n_workers);
 	for (int i = 0; i < d->n_workers; i++) {
 		d->procs[i].band = i;
@@ -56,6 +58,28 @@ int nxd_procs_init(struct nxd *d, struct nx_err *err)
 	return 0;
 }
 
+/* What the band's new process gets: its slice of the arena, never the daemon. */
+static struct nxw_spec worker_spec(const struct nxd *d, int band)
+{
+	const struct nxd_proc *p = &d->procs[band];
+	return (struct nxw_spec){
+		.band = band,
+		.cpu = p->cpu,
+		.spawn = p->spawns,
+		.seen_gen = d->step.gen,
+		.log_fd = d->wlog_wr,
+		.parent = d->pid,
+		.filter = &d->filter,
+		.model = d->shm.model,
+		.state = d->shm.state_shared,
+		.toks = d->shm.toks,
+		.scratch = &d->shm.scratch[band],
+		.ctl = d->shm.ctl,
+		.ro = d->shm.ro,
+		.n_ro = d->shm.n_ro,
+	};
+}
+
 int nxd_proc_spawn(struct nxd *d, int band)
 {
 	struct nxd_proc *p = &d->procs[band];
@@ -63,17 +87,18 @@ int nxd_proc_spawn(struct nxd *d, int band)
 	/* The new worker starts from the supervisor's gen: a step launched
 	 * after this fork is one it runs. */
 	atomic_store(&w->state, NXW_STARTING);
-	atomic_store(&w->ack_gen, d->step_gen);
+	atomic_store(&w->ack_gen, d->step.gen);
 	atomic_store(&w->pid, 0);
 	p->killed = false;
 	p->spawns++;
+	const struct nxw_spec spec = worker_spec(d, band);
 	pid_t pid = fork();
 	if (pid < 0) {
 		nxd_err("worker %d: fork failed: %s", band, strerror(errno));
 		return -1;
 	}
 	if (pid == 0)
-		nxw_main(d, band, d->step_gen);
+		nxw_main(&spec);
 	int fd = pidfd_open(pid);
 	if (fd < 0) {
 		/* Without a pidfd the death would go unseen: do not run blind. */
@@ -126,17 +151,8 @@ void nxd_proc_died(struct nxd *d, int band)
 		p->st = NXD_P_EMPTY;
 		return;
 	}
-	nxd_warn("worker %d (pid %d) %s%s", band, (int)pid, p->last_death,
-		 d->step_state == NXD_STEP_RUNNING ? " during a step" : "");
-
-	/* It may have written anywhere in the arena on its way out. */
-	nxd_sched_forget_prompts(d, "a worker died");
-	/* A step in flight cannot finish without it: release the survivors. The
-	 * step runs again once the band has a process again. */
-	if (d->step_state == NXD_STEP_RUNNING) {
-		nx_ctl_abort(d->shm.ctl);
-		d->step_state = NXD_STEP_ABORTING;
-	}
+	nxd_warn("worker %d (pid %d) %s%s", band, (int)pid, p->last_death, nxd_step_running(d) ? " during a step" : "");
+	nxd_step_worker_died(d);
 
 	if ((!was_ready || age < FAST_DEATH) && !p->killed) {
 		/* Dying at start again and again is not fixed by respawning at once. */
@@ -156,22 +172,23 @@ void nxd_proc_died(struct nxd *d, int band)
 		return;
 	}
 	p->st = NXD_P_BACKOFF;
-	p->next_spawn = 0; /* at once, but only once the survivors left the step */
+	p->next_spawn = 0; /* at once (step.c's next tick, once no survivor is inside a step) */
+}
+
+void nxd_proc_kill(struct nxd *d, int band, bool excused)
+{
+	struct nxd_proc *p = &d->procs[band];
+	if (p->pid <= 0)
+		return;
+	if (excused)
+		p->killed = true;
+	kill(p->pid, SIGKILL);
 }
 
 void nxd_procs_tick(struct nxd *d, double now)
 {
-	/* Not into a control block a worker scribbled on (guard.c repairs it first). */
-	if (d->phase == NXD_STOPPING || d->ctl_dirty)
+	if (d->phase == NXD_STOPPING)
 		return;
-	/* Respawns wait while survivors are still inside an aborted step: the
-	 * new process must not join a round the others are leaving. */
-	if (d->step_state == NXD_STEP_ABORTING) {
-		for (int i = 0; i < d->n_workers; i++)
-			d->live[i] = d->procs[i].pid > 0;
-		if (!nx_ctl_acked(d->shm.ctl, (uint32_t)d->n_workers, d->step_gen, d->live))
-			return;
-	}
 	for (int i = 0; i < d->n_workers; i++) {
 		struct nxd_proc *p = &d->procs[i];
 		if (p->st != NXD_P_BACKOFF || now < p->next_spawn)
@@ -190,10 +207,24 @@ void nxd_procs_tick(struct nxd *d, double now)
 	}
 }
 
+void nxd_procs_started(struct nxd *d)
+{
+	for (int i = 0; i < d->n_workers; i++)
+		d->procs[i].fails = 0;
+}
+
 bool nxd_procs_all_live(const struct nxd *d)
 {
 	for (int i = 0; i < d->n_workers; i++)
 		if (d->procs[i].pid <= 0)
+			return false;
+	return true;
+}
+
+bool nxd_procs_all_gone(const struct nxd *d)
+{
+	for (int i = 0; i < d->n_workers; i++)
+		if (d->procs[i].pid > 0)
 			return false;
 	return true;
 }

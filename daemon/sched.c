@@ -187,7 +187,7 @@ static void slot_release(struct nxd *d, struct nxd_slot *s, bool keep)
 /* Ends cancelled requests that are not part of a running step. */
 static void reap(struct nxd *d)
 {
-	bool running = d->step_state != NXD_STEP_IDLE;
+	bool running = !nxd_step_idle(d);
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		if (s->req && s->req->cancelled && !(running && s->chunk > 0)) {
@@ -318,6 +318,12 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 		s->chunk = 0;
 		s->row = -1;
 	}
+}
+
+void nxd_sched_step_retry(struct nxd *d)
+{
+	d->stats.steps_retried++;
+	nxd_sched_pump(d);
 }
 
 /* ---------------------------------------------------------------- admission */
@@ -575,21 +581,18 @@ static int plan(struct nxd *d)
 
 void nxd_sched_pump(struct nxd *d)
 {
-	if (d->phase != NXD_SERVING || d->step_state != NXD_STEP_IDLE)
+	if (d->phase != NXD_SERVING || !nxd_step_idle(d))
 		return;
 	nxd_lora_boundary(d); /* folds swap in here, between two steps */
 	reap(d);
 	admit_queued(d);
-	if (!nxd_procs_all_live(d) || nxd_procs_failed(d) || d->ctl_dirty)
+	if (!nxd_step_can_launch(d))
 		return;
 	int n = plan(d);
 	if (n == 0)
 		return;
-	d->step_n = n;
-	d->step_t0 = nxd_now();
 	d->step_follows = d->in_step_done;
-	d->step_state = NXD_STEP_RUNNING;
-	nxd_guard_launch(d, n);
+	nxd_step_launch(d, n);
 }
 
 /* ---------------------------------------------------------------- results */
@@ -752,8 +755,7 @@ void nxd_sched_step_done(struct nxd *d)
 		ntok++;
 		on_token(d, s, tok, n_top);
 	}
-	stats_step(d, seqs, ntok, n_prompt, d->step_t0, t1);
-	nxd_guard_step_done(d, t1 - d->step_t0, d->step_n);
+	stats_step(d, seqs, ntok, n_prompt, d->step.t0, t1);
 	d->in_step_done = true;
 	nxd_sched_pump(d);
 	d->in_step_done = false;
@@ -778,7 +780,7 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 			[NXD_P_BACKOFF] = "backoff", [NXD_P_FAILED] = "failed",
 		};
 		const char *state = names[p->st];
-		if (p->st == NXD_P_READY && d->step_state != NXD_STEP_IDLE)
+		if (p->st == NXD_P_READY && !nxd_step_idle(d))
 			state = "busy";
 		ws[i] = (struct nxp_worker_status){ .pid = (int)p->pid, .cpu = p->cpu, .state = state,
 						    .restarts = p->restarts };
