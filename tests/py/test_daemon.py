@@ -396,10 +396,11 @@ def test_worker_killed_mid_step(daemon, reference):
 
 # ---------------------------------------------------------------- separate daemons
 
-def test_forbidden_syscall_kills_worker(model_path, nxd_bin, tmp_path, reference):
-    """Worker 0 calls open() inside its 3rd step: seccomp kills it (SIGSYS), it is logged and
-    replaced, the step runs again and the client gets exactly the output it would have got."""
-    with Daemon(model_path, tmp_path, args=FIXTURE_ARGS, env={"NXD_TEST_WORKER_SYSCALL": "open:3"}) as d:
+@pytest.mark.parametrize("call", ["open", "execve", "ptrace"])
+def test_forbidden_syscall_kills_worker(model_path, nxd_bin, tmp_path, reference, call):
+    """Worker 0 calls open(), execve() or ptrace() inside its 3rd step: seccomp kills it (SIGSYS), it is
+    logged and replaced, the step runs again and the client gets exactly the output it would have got."""
+    with Daemon(model_path, tmp_path, args=FIXTURE_ARGS, env={"NXD_TEST_WORKER_SYSCALL": f"{call}:3"}) as d:
         with Client(d.sock) as c:
             toks, text, done = c.generate(prompt=PROMPTS[0], **GREEDY)
         assert done["event"] == "done"
@@ -561,3 +562,22 @@ def test_worker_syscalls(model_path, nxd_bin, tmp_path):
     for call in calls["futex"]:
         op = call.split(",")[1].strip()
         assert op in ("FUTEX_WAIT", "FUTEX_WAKE"), call
+
+
+def test_cancel_reaches_only_ones_own_requests(model_path, nxd_bin, tmp_path):
+    """Request ids are per connection: another client cancelling the same id gets not_found and the
+    stream goes on to its end; its owner can cancel it."""
+    with Daemon(model_path, tmp_path, args=["--ctx", "256"]) as d:
+        with Client(d.sock) as a, Client(d.sock) as b:
+            a.send({"op": "generate", "id": "g", "prompt": "Hi", "max_tokens": 40, "ignore_eos": True,
+                    "temperature": 0})
+            assert a.recv()["event"] == "token"
+            ev = b.request({"op": "cancel", "id": "c", "target": "g"})
+            assert ev["event"] == "error" and ev["code"] == "not_found", ev
+            done = [e for e in a.events("g")][-1]
+            assert done["event"] == "done" and done["reason"] == "length", done
+            a.send({"op": "generate", "id": "g", "prompt": "Hi", "max_tokens": 200, "ignore_eos": True})
+            assert a.recv()["event"] == "token"
+            assert a.request({"op": "cancel", "id": "c", "target": "g"})["event"] in ("ok", "token")
+            done = [e for e in a.events("g")][-1]
+            assert done["event"] == "done" and done["reason"] == "cancelled", done
