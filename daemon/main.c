@@ -9,14 +9,13 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
-
-#define ARENA_RESERVE ((size_t)256 << 30) /* address space only; pages exist once used */
 
 double nxd_now(void)
 {
@@ -287,8 +286,9 @@ static int start(struct nxd *d, struct nx_err *err)
 	 * copy of the model is loaded, and SIGTERM is caught from here on. */
 	if (nxd_loop_init(d, err) < 0)
 		return -1;
-	if (nx_arena_create(&d->shm.arena, "nxd-arena", ARENA_RESERVE, err) < 0)
-		return -1;
+	/* Past RLIMIT_FSIZE, ftruncate of the arena's memfd and writes to a log
+	 * file fail with EFBIG, reported, instead of killing the daemon. */
+	signal(SIGXFSZ, SIG_IGN);
 	if (nxd_model_load(d, err) < 0)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;

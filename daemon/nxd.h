@@ -3,7 +3,7 @@
  * One struct nxd holds everything; the files of daemon/ each own a part:
  *   main.c    options, start-up and shutdown order
  *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
- *   shmem.c   arena layout (size / init per region)
+ *   shmem.c   arena layout (size / init per region), reservation, memory limits
  *   procs.c   worker process table: spawn, pidfds, deaths, back-off
  *   loop.c    io_uring event loop: accept, recv, send, signals, pidfds, the step futex
  *   conn.c    per-connection line buffer and output queue
@@ -334,6 +334,12 @@ int nxd_model_load(struct nxd *d, struct nx_err *err);
 void nxd_model_free(struct nxd *d);
 
 /* shmem.c */
+/* Before the model file of size bytes is read: it must fit RLIMIT_AS and
+ * the memory cgroup; else -1, err names the limit, the need and the way out. */
+int nxd_mem_check_model(struct nxd *d, size_t size, struct nx_err *err);
+/* Sizes every region from the configuration, checks the total against
+ * RLIMIT_AS and the memory cgroup (memory.max refuses, memory.high warns),
+ * reserves the arena (with room for adapters and folds) and carves it. */
 int nxd_shm_setup(struct nxd *d, struct nx_err *err);
 void nxd_shm_free(struct nxd *d);
 
