@@ -277,9 +277,26 @@ static void raise_nofile(struct nxd *d)
 			 (unsigned long long)rl.rlim_cur, d->o.max_clients);
 }
 
+/* The workers take oom_score_adj 1000 (worker/sandbox.c) and the supervisor
+ * keeps the value it was started with (systemd: OOMScoreAdjust=), which
+ * must be lower for the kernel to take a worker first. */
+static void check_oom_score(void)
+{
+	FILE *f = fopen("/proc/self/oom_score_adj", "re");
+	int adj = 0;
+	if (!f)
+		return;
+	if (fscanf(f, "%d", &adj) == 1 && adj >= 1000)
+		nxd_warn("oom_score_adj is %d, as high as the workers': under memory pressure the kernel may kill the "
+			 "supervisor, and every stream with it, before a worker; start nxd with a lower one "
+			 "(choom, systemd's OOMScoreAdjust=)", adj);
+	fclose(f);
+}
+
 static int start(struct nxd *d, struct nx_err *err)
 {
 	raise_nofile(d);
+	check_oom_score();
 	if (nxd_access_init(d, err) < 0)
 		return -1;
 	/* The socket first: a live daemon on it is reported before a second

@@ -6,6 +6,8 @@
   options that lower it, and the need it names is enough to start.
 - A memory cgroup too small: refused at start (before the model is read, or
   once its shapes are known), never OOM-killed halfway with the socket left.
+- The OOM killer's order: workers at oom_score_adj 1000, the supervisor at
+  the value it was started with.
 """
 import os
 import re
@@ -250,3 +252,35 @@ def test_cgroup_too_small_for_the_kv_cache_names_the_options(model_path, tmp_pat
     with Daemon(model_path, tmp_path, name="small", args=["--ctx", "512", "--slots", "1"], wrapper=wrap) as d:
         greet(d.sock)
         assert re.search(rf"MiB touched .* within \S+{re.escape(name)} \(400.0 MiB\)", d.log()), d.log()
+
+
+# ---------------------------------------------------------------- OOM scores
+
+def oom_adj(pid):
+    return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+
+
+def test_oom_killer_takes_a_worker_before_the_supervisor(model_path, tmp_path):
+    own = oom_adj(os.getpid())
+    if own >= 1000:
+        pytest.skip("this test runs at oom_score_adj 1000: nothing can be below the workers")
+    with Daemon(model_path, tmp_path, args=SMALL) as d:
+        workers = d.worker_pids()
+        assert [oom_adj(p) for p in workers] == [1000, 1000]
+        assert oom_adj(d.pid) == own  # kept as started (systemd: OOMScoreAdjust=)
+        # A worker the OOM killer takes is forked anew, first in line again.
+        os.kill(workers[0], signal.SIGKILL)
+        def ready():
+            ws = d.status()["workers"]
+            return all(w["state"] in ("idle", "busy") for w in ws) and [w["pid"] for w in ws if w["pid"] not in workers]
+        new = wait_until(ready, what="a new worker, ready")
+        assert oom_adj(new[0]) == 1000
+        greet(d.sock)
+
+
+def test_supervisor_as_high_as_the_workers_is_warned_about(model_path, tmp_path):
+    if not shutil.which("choom"):
+        pytest.skip("choom (util-linux) is not installed")
+    with Daemon(model_path, tmp_path, args=SMALL, wrapper=["choom", "-n", "1000", "--"]) as d:
+        assert oom_adj(d.pid) == 1000
+        assert "oom_score_adj is 1000, as high as the workers'" in d.log(), d.log()
