@@ -1,4 +1,4 @@
-"""test_memory_limits.py - nxd under memory limits.
+"""test_memory_limits.py - nxd under memory limits, and the ways out the daemon sees.
 
 - RLIMIT_AS: the arena reserves what the configuration can use, not a fixed
   256 GiB, so the default configuration starts under 4 GiB of address
@@ -8,6 +8,7 @@
   once its shapes are known), never OOM-killed halfway with the socket left.
 - The OOM killer's order: workers at oom_score_adj 1000, the supervisor at
   the value it was started with.
+- Every signal that ends the supervisor (but SIGKILL) removes its socket.
 """
 import os
 import re
@@ -284,3 +285,50 @@ def test_supervisor_as_high_as_the_workers_is_warned_about(model_path, tmp_path)
     with Daemon(model_path, tmp_path, args=SMALL, wrapper=["choom", "-n", "1000", "--"]) as d:
         assert oom_adj(d.pid) == 1000
         assert "oom_score_adj is 1000, as high as the workers'" in d.log(), d.log()
+
+
+# ---------------------------------------------------------------- the socket on the way out
+
+@pytest.mark.parametrize("sig", [signal.SIGQUIT, signal.SIGUSR1, signal.SIGSEGV, signal.SIGABRT])
+def test_a_signal_that_ends_the_supervisor_removes_its_socket(model_path, tmp_path, sig):
+    d = Daemon(model_path, tmp_path, args=SMALL, wrapper=prlimit(core=0)).start()
+    try:
+        workers = d.worker_pids()
+        os.kill(d.pid, sig)
+        assert d.proc.wait(15) == -sig  # it still dies of that signal
+        assert not os.path.exists(d.sock)
+        for p in workers:
+            wait_until(lambda: not pid_alive(p), timeout=5, what=f"worker {p} gone")
+    finally:
+        d.kill()
+
+
+def test_a_worker_dies_of_its_own_signals(model_path, tmp_path):
+    """The supervisor's handler is not the workers': a worker sent SIGUSR1 dies of it (not of the
+    sandbox, as it would calling the handler's syscalls), is forked anew, and the socket stays."""
+    with Daemon(model_path, tmp_path, args=SMALL) as d:
+        w = d.worker_pids()[0]
+        os.kill(w, signal.SIGUSR1)
+        d.wait_log(f"killed by signal {int(signal.SIGUSR1)}")
+        assert "SIGSYS" not in d.log()
+        wait_until(lambda: w not in d.worker_pids() and all(d.worker_pids()), what="worker respawned")
+        assert os.path.exists(d.sock)
+        greet(d.sock)
+
+
+def test_stale_socket_behind_a_symlink_is_not_removed(model_path, tmp_path):
+    import socket as so
+    stale = tmp_path / "stale.sock"
+    s = so.socket(so.AF_UNIX, so.SOCK_STREAM)
+    s.bind(str(stale))
+    s.close()
+    link = tmp_path / "link.sock"
+    link.symlink_to(stale)
+    log = refused_keep(Daemon(model_path, tmp_path, args=SMALL, socket_path=link))
+    assert "not a socket" in log and link.is_symlink() and stale.exists(), log
+
+
+def refused_keep(d):
+    d.spawn()
+    assert d.proc.wait(30) == 1, d.log()
+    return d.log()
