@@ -35,10 +35,20 @@ def prlimit(**limits):
     return ["prlimit"] + [f"--{k}={v}" for k, v in limits.items()]
 
 
+def exit_code(d, timeout=60):
+    """Runs d to its exit; one that does not exit in time is killed (and the test fails)."""
+    d.spawn()
+    try:
+        return d.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"nxd did not exit within {timeout} s:\n{d.log()}")
+    finally:
+        d.kill()
+
+
 def refused(d, timeout=60):
     """Runs d to its exit; returns the log after checking it exited 1 and left no socket."""
-    d.spawn()
-    rc = d.proc.wait(timeout)
+    rc = exit_code(d, timeout)
     log = d.log()
     assert rc == 1, (rc, log)
     assert not os.path.exists(d.sock), log
@@ -329,6 +339,5 @@ def test_stale_socket_behind_a_symlink_is_not_removed(model_path, tmp_path):
 
 
 def refused_keep(d):
-    d.spawn()
-    assert d.proc.wait(30) == 1, d.log()
+    assert exit_code(d, 30) == 1, d.log()
     return d.log()
