@@ -9,15 +9,16 @@
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define ARENA_RESERVE ((size_t)256 << 30) /* address space only; pages exist once used */
 
 double nxd_now(void)
 {
@@ -284,17 +285,98 @@ static void raise_nofile(struct nxd *d)
 			 (unsigned long long)rl.rlim_cur, d->o.max_clients);
 }
 
+/* ---------------------------------------------------------------- dying with the socket gone
+ *
+ * SIGTERM, SIGINT and SIGHUP are read from the signalfd and end in an
+ * orderly shutdown that removes the socket (loop.c). Every other signal that
+ * would end the process (a crash, abort(), SIGQUIT, SIGUSR1...) runs
+ * on_fatal first: it removes the socket this process bound, if the node at
+ * the path is still that one, then dies of the same signal. SIGKILL (the
+ * OOM killer's) cannot be seen: the next start replaces the stale socket. */
+
+static const int fatal_sigs[] = {
+	SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS, SIGQUIT, SIGUSR1, SIGUSR2,
+	SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU, SIGIO, SIGPWR, SIGSTKFLT,
+};
+
+static struct {
+	volatile sig_atomic_t armed;
+	pid_t pid;         /* the supervisor: a forked child never removes it */
+	dev_t dev;         /* the socket node as bound */
+	ino_t ino;
+	char path[sizeof(((struct nxd_opts *)0)->socket_path)];
+} sock_owned;
+
+static void on_fatal(int sig)
+{
+	struct stat st;
+	if (sock_owned.armed && getpid() == sock_owned.pid && lstat(sock_owned.path, &st) == 0 &&
+	    st.st_dev == sock_owned.dev && st.st_ino == sock_owned.ino)
+		unlink(sock_owned.path);
+	/* SA_RESETHAND made the default action current: the signal raised again
+	 * ends the process when the handler returns, as it would have. */
+	raise(sig);
+}
+
+/* In a forked worker: its signals are its own, dealt with the default way. */
+static void fatal_handlers_off(void)
+{
+	sock_owned.armed = 0;
+	for (size_t i = 0; i < sizeof(fatal_sigs) / sizeof(fatal_sigs[0]); i++)
+		signal(fatal_sigs[i], SIG_DFL);
+	for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+		signal(s, SIG_DFL);
+}
+
+static void fatal_handlers_on(struct nxd *d)
+{
+	struct stat st;
+	if (!d->socket_created || d->listen_activated || lstat(d->o.socket_path, &st) < 0)
+		return;
+	sock_owned.pid = getpid();
+	sock_owned.dev = st.st_dev;
+	sock_owned.ino = st.st_ino;
+	memcpy(sock_owned.path, d->o.socket_path, sizeof(sock_owned.path));
+	sock_owned.armed = 1;
+	pthread_atfork(NULL, NULL, fatal_handlers_off);
+	struct sigaction sa = { .sa_handler = on_fatal, .sa_flags = SA_RESETHAND };
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(fatal_sigs) / sizeof(fatal_sigs[0]); i++)
+		sigaction(fatal_sigs[i], &sa, NULL);
+	for (int s = SIGRTMIN; s <= SIGRTMAX; s++)
+		sigaction(s, &sa, NULL);
+}
+
+/* The workers take oom_score_adj 1000 (worker/sandbox.c) and the supervisor
+ * keeps the value it was started with (systemd: OOMScoreAdjust=), which
+ * must be lower for the kernel to take a worker first. */
+static void check_oom_score(void)
+{
+	FILE *f = fopen("/proc/self/oom_score_adj", "re");
+	int adj = 0;
+	if (!f)
+		return;
+	if (fscanf(f, "%d", &adj) == 1 && adj >= 1000)
+		nxd_warn("oom_score_adj is %d, as high as the workers': under memory pressure the kernel may kill the "
+			 "supervisor, and every stream with it, before a worker; start nxd with a lower one "
+			 "(choom, systemd's OOMScoreAdjust=)", adj);
+	fclose(f);
+}
+
 static int start(struct nxd *d, struct nx_err *err)
 {
 	raise_nofile(d);
+	check_oom_score();
 	if (nxd_access_init(d, err) < 0)
 		return -1;
 	/* The socket first: a live daemon on it is reported before a second
 	 * copy of the model is loaded, and SIGTERM is caught from here on. */
 	if (nxd_loop_init(d, err) < 0)
 		return -1;
-	if (nx_arena_create(&d->shm.arena, "nxd-arena", ARENA_RESERVE, err) < 0)
-		return -1;
+	fatal_handlers_on(d);
+	/* Past RLIMIT_FSIZE, ftruncate of the arena's memfd and writes to a log
+	 * file fail with EFBIG, reported, instead of killing the daemon. */
+	signal(SIGXFSZ, SIG_IGN);
 	if (nxd_model_load(d, err) < 0)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;

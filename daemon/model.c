@@ -185,6 +185,12 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	int fd = open_model(path, &size, err);
 	if (fd < 0)
 		return -1;
+	/* Before a byte is read: a model that cannot fit is refused here, not
+	 * OOM-killed halfway through the read. */
+	if (nxd_mem_check_model(d, size, err) < 0) {
+		close(fd);
+		return -1;
+	}
 	double t0 = nxd_now();
 	if (d->o.use_mmap) {
 		/* Read-only and shared: every worker maps the same page cache pages. */

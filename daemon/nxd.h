@@ -4,7 +4,7 @@
  *   main.c    options, start-up and shutdown order
  *   daemon.c  the phases (starting, serving, stopping): what is decided after every batch of events
  *   model.c   model file -> private huge pages (io_uring reads) or MAP_SHARED mapping, validation
- *   shmem.c   arena layout (size / init per region)
+ *   shmem.c   arena layout (size / init per region), reservation, memory limits
  *   procs.c   worker process table: spawn, reap, back-off; reports deaths to step.c
  *   step.c    a forward step's lifecycle: launch, done / retry / failed, deaths, the watchdog
  *   loop.c    io_uring event loop, mechanism only: accept, recv, send, signals, pidfds, the step futex, timers
@@ -331,6 +331,12 @@ int nxd_model_load(struct nxd *d, struct nx_err *err);
 void nxd_model_free(struct nxd *d);
 
 /* shmem.c */
+/* Before the model file of size bytes is read: it must fit RLIMIT_AS and
+ * the memory cgroup; else -1, err names the limit, the need and the way out. */
+int nxd_mem_check_model(struct nxd *d, size_t size, struct nx_err *err);
+/* Sizes every region from the configuration, checks the total against
+ * RLIMIT_AS and the memory cgroup (memory.max refuses, memory.high warns),
+ * reserves the arena (with room for adapters and folds) and carves it. */
 int nxd_shm_setup(struct nxd *d, struct nx_err *err);
 void nxd_shm_free(struct nxd *d);
 

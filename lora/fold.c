@@ -1,6 +1,7 @@
 /* fold.c - W' = quant(dequant(W) + s * B @ A), row by row, with float64 accumulation of B @ A. */
 #include "lora/fold.h"
 #include "lora/delta.h"
+#include "kern/pack.h"
 
 #include <ctype.h>
 #include <stdlib.h>
@@ -18,6 +19,21 @@ int64_t nx_fold_size(const struct nx_wt *w, enum nx_type out)
 	if (row < 0 || __builtin_mul_overflow(row, w->n_out, &total))
 		return -1;
 	return total;
+}
+
+int64_t nx_fold_size_max(const struct nx_wt *w)
+{
+	int64_t most = 0;
+	for (uint32_t t = 0; t < NX_TYPE_COUNT; t++) {
+		if (!fold_target((enum nx_type)t) && t != (uint32_t)w->type)
+			continue;
+		int64_t n = nx_fold_size(w, (enum nx_type)t);
+		if (n > 0 && nx_pack_layout((enum nx_type)t) && __builtin_mul_overflow(n, 2, &n))
+			return -1;
+		if (n > most)
+			most = n;
+	}
+	return most > 0 ? most : -1;
 }
 
 int nx_fold_check(const struct nx_wt *w, const struct nx_lora_t *t, enum nx_type out, struct nx_err *err)

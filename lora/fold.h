@@ -34,6 +34,12 @@ int nx_fold_check(const struct nx_wt *w, const struct nx_lora_t *t, enum nx_type
  * rows do not fit out's blocks or the size overflows. */
 int64_t nx_fold_size(const struct nx_wt *w, enum nx_type out);
 
+/* The most any fold of w can take, whatever type it is folded to (w's own
+ * included): the widest output, twice for a type the tile kernels pack (the
+ * daemon keeps a packed copy beside the plain rows). -1 when no type fits
+ * or the size overflows. The arena's reservation is sized with it. */
+int64_t nx_fold_size_max(const struct nx_wt *w);
+
 /* Per-thread work memory nx_fold_rows needs: n_in floats and n_in doubles. */
 size_t nx_fold_work_size(const struct nx_wt *w);
 

@@ -68,8 +68,11 @@ int nx_arena_grow(struct nx_arena *a, size_t new_size, struct nx_err *err)
 		return 0;
 	if (nx_size_align(&new_size, NX_ARENA_ALIGN) < 0 || new_size > a->reserved)
 		return nx_errf(err, "arena: %zu bytes needed, only %zu reserved", new_size, a->reserved);
-	if (ftruncate(a->fd, (off_t)new_size) < 0)
-		return nx_errf(err, "arena: ftruncate(%zu) failed: %s", new_size, strerror(errno));
+	if (ftruncate(a->fd, (off_t)new_size) < 0) {
+		int e = errno;
+		return nx_errf(err, "arena: ftruncate(%zu) failed: %s%s", new_size, strerror(e),
+			       e == EFBIG ? " (RLIMIT_FSIZE, ulimit -f, counts: the arena is a memfd)" : "");
+	}
 	a->size = new_size;
 	return 0;
 }
@@ -79,8 +82,8 @@ void *nx_arena_alloc(struct nx_arena *a, size_t size, struct nx_err *err)
 	size_t off = a->used, end = off;
 	if (nx_size_align(&off, NX_ARENA_ALIGN) < 0 || (end = off, nx_size_add(&end, size) < 0) ||
 	    end > a->reserved) {
-		nx_errf(err, "arena: cannot carve %zu bytes (used %zu of %zu reserved)", size, a->used,
-			a->reserved);
+		nx_errf(err, "arena: %.1f MiB more do not fit its reservation (%.1f of %.1f MiB in use)",
+			(double)size / 1048576, (double)a->used / 1048576, (double)a->reserved / 1048576);
 		return NULL;
 	}
 	if (nx_arena_grow(a, end, err) < 0)

@@ -1,8 +1,9 @@
 /* arena.h - the shared arena: one memfd mapped MAP_SHARED, carved into regions.
  *
- * Address space for the whole arena is reserved up front (MAP_NORESERVE, far
- * larger than what is used) and mapped before the workers are forked, so every
- * process sees it at the same address. Growing the arena is an ftruncate of the
+ * Address space for the whole arena is reserved up front (MAP_NORESERVE: no
+ * memory, only addresses; sized for the most the configuration can use,
+ * daemon/shmem.c) and mapped before the workers are forked, so every process
+ * sees it at the same address. Growing the arena is an ftruncate of the
  * memfd: the new pages appear in every process's existing mapping, no syscall
  * on their side. Touching the reservation past the current size is SIGBUS,
  * which is why nx_arena_alloc() grows before it hands a region out.

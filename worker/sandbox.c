@@ -3,6 +3,7 @@
 #include "worker/sandbox.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <linux/seccomp.h>
 #include <seccomp.h>
@@ -120,8 +121,28 @@ static void on_sigsys(int sig, siginfo_t *si, void *uc)
 	_exit(128 + SIGSYS);
 }
 
+/* First in line for the OOM killer: a worker owns nothing that is lost with
+ * it (its memory is the arena and the weights, which stay), and the
+ * supervisor runs its step again and forks it anew, while the supervisor's
+ * death would end every client's stream. Raising one's own score needs no
+ * privilege; where it fails (no /proc) the worker still works, and says so. */
+static void oom_first(int log_fd)
+{
+	int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fd >= 0 && write(fd, "1000", 4) == 4) {
+		close(fd);
+		return;
+	}
+	int e = errno;
+	if (fd >= 0)
+		close(fd);
+	dprintf(log_fd, "worker (pid %d): writing 1000 to /proc/self/oom_score_adj failed: %s; under memory "
+		"pressure the kernel may kill the supervisor before a worker\n", (int)getpid(), strerror(e));
+}
+
 int nxw_sandbox_enter(const struct nxw_filter *f, pid_t parent, struct nx_err *err)
 {
+	oom_first(f->log_fd);
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		return nx_errf(err, "sandbox: prctl(PR_SET_PDEATHSIG) failed: %s", strerror(errno));
 	/* The parent may have died between fork and the prctl: then nobody will

@@ -26,7 +26,8 @@ struct nxw_filter {
 int nxw_filter_build(struct nxw_filter *f, int log_fd, bool trap, struct nx_err *err);
 void nxw_filter_free(struct nxw_filter *f);
 
-/* Runs in the forked worker, after every mapping is in place: parent-death
+/* Runs in the forked worker, after every mapping is in place: oom_score_adj
+ * 1000 (the OOM killer takes a worker before the supervisor), parent-death
  * signal (and a getppid() check against parent, for a parent that died
  * before the prctl), every fd but log_fd closed, rlimits NOFILE / NPROC /
  * FSIZE / CORE at 0, no_new_privs, then the filter. */

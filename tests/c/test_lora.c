@@ -14,6 +14,7 @@
 
 #include "lora/adapter.h"
 #include "lora/delta.h"
+#include "kern/pack.h"
 #include "lora/fold.h"
 #include "lora/safetensors.h"
 #include "model/gguf.h"
@@ -998,6 +999,17 @@ static void test_fold(void **state)
 	expect_err(nx_fold_type_parse("iq4_nl", &ty, &err), err, "unsupported");
 	t.n_in = DIM;
 	expect_err(nx_fold_check(w, &t, NX_F16, &err), err, "blk.0.ffn_down.weight");
+
+	/* The arena is reserved with nx_fold_size_max: no fold, packed copy
+	 * included, may take more. Here f32 (4 bytes a weight) is the widest. */
+	int64_t most = nx_fold_size_max(w);
+	assert_int_equal(most, nx_fold_size(w, NX_F32));
+	for (uint32_t k = 0; k < NX_TYPE_COUNT; k++) {
+		struct nx_err e2;
+		if (nx_fold_type_parse(nx_type_name(k), &ty, &e2) < 0 || nx_fold_size(w, ty) < 0)
+			continue;
+		assert_true(nx_fold_size(w, ty) * (nx_pack_layout(ty) ? 2 : 1) <= most);
+	}
 }
 
 static void test_delta(void **state)
