@@ -33,7 +33,7 @@ int nxd_guard_init(struct nxd *d, struct nx_err *err)
 		return nx_errf(err, "guard: out of memory");
 	memcpy(d->scratch_copy, d->shm.scratch, (size_t)d->n_workers * sizeof(*d->scratch_copy));
 	memcpy(d->toks_copy, d->shm.toks, (size_t)d->o.n_batch * sizeof(*d->toks_copy));
-	const char *sc = getenv("NXD_TEST_WORKER_SCRIBBLE");
+	const char *sc = nx_env()->test_worker_scribble;
 	if (sc && *sc)
 		nxd_warn("test hook: worker 0 will scribble on %s and hang", sc);
 	return 0;

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "common/env.h"
 #include "common/err.h"
 #include "daemon/log.h"
 #include "model/forward.h"

@@ -82,9 +82,8 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 	}
 	/* NXD_PROFILE=1: the workers time the phases of every step (a TSC read per
 	 * phase change, no syscall); `nxctl status` shows the split. */
-	const char *pe = getenv("NXD_PROFILE");
 	sh->prof = NULL;
-	if (pe && !strcmp(pe, "1")) {
+	if (nx_env()->profile) {
 		if (!(sh->prof = nx_arena_alloc(&sh->arena, (size_t)d->n_workers * sizeof(struct nx_prof), err)))
 			return -1;
 		memset(sh->prof, 0, (size_t)d->n_workers * sizeof(struct nx_prof));

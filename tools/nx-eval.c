@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/err.h"
 #include "shm/futex.h"
 #include "lora/adapter.h"
@@ -130,10 +131,9 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	struct nx_err err = {{0}};
 	if (nx_model_bind(&e->m, g, &err))
 		die("%s", err.msg);
-	const char *pk = getenv("NX_PACK");
 	size_t pack_size = nx_model_repack_size(&e->m);
 	e->pack_mem = NULL;
-	if (pack_size && !(pk && !strcmp(pk, "0"))) {
+	if (pack_size && nx_env()->pack) {
 		e->pack_mem = alloc64(pack_size);
 		if (nx_model_repack(&e->m, e->pack_mem, pack_size, &err))
 			die("%s", err.msg);

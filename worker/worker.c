@@ -169,7 +169,7 @@ _Noreturn void nxw_main(struct nxd *d, int band, uint32_t seen_gen)
 	}
 
 	/* "F1,F2,...[:STEP]": the k-th process of band 0 scribbles on Fk. */
-	const char *sc = getenv("NXD_TEST_WORKER_SCRIBBLE");
+	const char *sc = nx_env()->test_worker_scribble;
 	if (sc && *sc && band == 0) {
 		static char field[32];
 		const char *colon = strchr(sc, ':'), *end = colon ? colon : sc + strlen(sc), *f = sc;
