@@ -1,6 +1,8 @@
 /* model.c - puts the model file where the workers will find it (io_uring reads into private huge pages, or a read-only MAP_SHARED mapping) and validates it. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
+
+#include "kern/cpu.h"
 #include "model/repack.h"
 
 #include <ctype.h>
@@ -180,8 +182,11 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 {
 	struct nxd_model *mo = &d->model;
 	const char *path = d->o.model_path;
-	size_t size;
+	size_t size = 0;
 	void *plain = NULL; /* copy mode: the file mapped, for nx_model_repack_inplace */
+	struct nx_err kerr = {{0}};
+	if (nx_kern_env_check(&kerr) < 0)
+		nxd_warn("%s", kerr.msg);
 	int fd = open_model(path, &size, err);
 	if (fd < 0)
 		return -1;

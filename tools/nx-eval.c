@@ -36,6 +36,7 @@
 
 #include "common/env.h"
 #include "common/err.h"
+#include "kern/cpu.h"
 #include "shm/futex.h"
 #include "lora/adapter.h"
 #include "model/forward.h"
@@ -474,6 +475,8 @@ int main(int argc, char **argv)
 
 	struct gguf_mapped gm;
 	struct nx_err err = {{0}};
+	if (nx_kern_env_check(&err) < 0)
+		fprintf(stderr, "nx-eval: warning: %s\n", err.msg);
 	if (gguf_open(&gm, path, &err))
 		die("%s", err.msg);
 	if (n_gen >= 0) {
