@@ -61,9 +61,7 @@ static int max_in(const struct nx_hparams *hp)
  * token's output depends on its position only, never on the batch it ran in.
  * With one sequence, a few kv heads cannot keep the bands busy alone; spans
  * can, without each band reading the K/V of a kv head whose query heads are
- * shared out (SmolLM2, one sequence, nx-perf --profile: attention at ~1550
- * positions 1980-2090 -> 1470 us per token and band; at ~4000 positions decode
- * 118-122 -> 130-131 tok/s). A token within one span takes the path it took
+ * shared out (docs/bench.md). A token within one span takes the path it took
  * before spans: the same arithmetic, no merge. */
 #define NX_ATTN_SPAN 256
 
@@ -288,9 +286,9 @@ _Static_assert(ROW_GRAIN % NX_SAMPLE_GROUP == 0, "a band writes whole groups of 
  * n_bands contiguous ranges and takes it front to back, half of what is left
  * at a time, then helps with the backs of the other ranges (nx_barrier_take,
  * tag `tag`): on an idle machine each band streams its rows in order, one
- * stream per band for the hardware prefetcher (handing out small chunks from
- * a shared pool instead cost 15% of decode speed), within a few percent of
- * fixed bands; a band that runs slower than the others (a smaller core, a
+ * stream per band for the hardware prefetcher (small chunks from a shared
+ * pool break those streams: docs/bench.md), nearly as fast as fixed bands;
+ * a band that runs slower than the others (a smaller core, a
  * busy sibling) leaves the end of its range to them instead of holding them
  * at the next barrier. (A band that is preempted holds everyone at the
  * barrier whatever the split.) Otherwise each band does its band_range in one
@@ -386,9 +384,9 @@ static struct act act_from(struct act a, int t, int n_in)
  * finer levels (kern/quant.h: quant2; Q8_0's at hi's scale / 128), and every
  * dot is dot(w, hi) + dot(w, lo): about 14-15 bits per value instead of 8. Why:
  * with one Q8_0 rounding (1/254 of each 32-block's peak) at each of the 7
- * matmul inputs of a layer, SmolLM2-135M's logits (30 layers) move by 0.16 on
- * average and the top-1 differs from the exact float64 model at 2-3% of
- * positions. The noise comes from every matmul alike, not from a few outlier
+ * matmul inputs of a layer, the top-1 token differs from the exact float64
+ * model's at a few percent of positions (docs/bench.md, SmolLM2-135M).
+ * The noise comes from every matmul alike, not from a few outlier
  * channels: finer blocks (8 or 16 values) or an f32 scale barely help, and 12+
  * bits at every input are needed (tests/py/study_activation_error.py). hi + lo
  * is as close as f32 activations (what is left is the f16 K/V cache), keeps
@@ -742,12 +740,8 @@ static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n
 /* Whether the bands share out each op's A @ x (into the state's lora_u, then
  * a barrier: four more per layer) rather than each computing all of it for
  * itself. Each band reading every A costs more than the barriers once A is
- * large. SmolLM2 with an adapter on every matrix (A per layer in f16 / bf16:
- * rank 8 80 KiB, 16 160, 32 320, 64 640), ms per token always sharing out
- * against never (alternating daemons, nxctl generate -n 256): rank 64 6.84
- * -> 5.89 (6 of 6), 32 5.18 -> 4.96 (5 of 6), 16 4.58 -> 4.37 (5 of 6), 8
- * 4.38 vs 4.42 (4 of 8). The same answer in every band (it depends on the
- * step only). */
+ * large; the threshold is where sharing out began to pay (docs/bench.md).
+ * The same answer in every band (it depends on the step only). */
 #define LORA_SPLIT_MIN_LAYER (128 << 10) /* bytes of A per layer, on average */
 static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *toks, int n, int n_bands)
 {
