@@ -1,6 +1,8 @@
 /* log.c - leveled log lines on stderr, journal-aware. */
 #include "daemon/log.h"
 
+#include "common/env.h"
+
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -40,7 +42,7 @@ static void emit(int level, const char *msg, size_t len)
 	char line[2048];
 	int n;
 	if (journal < 0)
-		journal = getenv("JOURNAL_STREAM") != NULL;
+		journal = nx_env()->journal;
 	if (len > sizeof(line) - 64)
 		len = sizeof(line) - 64;
 	if (journal)

@@ -737,7 +737,7 @@ int nxd_loop_init(struct nxd *d, struct nx_err *err)
 			 (probe->ops[IORING_OP_FUTEX_WAIT].flags & IO_URING_OP_SUPPORTED);
 	if (probe)
 		io_uring_free_probe(probe);
-	if (getenv("NXD_FUTEX_THREAD"))
+	if (nx_env()->futex_thread)
 		d->futex_uring = false; /* test hook: exercise the fallback */
 
 	sigset_t set;

@@ -393,7 +393,7 @@ static int start(struct nxd *d, struct nx_err *err)
 		return nx_errf(err, "pipe2 for the workers' log failed: %s", strerror(errno));
 	d->wlog_rd = pfd[0];
 	d->wlog_wr = pfd[1];
-	bool trap = getenv("NXD_SECCOMP_TRAP") != NULL;
+	bool trap = nx_env()->seccomp_trap;
 	if (nxw_filter_build(&d->filter, d->wlog_wr, trap, err) < 0)
 		return -1;
 	if (nxd_sched_init(d, err) < 0 || nxd_procs_init(d, err) < 0 || nxd_step_init(d, err) < 0 ||
@@ -426,8 +426,7 @@ int main(int argc, char **argv)
 	 * worker then starves the supervisor and the rest of the machine). After
 	 * the spin a waiter polls ten times as long again but yields its CPU
 	 * every few us (shm/futex.h: NX_YIELD_ROUNDS), which starves nobody. */
-	const char *su = getenv("NXD_SPIN_US");
-	long spin_us = su ? strtol(su, NULL, 10) : 20;
+	long spin_us = nx_env()->spin_us;
 	d->spin = (uint32_t)(spin_us < 0 ? 0 : spin_us > 10000 ? 10000 : spin_us) * nx_spin_calibrate();
 
 	struct nx_err err = {{0}};

@@ -1,6 +1,8 @@
 /* model.c - puts the model file where the workers will find it (io_uring reads into private huge pages, or a read-only MAP_SHARED mapping) and validates it. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
+
+#include "kern/cpu.h"
 #include "model/repack.h"
 
 #include <ctype.h>
@@ -180,8 +182,11 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 {
 	struct nxd_model *mo = &d->model;
 	const char *path = d->o.model_path;
-	size_t size;
+	size_t size = 0;
 	void *plain = NULL; /* copy mode: the file mapped, for nx_model_repack_inplace */
+	struct nx_err kerr = {{0}};
+	if (nx_kern_env_check(&kerr) < 0)
+		nxd_warn("%s", kerr.msg);
 	int fd = open_model(path, &size, err);
 	if (fd < 0)
 		return -1;
@@ -205,8 +210,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	} else {
 		/* Private memory, not the arena: shared memory gets no huge pages
 		 * unless sysfs says so (shm/hugemem.h). NX_HUGE=0: 4 KiB pages. */
-		const char *hg = getenv("NX_HUGE");
-		if (nx_huge_map(&mo->copy, size, !(hg && !strcmp(hg, "0")), err) < 0) {
+		if (nx_huge_map(&mo->copy, size, nx_env()->huge, err) < 0) {
 			close(fd);
 			return nx_err_prefix(err, "model: no memory for %s", path);
 		}
@@ -218,8 +222,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		/* The plain rows of the matrices packed below stay readable (the
 		 * embedding lookup, a LoRA fold) through a read-only mapping of the
 		 * file: page cache, paged in only where read. NX_PACK=0: no packing. */
-		const char *pk = getenv("NX_PACK");
-		if (!(pk && !strcmp(pk, "0"))) {
+		if (nx_env()->pack) {
 			plain = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
 			if (plain == MAP_FAILED) {
 				nxd_warn("model: mmap(%s) failed: %s; the plain kernels will be used", path, strerror(errno));

@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include "common/env.h"
 #include "common/err.h"
 #include "lora/adapter.h"
 #include "daemon/log.h"

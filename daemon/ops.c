@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
+#include "common/splitmix.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -235,10 +237,8 @@ static uint64_t fresh_seed(struct nxd *d)
 	static uint64_t base;
 	if (!base && getrandom(&base, sizeof(base), GRND_NONBLOCK) != sizeof(base))
 		base = (uint64_t)nxd_now() * 0x9e3779b97f4a7c15ull ^ (uint64_t)d->pid;
-	uint64_t z = base + 0x9e3779b97f4a7c15ull * ++d->seed_ctr; /* splitmix64 */
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
+	uint64_t x = base + 0x9e3779b97f4a7c15ull * d->seed_ctr++; /* the next value of base's splitmix64 stream */
+	return nx_splitmix64(&x);
 }
 
 static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)

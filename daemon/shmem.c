@@ -82,8 +82,7 @@ static int plan_fixed(struct nxd *d, struct plan *p, struct nx_err *err)
 			       sh->cfg.n_slots, sh->cfg.n_ctx, sh->cfg.max_batch);
 	/* NXD_PROFILE=1: the workers time the phases of every step (a TSC read per
 	 * phase change, no syscall); `nxctl status` shows the split. */
-	const char *pe = getenv("NXD_PROFILE");
-	p->prof = pe && !strcmp(pe, "1") ? (size_t)d->n_workers * sizeof(struct nx_prof) : 0;
+	p->prof = nx_env()->profile ? (size_t)d->n_workers * sizeof(struct nx_prof) : 0;
 	if (mul((size_t)d->o.n_batch, sizeof(struct nx_tok_in), &p->toks, "the step descriptor", err) ||
 	    mul((size_t)d->n_workers, sizeof(struct nx_scratch), &p->scratch_structs, "scratch structs", err) ||
 	    mul((size_t)d->o.n_slots, sizeof(struct nx_lora_mix), &p->mix, "the LoRA mix table", err))

@@ -8,8 +8,9 @@
 
 #include "kern/quant.h"
 
-/* True when nx_attend_f16 can run here for heads of hd dims (AVX-512 and hd a
- * multiple of 16); NX_KERN=ref or avx2: false. */
+/* True when nx_attend_f16 can run here for heads of hd dims: kern/cpu.c picks
+ * avx512 for the attn family (not with NX_KERN=ref or avx2), and hd is a
+ * multiple of 16. */
 bool nx_attn_fast(int hd);
 
 /* Heads of one kv head that nx_attend_f16 takes in one pass over K and V at hd

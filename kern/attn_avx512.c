@@ -1,13 +1,13 @@
 /* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers once for
  * the query heads of a group, a vector exp for the softmax; and nx_attn_merge. */
 #include "kern/attn.h"
+
+#include "kern/cpu.h"
 #include "kern/vexp_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
 
 #define TGT_STR "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 #define TGT __attribute__((target(TGT_STR)))
@@ -18,22 +18,10 @@
  * futex wake, which the worker sandbox does not allow. */
 static _Atomic int fast;
 
-static int fast_probe(void)
-{
-	__builtin_cpu_init();
-	const char *k = getenv("NX_KERN");
-	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-			       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-			       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-			       !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2")))
-		       ? 2
-		       : 1;
-}
-
 bool nx_attn_fast(int hd)
 {
 	if (!fast)
-		fast = fast_probe();
+		fast = nx_kern_set(NX_KFAM_ATTN) == NX_KSET_AVX512 ? 2 : 1;
 	return fast == 2 && hd > 0 && hd % 16 == 0 && hd <= 256;
 }
 

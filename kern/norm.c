@@ -6,12 +6,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
-
-/* The kernel sets' CPU checks (kern/x86_*.c): a set's norm runs where its dots do. */
-bool nx_kern_avx2_usable(void);
-bool nx_kern_avx512_usable(void);
 
 #define LANES 16 /* partial sums of x^2 (kern/norm.h) */
 
@@ -97,43 +92,25 @@ static TGT512 void rmsnorm_avx512(float *out, const float *x, const float *w, in
 
 /* ---------------------------------------------------------------- the choice */
 
-nx_rmsnorm_fn nx_rmsnorm_kernel(const char *set)
+static const nx_rmsnorm_fn kernels[NX_KSET_N] = {
+	[NX_KSET_REF] = rmsnorm_ref,
+	[NX_KSET_AVX2] = rmsnorm_avx2,
+	[NX_KSET_AVX512] = rmsnorm_avx512,
+};
+
+nx_rmsnorm_fn nx_rmsnorm_kernel(enum nx_kset k)
 {
-	if (!strcmp(set, "ref"))
-		return rmsnorm_ref;
-	if (!strcmp(set, "avx2"))
-		return nx_kern_avx2_usable() ? rmsnorm_avx2 : NULL;
-	if (!strcmp(set, "avx512"))
-		return nx_kern_avx512_usable() ? rmsnorm_avx512 : NULL;
-	return NULL;
+	return nx_kern_runs(NX_KFAM_NORM, k, nx_cpu_features()) ? kernels[k] : NULL;
 }
 
 /* Chosen on first use without locks (every caller picks the same), as kern/pack.c does. */
 static _Atomic nx_rmsnorm_fn chosen;
 
-static nx_rmsnorm_fn choose(void)
-{
-	static const char *const sets[] = { "avx2", "avx512" }; /* weakest first */
-	const char *want = getenv("NX_KERN");
-	nx_rmsnorm_fn f = rmsnorm_ref;
-	if (want && !strcmp(want, "ref"))
-		return f;
-	for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) {
-		const nx_rmsnorm_fn k = nx_rmsnorm_kernel(sets[i]);
-		if (!k)
-			break;
-		f = k;
-		if (want && !strcmp(want, sets[i]))
-			break;
-	}
-	return f;
-}
-
 void nx_rmsnorm(float *out, const float *x, const float *w, int n, float eps)
 {
 	nx_rmsnorm_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
 	if (!f) {
-		f = choose();
+		f = kernels[nx_kern_set(NX_KFAM_NORM)];
 		atomic_store_explicit(&chosen, f, memory_order_relaxed);
 	}
 	f(out, x, w, n, eps);

@@ -2,6 +2,8 @@
 #ifndef NX_NORM_H
 #define NX_NORM_H
 
+#include "kern/cpu.h"
+
 /* out[i] = x[i] * r * w[i] (two float products, in that order) for i < n, with
  * r = (float)(1 / sqrt(ss / n + eps)) in double and ss = sum of x[i]^2 in double,
  * summed in a fixed order: 16 partial sums, element i into sum i % 16, then
@@ -11,9 +13,9 @@
  * out may be x. */
 typedef void (*nx_rmsnorm_fn)(float *out, const float *x, const float *w, int n, float eps);
 
-/* The kernel of a set: "ref", "avx2", "avx512"; NULL when this CPU cannot run it. */
-nx_rmsnorm_fn nx_rmsnorm_kernel(const char *set);
-/* The engine's: the strongest set this CPU has, or the one NX_KERN names (kern/quant_dispatch.c). */
+/* The kernel of set k; NULL when this CPU cannot run it. */
+nx_rmsnorm_fn nx_rmsnorm_kernel(enum nx_kset k);
+/* The engine's: the set kern/cpu.c picks for the norm family. */
 void nx_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
 #endif

@@ -1,14 +1,14 @@
 /* pack.c - packed layouts (kern/pack.h): packing, unpacking, activation side values, the reference kernels and the choice of kernel. */
 #include "kern/pack.h"
+
+#include "kern/cpu.h"
 #include "kern/pack_k.h"
 
 #include <math.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* The AVX-512 kernels (kern/pack_avx512.c). */
-bool nx_pack_avx512_usable(void);
 nx_pack_fn nx_pack_avx512_kernel(enum nx_type t);
 nx_pack_epi_fn nx_pack_avx512_epilogue(void);
 
@@ -268,11 +268,8 @@ static _Atomic int use_simd;
 
 bool nx_pack_fast(enum nx_type t)
 {
-	if (!use_simd) {
-		const char *k = getenv("NX_KERN");
-		/* NX_KERN names the strongest kernel set to use (kern/quant_dispatch.c). */
-		use_simd = nx_pack_avx512_usable() && !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2"))) ? 2 : 1;
-	}
+	if (!use_simd)
+		use_simd = nx_kern_set(NX_KFAM_PACK) == NX_KSET_AVX512 ? 2 : 1;
 	return use_simd == 2 && nx_pack_layout(t) && (nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t));
 }
 

@@ -69,7 +69,8 @@
 /* True when type t has a packed layout (whatever the CPU). */
 bool nx_pack_layout(enum nx_type t);
 /* True when this CPU has a SIMD kernel for t's packed layout: only then is
- * packing worth it (the reference kernel is for tests). NX_KERN=ref: false. */
+ * packing worth it (the reference kernel is for tests). False unless kern/cpu.c
+ * picks avx512 for the pack family (so with NX_KERN=ref or avx2). */
 bool nx_pack_fast(enum nx_type t);
 
 /* Packs 16 plain rows (row r at rows + r * row_bytes, n_in elements each) into

@@ -3,16 +3,13 @@
  * one vpsadbw instead of widening them, and converts the f16 scale with F16C. */
 #include "kern/pack_act.h"
 
+#include "kern/cpu.h"
 #include "kern/pack.h"
 #include "kern/quant.h"
 
 #include <immintrin.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdlib.h>
-#include <string.h>
-
-bool nx_kern_avx2_usable(void); /* kern/x86_avx2.c */
 
 #define TGT __attribute__((target("avx2,f16c")))
 
@@ -45,8 +42,7 @@ void nx_pack_act_prep_fast(const void *hi, const void *lo, int64_t n_in, float *
 {
 	prep_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
 	if (!f) {
-		const char *k = getenv("NX_KERN");
-		f = nx_kern_avx2_usable() && !(k && !strcmp(k, "ref")) ? prep_avx2 : nx_pack_act_prep;
+		f = nx_kern_set(NX_KFAM_PACK_ACT) == NX_KSET_AVX2 ? prep_avx2 : nx_pack_act_prep;
 		atomic_store_explicit(&chosen, f, memory_order_relaxed);
 	}
 	f(hi, lo, n_in, d, s, c);

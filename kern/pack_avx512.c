@@ -9,7 +9,7 @@
  * tokens and vectors are unrolled by pragma: at -O2 GCC leaves them
  * rolled, keeps the accumulators in stack arrays and the kernel runs at half
  * speed (store-forwarding chains). Built without
- * -m flags (target attributes), used only when nx_pack_avx512_usable(). */
+ * -m flags (target attributes), used only where kern/cpu.c picks avx512 for the pack family. */
 #include "kern/pack.h"
 #include "kern/pack_tile_avx512.h"
 #include "kern/vexp_avx512.h"
@@ -173,15 +173,6 @@ static TGT void epi(enum nx_pack_op op, float *const *y, const float *out, const
 nx_pack_epi_fn nx_pack_avx512_epilogue(void)
 {
 	return epi;
-}
-
-bool nx_pack_avx512_usable(void)
-{
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-	       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-	       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 nx_pack_fn nx_pack_avx512_kernel(enum nx_type t)

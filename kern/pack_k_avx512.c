@@ -8,7 +8,7 @@
  * and 4-5 float ops. q6_k's -32 offset comes in as the starting value of the
  * lo part's integer sums (nx_pack_act.c16). Every lane follows
  * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
- * attributes), used only when nx_pack_avx512_usable(). */
+ * attributes), used only where kern/cpu.c picks avx512 for the pack family. */
 #include "kern/pack_k.h"
 #include "kern/pack_tile_avx512.h"
 

@@ -1,47 +1,31 @@
 /* quant_dispatch.c - the kernels the engine uses: the scalar reference, with
- * every SIMD kernel set the CPU can run laid over it (chosen once, by CPUID).
+ * the SIMD kernel sets kern/cpu.c picks for the dot family laid over it.
  *
  * A SIMD set lives in its own file (kern/x86_avx2.c, kern/x86_avx512.c, ...)
- * and exports two functions:
- *   bool nx_kern_<set>_usable(void);
- *       true when this CPU and OS can run it (e.g. __builtin_cpu_supports("avx2")
- *       && __builtin_cpu_supports("fma"));
+ * and exports
  *   void nx_kern_<set>_install(struct nx_type_traits *tab, size_t n);
  *       replaces the dequant / quant / quant2 / dot / dot_rows pointers it implements in
  *       tab, indexed by type id (n entries). It must not change a block layout or
  *       a vec_dot_type: a SIMD kernel computes the same thing as the reference.
  *       dot and dot_rows are swapped together (dot_rows is bit-identical to dot).
- * Adding a set is one line in NX_KERN_SETS below, weakest first: a later set
+ * What a set needs of the CPU is its row in kern/cpu.c's table. The sets are
+ * laid over the reference weakest first, up to the one picked: a later set
  * overrides what an earlier one installed, so an avx512 set only needs the
- * kernels it does better than avx2.
- *
- * NX_KERN=ref in the environment forces the reference kernels; NX_KERN=<set>
- * stops after that set (to test a weaker set on a stronger CPU). */
+ * kernels it does better than avx2. */
 #include "kern/quant.h"
+
+#include "kern/cpu.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The list of SIMD sets, e.g.  X(avx2) X(avx512)  */
-#define NX_KERN_SETS(X) X(avx2) X(avx512)
+void nx_kern_avx2_install(struct nx_type_traits *tab, size_t n);
+void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n);
 
-#define NX_KERN_DECLARE(set)                \
-	bool nx_kern_##set##_usable(void);  \
-	void nx_kern_##set##_install(struct nx_type_traits *tab, size_t n);
-#define NX_KERN_ROW(set) { #set, nx_kern_##set##_usable, nx_kern_##set##_install },
-
-NX_KERN_SETS(NX_KERN_DECLARE)
-
-struct kern_set {
-	const char *name;
-	bool (*usable)(void);
-	void (*install)(struct nx_type_traits *tab, size_t n);
-};
-
-static const struct kern_set kern_sets[] = {
-	{ "ref", NULL, NULL },
-	NX_KERN_SETS(NX_KERN_ROW)
+static void (*const install[NX_KSET_N])(struct nx_type_traits *tab, size_t n) = {
+	[NX_KSET_AVX2] = nx_kern_avx2_install,
+	[NX_KSET_AVX512] = nx_kern_avx512_install,
 };
 
 /* Type ids the table covers; nx_type_ref knows which of them exist. */
@@ -61,22 +45,15 @@ static void table_init(void)
 		}
 	}
 
-	const char *want = getenv("NX_KERN");
-	if (want && !strcmp(want, "ref"))
-		return;
-	for (size_t i = 1; i < sizeof(kern_sets) / sizeof(kern_sets[0]); i++) {
-		const struct kern_set *ks = &kern_sets[i];
-		if (!ks->usable())
-			break; /* sets are ordered by what they need: the rest need more */
+	const enum nx_kset top = nx_kern_set(NX_KFAM_DOT);
+	for (int k = NX_KSET_REF + 1; k <= (int)top; k++) {
 		struct nx_type_traits before[N_IDS];
 		memcpy(before, table, sizeof(table));
-		ks->install(table, N_IDS);
+		install[k](table, N_IDS);
 		/* dot_rows must stay bit-identical to dot: a set swaps both or neither. */
 		for (uint32_t t = 0; t < N_IDS; t++)
 			if ((table[t].dot != before[t].dot) != (table[t].dot_rows != before[t].dot_rows))
 				abort();
-		if (want && !strcmp(want, ks->name))
-			break;
 	}
 
 	/* A set may only swap kernels; layouts and activation types are fixed. */

@@ -3,8 +3,8 @@
  * quantizers, one- and two-part (bit-identical to the reference).
  *
  * Built without -m flags: every function carries target("avx2,fma,f16c"), and the
- * dispatcher installs the set only when nx_kern_avx2_usable() says the CPU and OS
- * can run it. Integer parts of every dot are exact (the same integers the reference
+ * dispatcher installs the set only where kern/cpu.c says the CPU and OS can run
+ * it. Integer parts of every dot are exact (the same integers the reference
  * sums); only the order of the float sums of block terms differs.
  *
  * Each dot is one always-inline body `<type>_k(w, a, a_stride, nr, nb, out)` over
@@ -616,13 +616,6 @@ static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 }
 
 /* ---------------------------------------------------------------- the set */
-
-bool nx_kern_avx2_usable(void)
-{
-	__builtin_cpu_init();
-	/* __builtin_cpu_supports also checks (xgetbv) that the OS saves the ymm state. */
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
 
 #include "kern/x86_dot_table.h"
 

@@ -2,9 +2,9 @@
  * activation type (one or several activation rows per weight row), and the Q8_0 / Q8_K
  * activation quantizers, one- and two-part (bit-identical to the reference).
  *
- * Built without -m flags (target attributes); installed over the AVX2 set when
- * nx_kern_avx512_usable() says the CPU and OS can run it. VNNI is required: without
- * it (Skylake-X) the AVX2 set is as good. Integer parts of every dot are exact;
+ * Built without -m flags (target attributes); installed over the AVX2 set where
+ * kern/cpu.c says the CPU and OS can run it. VNNI is required (kern/cpu.c's
+ * table): without it (Skylake-X) the AVX2 set is as good. Integer parts of every dot are exact;
  * only the order of the float sums of block terms differs from the reference.
  *
  * 32-element blocks go two to a zmm in element order, [block i | block i+1], so one
@@ -713,16 +713,6 @@ static TGT void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 }
 
 /* ---------------------------------------------------------------- the set */
-
-bool nx_kern_avx512_usable(void)
-{
-	__builtin_cpu_init();
-	/* __builtin_cpu_supports also checks (xgetbv) that the OS saves the zmm and mask state. */
-	return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-	       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-	       __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx2") &&
-	       __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
 
 #include "kern/x86_dot_table.h"
 

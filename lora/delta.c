@@ -5,10 +5,10 @@
  * probes), AVX-512 lanes that give the scalar loops' bits. */
 #include "lora/delta.h"
 
+#include "kern/cpu.h"
+
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <immintrin.h>
 
@@ -219,13 +219,7 @@ static bool use_avx512(void)
 {
 	int v = atomic_load_explicit(&impl, memory_order_relaxed);
 	if (!v) {
-		__builtin_cpu_init();
-		const char *k = getenv("NX_KERN");
-		v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-				    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") &&
-				    !(k && (!strcmp(k, "ref") || !strcmp(k, "avx2")))
-			    ? 2
-			    : 1;
+		v = nx_kern_set(NX_KFAM_LORA) == NX_KSET_AVX512 ? 2 : 1;
 		atomic_store_explicit(&impl, v, memory_order_relaxed);
 	}
 	return v == 2;

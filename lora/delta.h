@@ -49,8 +49,8 @@ void nx_lora_delta(const struct nx_lora_t *t, float s, const float *x, size_t ld
 float nx_lora_delta_row(const struct nx_lora_t *t, int64_t r, const float *u);
 
 /* sum_j a[j] * x[j], the dot product the functions above use: AVX-512
- * (sixteen lanes, fused multiply-adds, a masked tail) where the CPU has it and
- * NX_KERN is not ref or avx2, else eight f32 lanes of plain vectors; chosen
+ * (sixteen lanes, fused multiply-adds, a masked tail) where kern/cpu.c picks
+ * avx512 for the lora family, else eight f32 lanes of plain vectors; chosen
  * once, the same for every call, so a row's value never depends on the
  * caller's banding. */
 float nx_lora_dot_fast(const float *a, const float *x, int64_t n);

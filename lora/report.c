@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/splitmix.h"
 #include "lora/delta.h"
 #include "lora/fold.h"
 
@@ -35,15 +36,6 @@ static double now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-/* splitmix64: small, deterministic, good enough for probes and permutations. */
-static uint64_t rnd(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
 }
 
 int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float s, const float *x, int n_x,
@@ -109,7 +101,7 @@ int nx_lora_grade_tensor(const struct nx_wt *w, const struct nx_lora_t *t, float
 	for (int64_t j = 0; j < n_in; j++)
 		perm[j] = j;
 	for (int64_t j = n_in - 1; j > 0; j--) {
-		int64_t k = (int64_t)(rnd(&seed) % (uint64_t)(j + 1)), tmp = perm[j];
+		int64_t k = (int64_t)(nx_splitmix64(&seed) % (uint64_t)(j + 1)), tmp = perm[j];
 		perm[j] = perm[k];
 		perm[k] = tmp;
 	}
@@ -196,7 +188,7 @@ static void matvec(const struct nx_wt *w, const float *x, float *y, float *tmp)
 static void normed_token(const struct nx_model *m, const float *norm, uint64_t *seed, float *emb, float *out)
 {
 	const struct nx_wt *e = &m->tok_embd;
-	int64_t tok = (int64_t)(rnd(seed) % (uint64_t)e->n_out);
+	int64_t tok = (int64_t)(nx_splitmix64(seed) % (uint64_t)e->n_out);
 	nx_type_get(e->type)->dequant((const uint8_t *)e->data + (size_t)tok * e->row_bytes, emb, e->n_in);
 	rmsnorm(out, emb, norm, e->n_in, m->hp.norm_eps);
 }
@@ -236,7 +228,7 @@ int nx_lora_probe(const struct nx_model *m, int layer, enum nx_lora_which which,
 			const int hd = m->hp.head_dim, group = m->hp.n_head / m->hp.n_head_kv;
 			double wsum = 0, wts[4];
 			for (int j = 0; j < 4; j++)
-				wsum += wts[j] = exp(2.0 * ((double)(rnd(&s) >> 11) / 9007199254740992.0));
+				wsum += wts[j] = exp(2.0 * ((double)(nx_splitmix64(&s) >> 11) / 9007199254740992.0));
 			for (int64_t i = 0; i < n_in; i++)
 				xp[i] = 0;
 			for (int j = 0; j < 4; j++) {

@@ -61,9 +61,7 @@ static int max_in(const struct nx_hparams *hp)
  * token's output depends on its position only, never on the batch it ran in.
  * With one sequence, a few kv heads cannot keep the bands busy alone; spans
  * can, without each band reading the K/V of a kv head whose query heads are
- * shared out (SmolLM2, one sequence, nx-perf --profile: attention at ~1550
- * positions 1980-2090 -> 1470 us per token and band; at ~4000 positions decode
- * 118-122 -> 130-131 tok/s). A token within one span takes the path it took
+ * shared out (docs/bench.md). A token within one span takes the path it took
  * before spans: the same arithmetic, no merge. */
 #define NX_ATTN_SPAN 256
 
@@ -288,9 +286,9 @@ _Static_assert(ROW_GRAIN % NX_SAMPLE_GROUP == 0, "a band writes whole groups of 
  * n_bands contiguous ranges and takes it front to back, half of what is left
  * at a time, then helps with the backs of the other ranges (nx_barrier_take,
  * tag `tag`): on an idle machine each band streams its rows in order, one
- * stream per band for the hardware prefetcher (handing out small chunks from
- * a shared pool instead cost 15% of decode speed), within a few percent of
- * fixed bands; a band that runs slower than the others (a smaller core, a
+ * stream per band for the hardware prefetcher (small chunks from a shared
+ * pool break those streams: docs/bench.md), nearly as fast as fixed bands;
+ * a band that runs slower than the others (a smaller core, a
  * busy sibling) leaves the end of its range to them instead of holding them
  * at the next barrier. (A band that is preempted holds everyone at the
  * barrier whatever the split.) Otherwise each band does its band_range in one
@@ -336,9 +334,6 @@ static bool split_next(struct split *sp, int *r0, int *r1)
 	*r1 = u1 * sp->grain < sp->n ? u1 * sp->grain : sp->n;
 	return true;
 }
-
-#define FOR_ROWS(sp, tag, n, grain, lo, hi)                                                   \
-	for (split_begin(&(sp), sync, (tag), (n), (grain), band, n_bands, dyn); split_next(&(sp), &(lo), &(hi));)
 
 /* What a matmul's activations are quantized to: Q8_0 rows for a packed matrix
  * (every tile kernel takes them, the k-quants' too: kern/pack.h), else the
@@ -386,9 +381,9 @@ static struct act act_from(struct act a, int t, int n_in)
  * finer levels (kern/quant.h: quant2; Q8_0's at hi's scale / 128), and every
  * dot is dot(w, hi) + dot(w, lo): about 14-15 bits per value instead of 8. Why:
  * with one Q8_0 rounding (1/254 of each 32-block's peak) at each of the 7
- * matmul inputs of a layer, SmolLM2-135M's logits (30 layers) move by 0.16 on
- * average and the top-1 differs from the exact float64 model at 2-3% of
- * positions. The noise comes from every matmul alike, not from a few outlier
+ * matmul inputs of a layer, the top-1 token differs from the exact float64
+ * model's at a few percent of positions (docs/bench.md, SmolLM2-135M).
+ * The noise comes from every matmul alike, not from a few outlier
  * channels: finer blocks (8 or 16 values) or an f32 scale barely help, and 12+
  * bits at every input are needed (tests/py/study_activation_error.py). hi + lo
  * is as close as f32 activations (what is left is the f16 K/V cache), keeps
@@ -742,12 +737,8 @@ static void lora_a(const struct nx_state *s, const struct nx_tok_in *toks, int n
 /* Whether the bands share out each op's A @ x (into the state's lora_u, then
  * a barrier: four more per layer) rather than each computing all of it for
  * itself. Each band reading every A costs more than the barriers once A is
- * large. SmolLM2 with an adapter on every matrix (A per layer in f16 / bf16:
- * rank 8 80 KiB, 16 160, 32 320, 64 640), ms per token always sharing out
- * against never (alternating daemons, nxctl generate -n 256): rank 64 6.84
- * -> 5.89 (6 of 6), 32 5.18 -> 4.96 (5 of 6), 16 4.58 -> 4.37 (5 of 6), 8
- * 4.38 vs 4.42 (4 of 8). The same answer in every band (it depends on the
- * step only). */
+ * large; the threshold is where sharing out began to pay (docs/bench.md).
+ * The same answer in every band (it depends on the step only). */
 #define LORA_SPLIT_MIN_LAYER (128 << 10) /* bytes of A per layer, on average */
 static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *toks, int n, int n_bands)
 {
@@ -763,15 +754,15 @@ static bool lora_split_pays(const struct nx_state *s, const struct nx_tok_in *to
 }
 
 /* y[t] += scale * B @ (A @ x[t]) on rows [r0, r1), for each adapter of each
- * token that adapts matrix (il, w), with u = A @ x from lora_a, or (u NULL)
+ * token that adapts matrix (il, w), with ax = A @ x from lora_a, or (ax NULL)
  * computed here per call, as many tokens at a time as lora_u holds (one
  * token's mix always fits). Each (token, row) is computed the same way in any
  * run and either way, and whether the bands shared A @ x out or not. */
 static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
-		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1, float *u)
+		     enum nx_lora_which w, const float *x, size_t ldx, float *y, size_t ldy, int r0, int r1, float *ax)
 {
-	if (u) {
-		lora_runs(s, toks, n, il, w, NULL, 0, u, y, ldy, r0, r1, 0, 1);
+	if (ax) {
+		lora_runs(s, toks, n, il, w, NULL, 0, ax, y, ldy, r0, r1, 0, 1);
 		return;
 	}
 	for (int t = 0, t1; t < n; t = t1) {
@@ -790,17 +781,17 @@ static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const stru
 /* hb = silu(hb) * (W_up xn + the up deltas) on rows [r0, r1), in a step where
  * some token adapts up (the delta must land before the product). Runs of
  * tokens without an up adapter take the fused MM_SWIGLU matmul as always;
- * runs with one are done in groups (their A_up @ x from u_up, lora_a's, or
- * when u_up is NULL computed here into lora_u), NX_LORA_Y_ROWS rows at a
+ * runs with one are done in groups (their A_up @ x from ax_up, lora_a's, or
+ * when ax_up is NULL computed here into lora_u), NX_LORA_Y_ROWS rows at a
  * time through lora_y. Each token's arithmetic is the same in any grouping,
  * so its result does not depend on the batch around it. */
 static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
 			const struct nx_wt *w, struct act a, const float *xn, int dim, float *hb, int n_ff, int r0,
-			int r1, const float *u_up)
+			int r1, const float *ax_up)
 {
 	const nx_pack_epi_fn epi = nx_pack_epilogue();
 	int t = 0;
-	size_t u_at = 0; /* the u_up values of the tokens before t */
+	size_t u_at = 0; /* the ax_up values of the tokens before t */
 	while (t < n) {
 		int t1 = t;
 		if (!tok_rank(s, &toks[t], il, NX_LORA_UP)) {
@@ -814,12 +805,12 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 		size_t used = 0;
 		while (t1 < n && t1 - t < NX_LORA_Y_TOK) {
 			const int rk = tok_rank(s, &toks[t1], il, NX_LORA_UP);
-			if (!rk || (!u_up && used + (size_t)rk > NX_LORA_U_CAP))
+			if (!rk || (!ax_up && used + (size_t)rk > NX_LORA_U_CAP))
 				break;
 			used += (size_t)rk;
 			t1++;
 		}
-		if (!u_up) /* the group's A_up @ x */
+		if (!ax_up) /* the group's A_up @ x */
 			lora_a(s, toks + t, t1 - t, il, NX_LORA_UP, xn + (size_t)t * dim, (size_t)dim, sc->lora_u, 0, 1);
 		struct act at = act_from(a, t, w->n_in);
 		for (int c0 = r0; c0 < r1; c0 += NX_LORA_Y_ROWS) {
@@ -831,7 +822,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 				wc.packed = (const uint8_t *)w->packed + (size_t)c0 * w->row_bytes;
 			wc.n_out = c1 - c0;
 			matmul(&wc, at, t1 - t, 0, c1 - c0, sc->lora_y, NX_LORA_Y_ROWS, NULL, MM_STORE);
-			const float *u = u_up ? u_up + u_at : sc->lora_u;
+			const float *u = ax_up ? ax_up + u_at : sc->lora_u;
 			for (int i = t; i < t1; i++) {
 				float *yi = sc->lora_y + (size_t)(i - t) * NX_LORA_Y_ROWS;
 				const struct nx_lora_mix *mx = tok_mix(s, &toks[i]);
@@ -866,6 +857,145 @@ static void capture(const struct nx_state *s, const struct nx_hparams *hp, int n
 	if (!s->capture || band != 0)
 		return;
 	memcpy(s->capture + nx_capture_off(hp, n, il, k), src, (size_t)n * nx_capture_width(hp, k) * sizeof(float));
+}
+
+/* ---------------------------------------------------------------- one step, as a band sees it */
+
+/* The runtime LoRA deltas of a step, planned alike by every band (the plan
+ * depends on the step only). An adapted matmul adds B @ (A @ x) in two steps:
+ * delta_ax computes A @ x for the op's matrices before the op's rows are
+ * shared out, delta_add then adds B @ it on the band's rows.
+ *
+ * With `once`, each adapted matrix's A @ x for the whole step fits lora_u and
+ * is kept at ax[w]: computed by each band into its own lora_u, or with `split`
+ * a part by each band into the state's, which a barrier completes. Without
+ * it, delta_add computes A @ x per range of rows, so each band keeps one
+ * range per op (no dynamic split). Q's, K's and V's are all computed before
+ * Q's rows when split, so they take three regions; otherwise K's takes Q's
+ * region once Q's rows are done. The ops after a barrier reuse the regions. */
+struct deltas {
+	bool on; /* some token carries an adapter */
+	bool once, split;
+	int part, n_parts;          /* this band's part of each A @ x: (band, n_bands) when split, else (0, 1) */
+	float *ax[NX_LORA_N_WHICH]; /* A @ x of matrix w when once, else NULL */
+};
+
+static struct deltas deltas_plan(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n,
+				 int band, int n_bands)
+{
+	struct deltas d = {.on = step_has_lora(s, toks, n), .n_parts = 1};
+	d.once = d.on && lora_fits(s, toks, n);
+	d.split = d.once && lora_split_pays(s, toks, n, n_bands);
+	if (d.split) {
+		d.part = band;
+		d.n_parts = n_bands;
+	}
+	if (d.once) {
+		float *const u = d.split ? s->lora_u : sc->lora_u, *const half = u + NX_LORA_U_CAP / 2;
+		d.ax[NX_LORA_Q] = d.ax[NX_LORA_O] = d.ax[NX_LORA_GATE] = d.ax[NX_LORA_DOWN] = u;
+		d.ax[NX_LORA_V] = d.ax[NX_LORA_UP] = half;
+		d.ax[NX_LORA_K] = d.split ? u + NX_LORA_U_CAP : u;
+	}
+	return d;
+}
+
+/* One band's step: its inputs and what every phase derives from them. */
+struct pass {
+	const struct nx_model *m;
+	const struct nx_hparams *hp;
+	struct nx_state *s;
+	const struct nx_tok_in *toks;
+	int n; /* tokens */
+	int band, n_bands;
+	struct nx_scratch *sc;
+	const struct nx_sync *sync;
+	bool dyn;            /* an op's rows may be shared out dynamically (struct split) */
+	int rgrain;          /* the Q and K rows' band granularity (rope_grain) */
+	struct deltas lora;  /* the runtime LoRA deltas */
+	/* Attention's units: (token, span of positions, kv head, chunk of its query heads). */
+	bool attn_fast;      /* nx_attend_f16 */
+	int ns_max;          /* spans per (token, head) that att_part / att_ms hold */
+	bool multi_span;     /* some token has more than one span */
+	int n_chunk, n_units;
+};
+
+static struct pass pass_begin(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
+			      int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync)
+{
+	const struct nx_hparams *hp = &m->hp;
+	struct pass pass = {.m = m, .hp = hp, .s = s, .toks = toks, .n = n, .band = band, .n_bands = n_bands,
+			    .sc = sc, .sync = sync, .rgrain = rope_grain(hp),
+			    .lora = deltas_plan(s, sc, toks, n, band, n_bands),
+			    .attn_fast = nx_attn_fast(hp->head_dim), .ns_max = attn_spans(s->cfg.n_ctx)};
+	pass.dyn = !pass.lora.on || pass.lora.once;
+	int n_span_all = 0; /* spans of all tokens */
+	for (int t = 0; t < n; t++)
+		n_span_all += attn_spans(toks[t].pos + 1);
+	pass.multi_span = n_span_all > n;
+	pass.n_chunk = attn_chunks(hp, n_span_all, n_bands);
+	pass.n_units = n_span_all * hp->n_head_kv * pass.n_chunk;
+	return pass;
+}
+
+/* This band's rows of an op of n rows in units of grain rows, as struct split
+ * shares them out: for (sp = op_rows(...); split_next(&sp, &lo, &hi);). tag
+ * tells apart the splits of one op that run without a barrier between them. */
+static inline struct split op_rows(const struct pass *pass, uint32_t tag, int n, int grain)
+{
+	struct split sp;
+	split_begin(&sp, pass->sync, tag, n, grain, pass->band, pass->n_bands, pass->dyn);
+	return sp;
+}
+
+#define LORA_BIT(w) (1u << (w))
+
+/* The adapter delta, first step: A @ x for the whole step of each matrix in
+ * the mask `which` (LORA_BIT) that some token adapts, rows x[t * ldx ...],
+ * when the plan computes it once per op; timed as matmul. */
+static void delta_ax(struct pass *pass, int il, unsigned which, const float *x, size_t ldx)
+{
+	const struct deltas *d = &pass->lora;
+	if (!d->once)
+		return;
+	prof_to(pass->sc, NX_PROF_MATMUL);
+	for (int w = 0; w < NX_LORA_N_WHICH; w++)
+		if (which & LORA_BIT(w))
+			lora_a(pass->s, pass->toks, pass->n, il, (enum nx_lora_which)w, x, ldx, d->ax[w], d->part,
+			       d->n_parts);
+	if (d->split)
+		band_sync(pass->sync, pass->sc, NX_PROF_MATMUL);
+}
+
+/* The adapter delta, second step: y[t] += scale * B @ (A @ x[t]) on rows
+ * [r0, r1) of matrix w for every token's adapters (A @ x from delta_ax, or
+ * computed here when the plan does not keep it). */
+static inline void delta_add(struct pass *pass, int il, enum nx_lora_which w, const float *x, size_t ldx, float *y,
+			     size_t ldy, int r0, int r1)
+{
+	if (pass->lora.on)
+		lora_add(pass->s, pass->sc, pass->toks, pass->n, il, w, x, ldx, y, ldy, r0, r1, pass->lora.ax[w]);
+}
+
+/* Layer il's cache (k_cache or v_cache) of slot 0: n_head_kv runs of n_ctx
+ * positions; a slot's is slot_stride further. */
+static nx_f16 *layer_cache(nx_f16 *cache, const struct nx_state *s, int il)
+{
+	return cache + (size_t)il * s->cfg.n_ctx * s->kv_dim;
+}
+
+static size_t slot_stride(const struct nx_state *s)
+{
+	return (size_t)s->n_layer * s->cfg.n_ctx * s->kv_dim;
+}
+
+/* xn = rmsnorm(x) * w of the tokens (only those that want logits, with only_logits), in the band's scratch. */
+static void norm_rows(struct pass *pass, const float *w, bool only_logits)
+{
+	const int dim = pass->hp->dim;
+	for (int t = 0; t < pass->n; t++)
+		if (!only_logits || pass->toks[t].logits_row >= 0)
+			nx_rmsnorm(pass->sc->xn + (size_t)t * dim, pass->s->x + (size_t)t * dim, w, dim,
+				   pass->hp->norm_eps);
 }
 
 /* ---------------------------------------------------------------- the pass */
@@ -909,132 +1039,98 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	}
 }
 
-void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
-		int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync)
+/* Embedding rows, one band per token; and (private, redundant) each token's
+ * RoPE angles, shared by every layer: theta_i = pos * base^(-2i/rope_dim). */
+static void embed(struct pass *pass)
 {
-	const struct nx_hparams *hp = &m->hp;
-	const int dim = hp->dim, q_dim = s->q_dim, kv_dim = s->kv_dim, n_ff = hp->n_ff, hd = hp->head_dim;
-	const int n_head = hp->n_head, n_head_kv = hp->n_head_kv, group = n_head / n_head_kv;
-	const int rope_half = hp->rope_dim / 2, n_ctx = s->cfg.n_ctx;
-	const float eps = hp->norm_eps;
-	const bool lora = step_has_lora(s, toks, n); /* false: not one more instruction per matmul below */
-	const bool attn_fast = nx_attn_fast(hd);
-	const int ns_max = attn_spans(n_ctx); /* att_part / att_ms hold ns_max spans per (token, head) */
-	int n_span_all = 0;                    /* spans of all tokens */
-	for (int t = 0; t < n; t++)
-		n_span_all += attn_spans(toks[t].pos + 1);
-	const bool multi_span = n_span_all > n; /* some token has more than one */
-	const int n_chunk = attn_chunks(hp, n_span_all, n_bands);
-	const int n_units = n_span_all * n_head_kv * n_chunk;
-	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16); /* K/V cache rows */
-	const int rgrain = rope_grain(hp);
+	const struct nx_hparams *hp = pass->hp;
+	const struct nx_wt *e = &pass->m->tok_embd;
+	const struct nx_type_traits *emb = nx_type_get(e->type);
 	int lo, hi;
-	/* Dynamic splits (struct split). With runtime LoRA deltas each band computes
-	 * an op's A @ x for the step once (lora_a) before its rows are shared out:
-	 * all of it into its own lora_u, or with lora_split its part of it into the
-	 * state's, which a barrier then completes. When that does not fit lora_u,
-	 * A @ x is computed per range and each band keeps one range per op.
-	 * Q's, K's and V's are all computed before Q's rows, when split, so they
-	 * take three regions (ua, uc, ub); the ops after a barrier reuse them. */
-	const bool lora_once = lora && lora_fits(s, toks, n);
-	const bool lora_split = lora_once && lora_split_pays(s, toks, n, n_bands);
-	const int ab = lora_split ? band : 0, an = lora_split ? n_bands : 1; /* this band's part of A @ x */
-	const bool dyn = !lora || lora_once;
-	float *const ubuf = lora_split ? s->lora_u : sc->lora_u;
-	float *const ua = lora_once ? ubuf : NULL, *const ub = lora_once ? ubuf + NX_LORA_U_CAP / 2 : NULL;
-	float *const uc = lora_split ? ubuf + NX_LORA_U_CAP : ua; /* K's: without the split, after Q is done with ua */
-	struct split sp;
-
-	if (sc->prof) {
-		sc->prof->mark = sc->prof->begin = nx_prof_now();
-		sc->prof->phase = NX_PROF_OTHER;
-		sc->prof->steps++;
-	}
-	/* Embedding rows, one band per token; and (private, redundant) each token's
-	 * RoPE angles, shared by every layer: theta_i = pos * base^(-2i/rope_dim). */
-	band_range(n, 1, band, n_bands, &lo, &hi);
-	const struct nx_type_traits *emb = nx_type_get(m->tok_embd.type);
+	band_range(pass->n, 1, pass->band, pass->n_bands, &lo, &hi);
 	for (int t = lo; t < hi; t++)
-		emb->dequant((const uint8_t *)m->tok_embd.data + (size_t)toks[t].token * m->tok_embd.row_bytes,
-			     s->x + (size_t)t * dim, dim);
-	for (int t = 0; t < n; t++) {
-		float *cs = sc->rope + (size_t)t * hp->rope_dim;
-		for (int i = 0; i < rope_half; i++) {
-			double th = toks[t].pos * pow(hp->rope_base, -2.0 * i / hp->rope_dim);
+		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
+			     pass->s->x + (size_t)t * hp->dim, hp->dim);
+	for (int t = 0; t < pass->n; t++) {
+		float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
+		for (int i = 0; i < hp->rope_dim / 2; i++) {
+			double th = pass->toks[t].pos * pow(hp->rope_base, -2.0 * i / hp->rope_dim);
 			cs[2 * i] = (float)cos(th);
 			cs[2 * i + 1] = (float)sin(th);
 		}
 	}
-	band_sync(sync, sc, NX_PROF_QUANT);
+}
 
-	for (int il = 0; il < hp->n_layer; il++) {
-		const struct nx_layer *L = &m->layers[il];
-		/* This layer's cache of slot 0 (n_head_kv runs of n_ctx positions); a slot is n_layer layers further. */
-		const size_t slot_stride = (size_t)s->n_layer * n_ctx * kv_dim;
-		nx_f16 *kc = s->k_cache + (size_t)il * n_ctx * kv_dim;
-		nx_f16 *vc = s->v_cache + (size_t)il * n_ctx * kv_dim;
-
-		/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
-		 * its Q and K rows; K and V rows to the cache. */
+/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
+ * its Q and K rows; K and V rows to the cache. */
+static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const struct nx_tok_in *toks = pass->toks;
+	const int n = pass->n, dim = hp->dim, q_dim = s->q_dim, kv_dim = s->kv_dim, hd = hp->head_dim;
+	const int n_ctx = s->cfg.n_ctx;
+	norm_rows(pass, L->attn_norm, false);
+	capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, pass->band);
+	sc->xq_src = NULL;
+	int lo, hi;
+	/* K's A @ x takes the place of Q's once Q's rows are done, unless split (struct deltas) */
+	const unsigned qkv = LORA_BIT(NX_LORA_Q) | LORA_BIT(NX_LORA_K) | LORA_BIT(NX_LORA_V);
+	delta_ax(pass, il, pass->lora.split ? qkv : LORA_BIT(NX_LORA_Q), sc->xn, dim);
+	for (struct split sp = op_rows(pass, 0, q_dim, pass->rgrain); split_next(&sp, &lo, &hi);) {
+		matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo, hi, s->q, q_dim, L->bq,
+		       MM_STORE);
+		delta_add(pass, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
+		prof_to(sc, NX_PROF_OTHER);
+		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
+		prof_to(sc, NX_PROF_MATMUL);
+	}
+	if (!pass->lora.split)
+		delta_ax(pass, il, LORA_BIT(NX_LORA_K) | LORA_BIT(NX_LORA_V), sc->xn, dim);
+	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16);
+	nx_f16 *kc = layer_cache(s->k_cache, s, il), *vc = layer_cache(s->v_cache, s, il);
+	const size_t stride = slot_stride(s);
+	for (struct split sp = op_rows(pass, 1, kv_dim, pass->rgrain); split_next(&sp, &lo, &hi);) {
+		matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo, hi, s->k, kv_dim, L->bk,
+		       MM_STORE);
+		matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo, hi, s->v, kv_dim, L->bv,
+		       MM_STORE);
+		delta_add(pass, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
+		delta_add(pass, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
+		prof_to(sc, NX_PROF_OTHER);
+		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 		for (int t = 0; t < n; t++)
-			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->attn_norm, dim, eps);
-		capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, band);
-		sc->xq_src = NULL;
-		if (lora_once) {
-			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_Q, sc->xn, dim, ua, ab, an);
-			if (lora_split) {
-				lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, uc, ab, an);
-				lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, ub, ab, an);
-				band_sync(sync, sc, NX_PROF_MATMUL);
+			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
+				const int kh = c / hd;
+				e = (kh + 1) * hd < hi ? (kh + 1) * hd : hi;
+				const size_t at = toks[t].slot * stride + ((size_t)kh * n_ctx + toks[t].pos) * hd +
+						  (size_t)(c - kh * hd);
+				const size_t x = (size_t)t * kv_dim + c;
+				to_f16->quant(s->k + x, kc + at, e - c);
+				to_f16->quant(s->v + x, vc + at, e - c);
 			}
-		}
-		FOR_ROWS(sp, 0, q_dim, rgrain, lo, hi) {
-			matmul(&L->wq, prep_act(sc, sc->xn, n, dim, &L->wq, toks, false), n, lo,
-			       hi, s->q, q_dim, L->bq, MM_STORE);
-			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi, ua);
-			prof_to(sc, NX_PROF_OTHER);
-			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
-			prof_to(sc, NX_PROF_MATMUL);
-		}
-		if (lora_once && !lora_split) {
-			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_K, sc->xn, dim, uc, 0, 1);
-			lora_a(s, toks, n, il, NX_LORA_V, sc->xn, dim, ub, 0, 1);
-		}
-		FOR_ROWS(sp, 1, kv_dim, rgrain, lo, hi) {
-			matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo,
-			       hi, s->k, kv_dim, L->bk, MM_STORE);
-			matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo,
-			       hi, s->v, kv_dim, L->bv, MM_STORE);
-			if (lora) {
-				lora_add(s, sc, toks, n, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi, uc);
-				lora_add(s, sc, toks, n, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi, ub);
-			}
-			prof_to(sc, NX_PROF_OTHER);
-			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
-			for (int t = 0; t < n; t++)
-				for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
-					const int kh = c / hd;
-					e = (kh + 1) * hd < hi ? (kh + 1) * hd : hi;
-					const size_t at = toks[t].slot * slot_stride + ((size_t)kh * n_ctx + toks[t].pos) * hd +
-							  (size_t)(c - kh * hd);
-					const size_t x = (size_t)t * kv_dim + c;
-					to_f16->quant(s->k + x, kc + at, e - c);
-					to_f16->quant(s->v + x, vc + at, e - c);
-				}
-			prof_to(sc, NX_PROF_MATMUL);
-		}
-		band_sync(sync, sc, NX_PROF_ATTN);
+		prof_to(sc, NX_PROF_MATMUL);
+	}
+}
 
-		/* [B] attention over positions 0..pos of the token's slot, per (token, kv head,
-		 * chunk of that kv head's query heads, span of positions): a chunk's heads share
-		 * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
-		 * more, each span's output and (max, sum) to att_part / att_ms, merged below. */
-		const int per_span = n_head_kv * n_chunk;
-		int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
-		FOR_ROWS(sp, 0, n_units, 1, lo, hi)
+/* [B] attention over positions 0..pos of the token's slot, per (token, kv head,
+ * chunk of that kv head's query heads, span of positions): a chunk's heads share
+ * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
+ * more, each span's output and (max, sum) to att_part / att_ms, merged in [C]. */
+static void attention(struct pass *pass, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	const struct nx_state *s = pass->s;
+	const struct nx_tok_in *toks = pass->toks;
+	const int q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head, group = hp->n_head / hp->n_head_kv;
+	const int n_ctx = s->cfg.n_ctx, n_chunk = pass->n_chunk, ns_max = pass->ns_max;
+	const nx_f16 *kc = layer_cache(s->k_cache, s, il), *vc = layer_cache(s->v_cache, s, il);
+	const size_t stride = slot_stride(s);
+	const int per_span = hp->n_head_kv * n_chunk;
+	int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, pass->n_units, 1); split_next(&sp, &lo, &hi);)
 		for (int u = lo; u < hi; u++) {
 			if (u < t_base) /* a range behind the last one (taken from another band's end) */
 				t = t_base = 0;
@@ -1044,7 +1140,7 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
 			const int p0 = sn * NX_ATTN_SPAN, np = (sn + 1 < ns ? p0 + NX_ATTN_SPAN : toks[t].pos + 1) - p0;
-			const size_t off = toks[t].slot * slot_stride + ((size_t)kh * n_ctx + p0) * hd;
+			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * hd;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
 			if (ns > 1) { /* (token, span, head) */
@@ -1052,106 +1148,140 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 				out = s->att_part + at * hd;
 				ms = s->att_ms + at * 2;
 			}
-			if (attn_fast)
+			if (pass->attn_fast)
 				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, np, (size_t)hd, hd,
-					      1.0f / sqrtf((float)hd), sc->att, ms);
+					      1.0f / sqrtf((float)hd), pass->sc->att, ms);
 			else
 				for (int h = 0; h < h1 - h0; h++)
 					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, np - 1,
-					       (size_t)hd, hd, sc->att, ms ? ms + 2 * h : NULL);
+					       (size_t)hd, hd, pass->sc->att, ms ? ms + 2 * h : NULL);
 		}
-		band_sync(sync, sc, NX_PROF_QUANT);
+}
 
-		/* [C] x += Wo att: this band's rows of x, from att_out or (when some token has
-		 * more than one span) its own merged copy. */
-		const float *att = s->att_out;
-		if (multi_span) {
-			for (int i = 0; i < n; i++) {
-				float *dst = sc->att_in + (size_t)i * q_dim;
-				const int ns = attn_spans(toks[i].pos + 1);
-				if (ns == 1)
-					memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
-				else
-					nx_attn_merge(dst, s->att_part + (size_t)i * ns_max * n_head * hd,
-						    s->att_ms + (size_t)i * ns_max * n_head * 2, n_head, ns, hd);
-			}
-			att = sc->att_in;
-		}
-		capture(s, hp, n, il, NX_CAP_ATTN_OUT, att, band);
-		sc->xq_src = NULL;
-		if (lora_once) {
-			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_O, att, q_dim, ua, ab, an);
-			if (lora_split)
-				band_sync(sync, sc, NX_PROF_MATMUL);
-		}
-		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
-			matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, toks, false), n,
-			       lo, hi, s->x, dim, NULL, MM_ADD);
-			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi, ua);
-		}
-		band_sync(sync, sc, NX_PROF_QUANT);
-
-		/* [D] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
-		for (int t = 0; t < n; t++)
-			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, L->ffn_norm, dim, eps);
-		capture(s, hp, n, il, NX_CAP_FFN, sc->xn, band);
-		sc->xq_src = NULL;
-		if (lora_once) {
-			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_GATE, sc->xn, dim, ua, ab, an);
-			lora_a(s, toks, n, il, NX_LORA_UP, sc->xn, dim, ub, ab, an);
-			if (lora_split)
-				band_sync(sync, sc, NX_PROF_MATMUL);
-		}
-		FOR_ROWS(sp, 0, n_ff, ROW_GRAIN, lo, hi) {
-			matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, &L->w_gate, toks, false),
-			       n, lo, hi, s->hb, n_ff, NULL, MM_STORE);
-			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi, ua);
-			if (lora)
-				lora_swiglu(s, sc, toks, n, il, &L->w_up,
-					    prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
-					    sc->xn, dim, s->hb, n_ff, lo, hi, ub);
+/* [C] x += Wo att: this band's rows of x, from att_out or (when some token has
+ * more than one span) its own merged copy. */
+static void attn_out(struct pass *pass, const struct nx_layer *L, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const int n = pass->n, dim = hp->dim, q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head;
+	const float *att = s->att_out;
+	if (pass->multi_span) {
+		for (int i = 0; i < n; i++) {
+			float *dst = sc->att_in + (size_t)i * q_dim;
+			const int ns = attn_spans(pass->toks[i].pos + 1);
+			if (ns == 1)
+				memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
 			else
-				matmul(&L->w_up, prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false),
-				       n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+				nx_attn_merge(dst, s->att_part + (size_t)i * pass->ns_max * n_head * hd,
+					      s->att_ms + (size_t)i * pass->ns_max * n_head * 2, n_head, ns, hd);
 		}
-		band_sync(sync, sc, NX_PROF_QUANT);
-
-		/* [E] x += Wdown hb: this band's rows of x. */
-		capture(s, hp, n, il, NX_CAP_FFN_HID, s->hb, band);
-		sc->xq_src = NULL;
-		if (lora_once) {
-			prof_to(sc, NX_PROF_MATMUL); /* A @ x counts as matmul time */
-			lora_a(s, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, ua, ab, an);
-			if (lora_split)
-				band_sync(sync, sc, NX_PROF_MATMUL);
-		}
-		FOR_ROWS(sp, 0, dim, ROW_GRAIN, lo, hi) {
-			matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, toks, false),
-			       n, lo, hi, s->x, dim, NULL, MM_ADD);
-			if (lora)
-				lora_add(s, sc, toks, n, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi, ua);
-		}
-		band_sync(sync, sc, NX_PROF_QUANT);
+		att = sc->att_in;
 	}
+	capture(s, hp, n, il, NX_CAP_ATTN_OUT, att, pass->band);
+	sc->xq_src = NULL;
+	delta_ax(pass, il, LORA_BIT(NX_LORA_O), att, q_dim);
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, pass->toks, false), n, lo, hi, s->x, dim, NULL,
+		       MM_ADD);
+		delta_add(pass, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi);
+	}
+}
 
-	/* Output: final norm of the tokens that want logits (private), then this band's vocabulary rows. */
-	for (int t = 0; t < n; t++)
-		if (toks[t].logits_row >= 0)
-			nx_rmsnorm(sc->xn + (size_t)t * dim, s->x + (size_t)t * dim, m->out_norm, dim, eps);
+/* [D] xn = rmsnorm(x) * ffn_norm (private); hb = silu(Wgate xn) * (Wup xn) on this band's rows. */
+static void ffn_gate_up(struct pass *pass, const struct nx_layer *L, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const struct nx_tok_in *toks = pass->toks;
+	const int n = pass->n, dim = hp->dim, n_ff = hp->n_ff;
+	norm_rows(pass, L->ffn_norm, false);
+	capture(s, hp, n, il, NX_CAP_FFN, sc->xn, pass->band);
+	sc->xq_src = NULL;
+	delta_ax(pass, il, LORA_BIT(NX_LORA_GATE) | LORA_BIT(NX_LORA_UP), sc->xn, dim);
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, n_ff, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		matmul(&L->w_gate, prep_act(sc, sc->xn, n, dim, &L->w_gate, toks, false), n, lo, hi, s->hb, n_ff, NULL,
+		       MM_STORE);
+		delta_add(pass, il, NX_LORA_GATE, sc->xn, dim, s->hb, n_ff, lo, hi);
+		const struct act up = prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false);
+		if (pass->lora.on) /* up's delta must land before the product */
+			lora_swiglu(s, sc, toks, n, il, &L->w_up, up, sc->xn, dim, s->hb, n_ff, lo, hi,
+				    pass->lora.ax[NX_LORA_UP]);
+		else
+			matmul(&L->w_up, up, n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+	}
+}
+
+/* [E] x += Wdown hb: this band's rows of x. */
+static void ffn_down(struct pass *pass, const struct nx_layer *L, int il)
+{
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const int n = pass->n, dim = pass->hp->dim, n_ff = pass->hp->n_ff;
+	capture(s, pass->hp, n, il, NX_CAP_FFN_HID, s->hb, pass->band);
+	sc->xq_src = NULL;
+	delta_ax(pass, il, LORA_BIT(NX_LORA_DOWN), s->hb, n_ff);
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, pass->toks, false), n, lo, hi, s->x, dim,
+		       NULL, MM_ADD);
+		delta_add(pass, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+	}
+}
+
+/* Output: final norm of the tokens that want logits (private), then this band's
+ * vocabulary rows, and each row group's maximum for the sampler. */
+static void logits(struct pass *pass)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const struct nx_tok_in *toks = pass->toks;
+	const int n = pass->n;
+	norm_rows(pass, pass->m->out_norm, true);
 	sc->xq_src = NULL;
 	const size_t n_groups = (size_t)(hp->n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
-	FOR_ROWS(sp, 0, hp->n_vocab, ROW_GRAIN, lo, hi) {
-		matmul_logits(&m->output, prep_act(sc, sc->xn, n, dim, &m->output, toks, true),
-			      toks, n, lo, hi, s->logits, hp->n_vocab);
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, hp->n_vocab, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		const struct nx_wt *out = &pass->m->output;
+		matmul_logits(out, prep_act(sc, sc->xn, n, hp->dim, out, toks, true), toks, n, lo, hi, s->logits,
+			      hp->n_vocab);
 		for (int t = 0; t < n; t++) /* while the rows are in this core's cache */
 			if (toks[t].logits_row >= 0)
 				nx_sample_group_max(s->logits + (size_t)toks[t].logits_row * hp->n_vocab + lo, hi - lo,
 						    s->logit_gmax + (size_t)toks[t].logits_row * n_groups + lo / NX_SAMPLE_GROUP);
 	}
+}
+
+void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
+		int band, int n_bands, struct nx_scratch *sc, const struct nx_sync *sync)
+{
+	struct pass pass = pass_begin(m, s, toks, n, band, n_bands, sc, sync);
+	if (sc->prof) {
+		sc->prof->mark = sc->prof->begin = nx_prof_now();
+		sc->prof->phase = NX_PROF_OTHER;
+		sc->prof->steps++;
+	}
+	embed(&pass);
+	band_sync(sync, sc, NX_PROF_QUANT);
+	for (int il = 0; il < m->hp.n_layer; il++) {
+		const struct nx_layer *L = &m->layers[il];
+		attn_qkv(&pass, L, il);
+		band_sync(sync, sc, NX_PROF_ATTN);
+		attention(&pass, il);
+		band_sync(sync, sc, NX_PROF_QUANT);
+		attn_out(&pass, L, il);
+		band_sync(sync, sc, NX_PROF_QUANT);
+		ffn_gate_up(&pass, L, il);
+		band_sync(sync, sc, NX_PROF_QUANT);
+		ffn_down(&pass, L, il);
+		band_sync(sync, sc, NX_PROF_QUANT);
+	}
+	logits(&pass);
 	band_sync(sync, sc, NX_PROF_OTHER);
 	prof_to(sc, NX_PROF_OTHER);
 	if (sc->prof)

@@ -111,7 +111,7 @@ struct nx_state {
 	float *att_part;/* (max_batch, spans, n_head, head_dim) each span's output */
 	float *att_ms;  /* (max_batch, spans, n_head, 2) each span's largest score and sum of e^(score - it) */
 	float *lora_u;  /* (NX_LORA_U_SHARED) A @ x of the runtime LoRA deltas when the bands share it out
-			 * (forward.c lora_split): Q's, V's and K's, a half of NX_LORA_U_CAP each */
+			 * (forward.c struct deltas, split): Q's, V's and K's, a half of NX_LORA_U_CAP each */
 	/* Set by the owner after nx_state_init (zero by default): */
 	const struct nx_lora_mix *lora; /* (n_lora) adapter sets that nx_tok_in.lora selects; NULL: none */
 	int n_lora;

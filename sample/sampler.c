@@ -1,6 +1,8 @@
 /* sampler.c - the token sampler: penalty, greedy, top-k, temperature, top-p, min-p, seeded draw (see sampler.h). */
 #include "sample/sampler.h"
 
+#include "common/splitmix.h"
+
 #include <float.h>
 #include <stdbool.h>
 #include <math.h>
@@ -54,21 +56,13 @@ static inline uint64_t rotl(uint64_t x, int k)
 	return (x << k) | (x >> (64 - k));
 }
 
-static uint64_t splitmix64(uint64_t *x)
-{
-	uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
 /* splitmix64 spreads any seed (0 included) over the 256-bit state, so the
  * state is never all zero in practice and nearby seeds give unrelated streams. */
 void nx_rng_seed(uint64_t st[4], uint64_t seed)
 {
 	uint64_t x = seed;
 	for (int i = 0; i < 4; i++)
-		st[i] = splitmix64(&x);
+		st[i] = nx_splitmix64(&x);
 }
 
 uint64_t nx_rng_next(uint64_t s[4])

@@ -35,14 +35,12 @@ int nx_futex_wake(_Atomic uint32_t *w, int n)
 
 /* Polls *w for a change (or *abort) before a waiter sleeps: spin pause
  * iterations, then NX_YIELD_ROUNDS times as many with a sched_yield every
- * NX_YIELD_EVERY-th. Why the yields: on a VM a sleeping waiter costs its waker
- * an IPI and itself 35-70 us to run again once its CPU has gone idle; a step's
- * waits are often longer than the spin because the supervisor and its clients
- * take their turn on the workers' CPUs between steps. A yielding waiter keeps
- * its CPU awake yet gives it to them at once. nxd, one client, 256-token
- * decodes: the workers' gap from the end of one step to the start of the next
- * 111-146 -> 88-115 us (alternating runs). True when *w moved (or abort
- * is set). */
+ * NX_YIELD_EVERY-th. Why the yields: a sleeping waiter costs its waker a
+ * wake-up (an IPI on a VM) and itself the time to run again once its CPU has
+ * gone idle, and a step's waits are often longer than the spin because the
+ * supervisor and its clients take their turn on the workers' CPUs between
+ * steps. A yielding waiter keeps its CPU awake yet gives it to them at once
+ * (docs/bench.md). True when *w moved (or abort is set). */
 static bool poll_change(const _Atomic uint32_t *w, uint32_t val, const _Atomic uint32_t *abort, uint32_t spin)
 {
 	const uint64_t n = (uint64_t)spin * (1 + NX_YIELD_ROUNDS);

@@ -210,7 +210,7 @@ static void try_pair(const struct nx_tok *t, struct bpe_sym *sym, int32_t l, int
 }
 
 /* Merges one pre-tokenized piece w[0..n) and emits its tokens. */
-static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct nx_scratch *s, struct nx_emit *e,
+static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct nx_tok_scratch *s, struct nx_emit *e,
 		    struct nx_err *err)
 {
 	if (t->ignore_merges) {
@@ -256,7 +256,7 @@ static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct n
 	return 0;
 }
 
-int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_scratch *s, struct nx_emit *e,
+int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_tok_scratch *s, struct nx_emit *e,
 		  struct nx_err *err)
 {
 	struct nx_span *sp;

@@ -120,7 +120,7 @@ static size_t utf8_len(uint8_t c)
 	return len[c >> 4];
 }
 
-int nx_pretok_split(const struct nx_pretok *p, const char *text, size_t len, struct nx_scratch *s,
+int nx_pretok_split(const struct nx_pretok *p, const char *text, size_t len, struct nx_tok_scratch *s,
 		    struct nx_span **spans, size_t *n_spans, struct nx_err *err)
 {
 	*n_spans = 0;

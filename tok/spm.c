@@ -43,7 +43,7 @@ static void try_pair(const struct nx_tok *t, const char *buf, const struct spm_s
 	heap_push(h, nh, (struct spm_cand){t->score[id], l, r, size, id});
 }
 
-int nx_spm_encode(const struct nx_tok *t, const char *text, size_t len, bool space_prefix, struct nx_scratch *s,
+int nx_spm_encode(const struct nx_tok *t, const char *text, size_t len, bool space_prefix, struct nx_tok_scratch *s,
 		  struct nx_emit *e, struct nx_err *err)
 {
 	static const char esc[3] = {'\xE2', '\x96', '\x81'}; /* U+2581 */

@@ -71,8 +71,8 @@ struct nx_tok {
 	int32_t n_trie;
 };
 
-/* Growable per-call work space, so an encode allocates O(1) times. */
-struct nx_scratch {
+/* Growable per-call work space of an encode, so it allocates O(1) times (not the forward pass's nx_scratch). */
+struct nx_tok_scratch {
 	void *span;  size_t span_cap;  /* struct nx_span, two lists */
 	void *sym;   size_t sym_cap;   /* symbols of the word being merged */
 	void *heap;  size_t heap_cap;  /* merge candidates */
@@ -114,19 +114,19 @@ int32_t nx_tok_map_get(const struct nx_tok *t, const char *s, size_t n);
 int nx_pretok_init(struct nx_pretok *p, const char *pre, bool *ignore_merges, bool *add_bos, struct nx_err *err);
 void nx_pretok_free(struct nx_pretok *p);
 /* Splits text[0..len) into pieces; *spans points into s->span, *n_spans pieces. */
-int nx_pretok_split(const struct nx_pretok *p, const char *text, size_t len, struct nx_scratch *s,
+int nx_pretok_split(const struct nx_pretok *p, const char *text, size_t len, struct nx_tok_scratch *s,
 		    struct nx_span **spans, size_t *n_spans, struct nx_err *err);
 
 /* bpe.c */
 int nx_bpe_load(struct nx_tok *t, const struct gguf_file *g, struct nx_err *err);
-int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_scratch *s,
+int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_tok_scratch *s,
 		  struct nx_emit *e, struct nx_err *err);
 /* Byte-level stand-in characters back to bytes; writes at most len bytes. */
 size_t nx_bpe_unmap(const char *text, size_t len, char *out);
 
 /* spm.c */
 int nx_spm_encode(const struct nx_tok *t, const char *text, size_t len, bool space_prefix,
-		  struct nx_scratch *s, struct nx_emit *e, struct nx_err *err);
+		  struct nx_tok_scratch *s, struct nx_emit *e, struct nx_err *err);
 
 
 /* A binary min-heap of merge candidates, shared by BPE (lowest rank first) and

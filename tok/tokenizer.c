@@ -25,7 +25,7 @@ int nx_tok_grow(void **p, size_t *cap, size_t n, size_t sz)
 	return 0;
 }
 
-static void scratch_free(struct nx_scratch *s)
+static void scratch_free(struct nx_tok_scratch *s)
 {
 	free(s->span);
 	free(s->sym);
@@ -500,7 +500,7 @@ static size_t special_at(const struct nx_tok *t, const uint8_t *s, size_t n, boo
 	return best;
 }
 
-static int encode_text(const struct nx_tok *t, const char *s, size_t n, bool after_special, struct nx_scratch *sc,
+static int encode_text(const struct nx_tok *t, const char *s, size_t n, bool after_special, struct nx_tok_scratch *sc,
 		       struct nx_emit *e, struct nx_err *err)
 {
 	if (n == 0)
@@ -514,7 +514,7 @@ int nx_tok_encode(const struct nx_tok *t, const char *text, size_t len, bool par
 		  size_t cap, size_t *n_out, struct nx_err *err)
 {
 	struct nx_emit e = {out, cap, 0};
-	struct nx_scratch sc = {0};
+	struct nx_tok_scratch sc = {0};
 	int rc = 0;
 	size_t start = 0;
 	bool after_special = true; /* the start of the text counts as after a special token (SPM prefix) */

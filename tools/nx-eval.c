@@ -34,7 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/err.h"
+#include "kern/cpu.h"
 #include "shm/futex.h"
 #include "lora/adapter.h"
 #include "model/forward.h"
@@ -130,10 +132,9 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	struct nx_err err = {{0}};
 	if (nx_model_bind(&e->m, g, &err))
 		die("%s", err.msg);
-	const char *pk = getenv("NX_PACK");
 	size_t pack_size = nx_model_repack_size(&e->m);
 	e->pack_mem = NULL;
-	if (pack_size && !(pk && !strcmp(pk, "0"))) {
+	if (pack_size && nx_env()->pack) {
 		e->pack_mem = alloc64(pack_size);
 		if (nx_model_repack(&e->m, e->pack_mem, pack_size, &err))
 			die("%s", err.msg);
@@ -474,6 +475,8 @@ int main(int argc, char **argv)
 
 	struct gguf_mapped gm;
 	struct nx_err err = {{0}};
+	if (nx_kern_env_check(&err) < 0)
+		fprintf(stderr, "nx-eval: warning: %s\n", err.msg);
 	if (gguf_open(&gm, path, &err))
 		die("%s", err.msg);
 	if (n_gen >= 0) {

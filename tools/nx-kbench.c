@@ -17,27 +17,25 @@
 #include <string.h>
 #include <time.h>
 
+#include "kern/cpu.h"
 #include "kern/quant.h"
 
-bool nx_kern_avx2_usable(void);
 void nx_kern_avx2_install(struct nx_type_traits *tab, size_t n);
-bool nx_kern_avx512_usable(void);
 void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n);
 
 #define N_IDS 64
 #define MAX_B 8
 
 struct kset {
-	const char *name;
-	bool (*usable)(void);
+	enum nx_kset set;
 	void (*install)(struct nx_type_traits *tab, size_t n);
 	struct nx_type_traits tab[N_IDS];
 };
 
 static struct kset ksets[] = {
-	{ "ref", NULL, NULL, { { 0 } } },
-	{ "avx2", nx_kern_avx2_usable, nx_kern_avx2_install, { { 0 } } },
-	{ "avx512", nx_kern_avx512_usable, nx_kern_avx512_install, { { 0 } } },
+	{ NX_KSET_REF, NULL, { { 0 } } },
+	{ NX_KSET_AVX2, nx_kern_avx2_install, { { 0 } } },
+	{ NX_KSET_AVX512, nx_kern_avx512_install, { { 0 } } },
 };
 #define N_SETS (sizeof(ksets) / sizeof(ksets[0]))
 
@@ -141,7 +139,7 @@ int main(int argc, char **argv)
 	int nsets = 0;
 	for (size_t s = 0; s < N_SETS; s++) {
 		struct kset *ks = &ksets[s];
-		if (ks->usable && !ks->usable())
+		if (!nx_kern_runs(NX_KFAM_DOT, ks->set, nx_cpu_features()))
 			continue;
 		for (uint32_t t = 0; t < N_IDS; t++) {
 			const struct nx_type_traits *ref = nx_type_ref((enum nx_type)t);
@@ -166,14 +164,14 @@ int main(int argc, char **argv)
 	       rows, (long long)n);
 	printf("%-6s %7s", "type", "MB");
 	for (int s = 0; s < nsets; s++)
-		printf(" %9s", ksets[s].name);
+		printf(" %9s", nx_kset_name(ksets[s].set));
 	for (int s = 1; s < nsets; s++)
 		printf(" %9s", "x4");
 	for (int s = 1; s < nsets; s++)
 		printf(" %9s", "x8");
-	printf("   (x4/x8 columns: %s", nsets > 1 ? ksets[1].name : "");
+	printf("   (x4/x8 columns: %s", nsets > 1 ? nx_kset_name(ksets[1].set) : "");
 	for (int s = 2; s < nsets; s++)
-		printf(", %s", ksets[s].name);
+		printf(", %s", nx_kset_name(ksets[s].set));
 	printf(")\n");
 
 	for (int ti = 0; ti < ntypes; ti++) {
@@ -198,7 +196,7 @@ int main(int argc, char **argv)
 		for (int s = 1; s < nsets; s++) {
 			const float g = ksets[s].tab[t].dot(w, act, n);
 			if (fabsf(g - r0) > 1e-3f * (fabsf(r0) + 1.0f))
-				fprintf(stderr, "nx-kbench: %s %s dot %g differs from reference %g\n", ksets[s].name,
+				fprintf(stderr, "nx-kbench: %s %s dot %g differs from reference %g\n", nx_kset_name(ksets[s].set),
 					ref->name, g, r0);
 		}
 
@@ -223,7 +221,7 @@ int main(int argc, char **argv)
 	/* activation quantizers: input floats per second */
 	printf("\nactivation quantizers, GB/s of f32 input (%lld floats per row):\n%-6s", (long long)n, "");
 	for (int s = 0; s < nsets; s++)
-		printf(" %9s", ksets[s].name);
+		printf(" %9s", nx_kset_name(ksets[s].set));
 	printf("\n");
 	static const enum nx_type qts[] = { NX_Q8_0, NX_Q8_K };
 	uint8_t *q = malloc((size_t)n * 2); /* both take under 2 bytes per element */

@@ -30,6 +30,7 @@
 
 #include <immintrin.h>
 
+#include "kern/cpu.h"
 #include "kern/pack.h"
 #include "kern/quant.h"
 
@@ -223,8 +224,7 @@ int main(int argc, char **argv)
 	       nx_type_name(wtype), N_LAYER, total / 1e6, in_cache ? ", every matrix reading the same bytes" : "",
 	       n_threads, n_threads > 1 ? "s" : "", n_tok, n_tok > 1 ? "s" : "",
 	       use_barrier ? ", a barrier after each matrix" : "", ms, total / (ms * 1e-3) / 1e9);
-	__builtin_cpu_init();
-	if (nx_pack_fast(wtype) && __builtin_cpu_supports("avx512vnni")) {
+	if (nx_pack_fast(wtype) && (nx_cpu_features() & NX_CPU_AVX512VNNI)) {
 		double groups_blocks = 0;
 		for (int o = 0; o < N_OPS; o++)
 			groups_blocks += (double)(op_rows[o] / NX_PACK_ROWS) * (op_in[o] / 32);

@@ -31,6 +31,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "kern/cpu.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -361,6 +362,9 @@ int main(int argc, char **argv)
 	if (!path || n_threads < 1 || n_threads > 64 || reps < 1 || reps > 100 || G < 0 || S < 1 || S > 64 ||
 	    P < 1 || P > 4096)
 		die("bad arguments (see the usage)");
+	struct nx_err kerr = {{0}};
+	if (nx_kern_env_check(&kerr) < 0)
+		fprintf(stderr, "nx-perf: warning: %s\n", kerr.msg);
 
 	if (clk != CLOCK_MONOTONIC)
 		cpu_scale = n_threads;

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "worker/test_hooks.h"
 
+#include "common/env.h"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,24 +13,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define SYSCALL_ENV "NXD_TEST_WORKER_SYSCALL"
-#define SCRIBBLE_ENV "NXD_TEST_WORKER_SCRIBBLE"
-
-static const char *env(const char *name)
-{
-	const char *v = getenv(name);
-	return v && *v ? v : NULL;
-}
 
 void nxw_hooks_announce(void (*warn)(const char *what))
 {
 	char what[160];
 	const char *v;
-	if ((v = env(SYSCALL_ENV))) {
+	if ((v = nx_env()->test_worker_syscall)) {
 		snprintf(what, sizeof(what), "worker 0 will call forbidden syscall %s", v);
 		warn(what);
 	}
-	if ((v = env(SCRIBBLE_ENV))) {
+	if ((v = nx_env()->test_worker_scribble)) {
 		snprintf(what, sizeof(what), "worker 0 will scribble on %s and hang", v);
 		warn(what);
 	}
@@ -43,7 +37,7 @@ static void copy_word(char *dst, size_t cap, const char *src, size_t len)
  * process only; "NAME:N+" in step N of every process. */
 static void init_syscall(struct nxw_hooks *h, const struct nxw_spec *s)
 {
-	const char *v = env(SYSCALL_ENV);
+	const char *v = nx_env()->test_worker_syscall;
 	if (!v || s->band != 0)
 		return;
 	const char *colon = strchr(v, ':');
@@ -59,7 +53,7 @@ static void init_syscall(struct nxw_hooks *h, const struct nxw_spec *s)
 /* "F1,F2,...[:STEP]": the k-th process of band 0 scribbles on Fk. */
 static void init_scribble(struct nxw_hooks *h, const struct nxw_spec *s)
 {
-	const char *v = env(SCRIBBLE_ENV);
+	const char *v = nx_env()->test_worker_scribble;
 	if (!v || s->band != 0)
 		return;
 	const char *colon = strchr(v, ':'), *end = colon ? colon : v + strlen(v), *f = v;

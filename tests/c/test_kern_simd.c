@@ -27,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "kern/cpu.h"
 #include "kern/norm.h"
 #include "kern/pack.h"
 #include "kern/pack_act.h"
@@ -34,21 +35,25 @@
 #include "tests/c/rng.h"
 
 /* The kernel sets (kern/x86_*.c), as kern/quant_dispatch.c declares them. */
-bool nx_kern_avx2_usable(void);
 void nx_kern_avx2_install(struct nx_type_traits *tab, size_t n);
-bool nx_kern_avx512_usable(void);
 void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n);
 
 struct kset {
 	const char *name;
-	bool (*usable)(void);
+	enum nx_kset set;
 	void (*install)(struct nx_type_traits *tab, size_t n);
 };
 
 static const struct kset ksets[] = {
-	{ "avx2", nx_kern_avx2_usable, nx_kern_avx2_install },
-	{ "avx512", nx_kern_avx512_usable, nx_kern_avx512_install },
+	{ "avx2", NX_KSET_AVX2, nx_kern_avx2_install },
+	{ "avx512", NX_KSET_AVX512, nx_kern_avx512_install },
 };
+
+/* Whether this CPU runs the dot kernels of ks (kern/cpu.c's table). */
+static bool usable(const struct kset *ks)
+{
+	return nx_kern_runs(NX_KFAM_DOT, ks->set, nx_cpu_features());
+}
 
 #define N_IDS 64
 
@@ -201,7 +206,7 @@ static int lengths(enum nx_type t, int64_t *out)
 static const struct kset *get_set(void **state)
 {
 	const struct kset *ks = *state;
-	if (!ks->usable()) {
+	if (!usable(ks)) {
 		print_message("kernel set %s: not usable on this CPU, skipped\n", ks->name);
 		skip();
 	}
@@ -705,8 +710,7 @@ static void test_quant2(void **state)
 static void test_rmsnorm(void **state)
 {
 	rng_state = 0x5eed0005;
-	static const char *const sets[] = { "avx2", "avx512" };
-	const nx_rmsnorm_fn ref = nx_rmsnorm_kernel("ref");
+	const nx_rmsnorm_fn ref = nx_rmsnorm_kernel(NX_KSET_REF);
 	assert_non_null(ref);
 	static const int ns[] = { 1, 7, 15, 16, 17, 31, 33, 100, 576, 896, 1536 };
 	static const float scales[] = { 1, 1e-3f, 1e3f, 1e-30f, 1e30f, 0 };
@@ -731,14 +735,14 @@ static void test_rmsnorm(void **state)
 			if (fabs(r[i] - want) > 4e-7 * fabs(want) + 1e-45)
 				fail_msg("ref rmsnorm n=%d scale %g: out[%d] = %.9g, exact %.9g", n, sc, i, r[i], want);
 		}
-		for (size_t k = 0; k < 2; k++) {
-			const nx_rmsnorm_fn f = nx_rmsnorm_kernel(sets[k]);
+		for (int k = NX_KSET_AVX2; k < NX_KSET_N; k++) {
+			const nx_rmsnorm_fn f = nx_rmsnorm_kernel((enum nx_kset)k);
 			if (!f)
 				continue;
 			memcpy(o, x, (size_t)n * sizeof(float));
 			f(o, o, w, n, eps);
 			if (memcmp(o, r, (size_t)n * sizeof(float)))
-				fail_msg("%s rmsnorm n=%d scale %g differs from the reference", sets[k], n, sc);
+				fail_msg("%s rmsnorm n=%d scale %g differs from the reference", nx_kset_name((enum nx_kset)k), n, sc);
 		}
 		nx_rmsnorm(o, x, w, n, eps);
 		assert_memory_equal(o, r, (size_t)n * sizeof(float));
@@ -786,26 +790,24 @@ static void test_pack_act_rows(void **state)
 	}
 }
 
-/* The engine's table takes the strongest usable set's kernels, and has dot_rows everywhere. */
+/* The engine's table takes the kernels of the set kern/cpu.c picks (the
+ * strongest usable one, or NX_KERN's), and has dot_rows everywhere. */
 static void test_engine_table(void **state)
 {
-	const struct kset *best = NULL;
-	for (size_t i = 0; i < sizeof(ksets) / sizeof(ksets[0]); i++)
-		if (ksets[i].usable())
-			best = &ksets[i];
-	const char *env = getenv("NX_KERN");
+	const enum nx_kset top = nx_kern_set(NX_KFAM_DOT);
 	for (size_t i = 0; i < N_WTYPES; i++) {
-		const struct nx_type_traits *g = nx_type_get(wtypes[i]);
+		const struct nx_type_traits *g = nx_type_get(wtypes[i]), *ref = nx_type_ref(wtypes[i]);
 		assert_non_null(g);
 		assert_non_null(g->dot_rows);
-		if (best && !env) {
-			struct nx_type_traits tab[N_IDS];
-			set_table(best, tab);
-			if (g->dot != tab[wtypes[i]].dot || g->dot_rows != tab[wtypes[i]].dot_rows)
-				fail_msg("engine %s dot is not the %s set's", nx_type_name(wtypes[i]), best->name);
-		}
+		struct nx_type_traits tab[N_IDS];
+		for (size_t k = 0; k < sizeof(ksets) / sizeof(ksets[0]); k++)
+			if (ksets[k].set == top)
+				set_table(&ksets[k], tab);
+		const struct nx_type_traits *want = top == NX_KSET_REF ? ref : &tab[wtypes[i]];
+		if (g->dot != want->dot || g->dot_rows != want->dot_rows)
+			fail_msg("engine %s dot is not the %s set's", nx_type_name(wtypes[i]), nx_kset_name(top));
 	}
-	print_message("engine kernels: %s\n", env ? env : best ? best->name : "ref");
+	print_message("engine kernels: %s\n", nx_kset_name(top));
 }
 
 int main(void)
