@@ -419,13 +419,11 @@ int main(int argc, char **argv)
 	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
 	d->phase = NXD_STARTING;
 	nxw_hooks_announce(warn_test_hook);
-	/* Spin about 20 us before a futex sleep: a futex sleep/wake round trip
-	 * costs 50-90 us here, and the bands of one op usually finish within a
-	 * few us of each other. Measured (bench/clients.py, 2 workers, 2 CPUs):
-	 * 5 us: 19-25 tok/s, 20 us: 25-33, 50 us: 30-32, 200 us: 16 (a spinning
-	 * worker then starves the supervisor and the rest of the machine). After
-	 * the spin a waiter polls ten times as long again but yields its CPU
-	 * every few us (shm/futex.h: NX_YIELD_ROUNDS), which starves nobody. */
+	/* Spin a little before a futex sleep: a sleep/wake round trip costs
+	 * more than the few us by which the bands of one op usually differ, and
+	 * a longer spin starves the supervisor (docs/bench.md, "Measurements
+	 * behind choices"). After the spin a waiter polls longer but yields its
+	 * CPU every few us (shm/futex.h: NX_YIELD_ROUNDS), which starves nobody. */
 	long spin_us = nx_env()->spin_us;
 	d->spin = (uint32_t)(spin_us < 0 ? 0 : spin_us > 10000 ? 10000 : spin_us) * nx_spin_calibrate();
 

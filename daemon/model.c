@@ -56,8 +56,8 @@ fail:
 /* Reads the whole file into dst with IORING_OP_READ, LOAD_DEPTH chunks in
  * flight. IOSQE_ASYNC hands each read to io_uring's worker threads: a read
  * the page cache can serve is otherwise a copy done inline by this thread,
- * one chunk after another; the workers copy on every CPU (SmolLM2's 98 MB
- * from the page cache: 25-30 -> 18-20 ms). */
+ * one chunk after another; the workers copy on every CPU (docs/bench.md,
+ * "Measurements behind choices"). */
 static int uring_read_all(int fd, uint8_t *dst, size_t size, const char *path, struct nx_err *err)
 {
 	struct io_uring ring;
