@@ -10,7 +10,7 @@
  *
  * Admins are root, the daemon's own uid and members of --admin-group. They
  * alone change what every client sees: adapter load/unload/fold/unfold and
- * shutdown (RELIABILITY 25). Everyone who can open the socket (mode 0660,
+ * shutdown (docs/reliability.md 25). Everyone who can open the socket (mode 0660,
  * owner and --socket-group) may generate, tokenize, look at status. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
@@ -204,7 +204,7 @@ static bool peer_may(const struct stat *st, uid_t uid, const gid_t *g, int n, mo
  * same way; the file itself is opened once, checked on what was opened
  * (fstat, fstatfs) and handed on as the descriptor. Nothing is ever looked
  * up twice, so swapping a link or a directory between two steps cannot make
- * the daemon read a file the peer could not (RELIABILITY 26). */
+ * the daemon read a file the peer could not (docs/reliability.md 26). */
 
 #define MAX_LINKS 40 /* the kernel's own limit (MAXSYMLINKS) */
 

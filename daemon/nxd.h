@@ -464,7 +464,7 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 void nxd_req_free(struct nxd_req *r);
 int nxd_sched_slots_used(const struct nxd *d);
 
-/* access.c - who may do what (RELIABILITY 17, 24, 25).
+/* access.c - who may do what (docs/reliability.md 17, 24, 25).
  *
  * For the LoRA ops (daemon/lora.c):
  *   - lora_load, lora_unload, lora_fold, lora_unfold, lora_report and
@@ -495,7 +495,7 @@ int nxd_access_open_adapter(const struct nxd_conn *c, const char *path, struct n
 			    struct nx_err *err);
 void nxd_access_close_adapter(struct nx_lora_files *f);
 /* The one answer for every path nxd will not use (missing, unreadable, not a
- * regular file, not an adapter): it must not tell these apart (RELIABILITY 17). */
+ * regular file, not an adapter): it must not tell these apart (docs/reliability.md 17). */
 #define NXD_PATH_REFUSED "cannot use '%s': not a readable regular file"
 /* 0 when one more adapter of bytes_new fits --max-adapters and
  * --max-adapter-mb beside n_loaded adapters of bytes_loaded; else -1, err. */

@@ -363,7 +363,7 @@ static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)
 	queue_alloc(d, c, q->id, line, len);
 }
 
-/* Operations that change what every client gets (RELIABILITY 25), and the
+/* Operations that change what every client gets (docs/reliability.md 25), and the
  * background jobs that share the daemon's one job thread and its CPUs with
  * them (a report, or a dry-run fold, grades the model in service for
  * seconds): only for admins (access.c), so no other client can keep an

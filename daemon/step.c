@@ -6,7 +6,7 @@
  * writes where it must not is caught by guard.c's checks on every look:
  * every worker is killed, the block is rewritten from our copies once they
  * are all gone, and fresh workers run the interrupted step again
- * (RELIABILITY 21). */
+ * (docs/reliability.md 21). */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 

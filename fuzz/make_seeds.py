@@ -7,14 +7,14 @@ Everything is built here with struct packing (no downloads, no third-party
 modules), deterministically, so the committed files can be regenerated and
 diffed. The files:
 
-  fuzz/corpus/gguf/         every RELIABILITY.md 1-10 case, tiny valid models
+  fuzz/corpus/gguf/         every docs/reliability.md 1-10 case, tiny valid models
                             (llama with a byte-level BPE vocab and a ChatML
                             template, qwen2 with a SentencePiece vocab), vocab-only
-                            files, GGUF LoRA adapters (RELIABILITY.md 12)
+                            files, GGUF LoRA adapters (docs/reliability.md 12)
   fuzz/corpus/tokenizer/    inputs for fuzz_tokenizer: byte 0 picks the vocabulary
                             and the mode (see fuzz_tokenizer.c), the rest is text or ids
   fuzz/corpus/protocol/     request lines of every op and every bad-request case
-  fuzz/corpus/safetensors/  RELIABILITY.md 11 and 12 cases, valid PEFT adapters
+  fuzz/corpus/safetensors/  docs/reliability.md 11 and 12 cases, valid PEFT adapters
   fuzz/data/                tiny-bpe.vocab, tiny-spm.vocab (GGUF vocab-only files) for
                             fuzz_tokenizer; tiny-llama.model, the model fuzz_safetensors and
                             fuzz_gguf check adapters against
@@ -543,7 +543,7 @@ def proto_seeds():
     return S
 
 
-# --- safetensors seeds (RELIABILITY.md 11, 12) -----------------------------------
+# --- safetensors seeds (docs/reliability.md 11, 12) -----------------------------------
 # Expectations: ok (nx_st_parse and nx_lora_parse_peft, with the rank-2 or the
 # rank-4 config of fuzz_safetensors.c, succeed), lora (nx_st_parse succeeds,
 # both configs fail), error (nx_st_parse fails).

@@ -5,7 +5,7 @@
  * "__metadata__" string map), then the data section. Offsets are relative to
  * the data section; tensors must tile it exactly: sorted by offset they start
  * at 0, each begins where the previous ended and the last ends at the end of
- * the file (RELIABILITY.md 11). Everything is checked before a pointer into
+ * the file (docs/reliability.md 11). Everything is checked before a pointer into
  * the data is formed; an error names the tensor and the field. */
 #ifndef NX_SAFETENSORS_H
 #define NX_SAFETENSORS_H

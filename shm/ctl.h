@@ -106,7 +106,7 @@ void nx_ctl_reset(struct nx_ctl *c, uint32_t n_workers, uint32_t max_batch, uint
 /* Asks the workers to exit. */
 void nx_ctl_quit(struct nx_ctl *c);
 
-/* --- supervisor side: not trusting the block (RELIABILITY 21) */
+/* --- supervisor side: not trusting the block (docs/reliability.md 21) */
 
 /* Like nx_ctl_launch, but the gen is the supervisor's own count, stored
  * rather than derived from the block's (which a worker may have overwritten). */

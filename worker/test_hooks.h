@@ -9,7 +9,7 @@
  *                                      start of its STEP-th step (default 3), then hangs; "hang"
  *                                      writes nothing (only the step watchdog can tell)
  *
- * The tests watch the supervisor survive them: seccomp kills (RELIABILITY
+ * The tests watch the supervisor survive them: seccomp kills (docs/reliability.md
  * 22), a block a worker scribbled on (21), a silent hang (the watchdog). */
 #ifndef NXW_TEST_HOOKS_H
 #define NXW_TEST_HOOKS_H

@@ -2,7 +2,7 @@
  *
  * Seeds: fuzz/seeds.tsv (written by fuzz/make_seeds.py) says what each file of
  * fuzz/corpus/<target>/ must give - a success, or an error from a given stage
- * whose message contains given words (RELIABILITY.md 1-14: every hostile file
+ * whose message contains given words (docs/reliability.md 1-14: every hostile file
  * gets an error naming what is wrong).
  * Regressions: tests/regressions/<target>/ holds minimized inputs that once
  * crashed or broke a property under fuzz/run. Each goes through the same

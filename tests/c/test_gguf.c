@@ -1,4 +1,4 @@
-/* test_gguf.c - the GGUF reader against hand-built good and hostile files (RELIABILITY.md 1-10). */
+/* test_gguf.c - the GGUF reader against hand-built good and hostile files (docs/reliability.md 1-10). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

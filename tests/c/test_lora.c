@@ -1,4 +1,4 @@
-/* test_lora.c - safetensors parser and LoRA loader against good and hostile adapters (RELIABILITY.md 11-12), plus fold and delta arithmetic. */
+/* test_lora.c - safetensors parser and LoRA loader against good and hostile adapters (docs/reliability.md 11-12), plus fold and delta arithmetic. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

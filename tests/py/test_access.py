@@ -1,5 +1,5 @@
-"""test_access.py - who may connect and who may change the model (RELIABILITY 17, 24, 25), and the request
-limits (RELIABILITY 4, 13-16) with their errors. Unprivileged clients are child processes that drop to
+"""test_access.py - who may connect and who may change the model (docs/reliability.md 17, 24, 25), and the request
+limits (docs/reliability.md 4, 13-16) with their errors. Unprivileged clients are child processes that drop to
 `nobody` with chosen groups; the daemon runs as root (the tests' user)."""
 import grp
 import json

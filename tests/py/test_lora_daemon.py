@@ -573,7 +573,7 @@ def test_malformed_adapters_leave_service_untouched(fx, tmp_path):
     expect = {"wrong-shape": ["blk.0.attn_q.weight.lora_a", "expected"], "rank-mismatch": ["rank"],
               "wrong-layer": ["7"], "not-finite": ["finite"], "other-arch": ["qwen2"], "truncated": ["adapter 't'"],
               "dora": ["dora"], "junk-safetensors": ["safetensors"]}
-    # Not adapters at all: one message, whatever the reason (RELIABILITY 17).
+    # Not adapters at all: one message, whatever the reason (docs/reliability.md 17).
     fifo = bad / "fifo"
     os.mkfifo(fifo)
     (bad / "emptydir").mkdir()

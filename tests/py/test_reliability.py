@@ -1,4 +1,4 @@
-"""test_reliability.py - crash recovery (RELIABILITY 18-21): random kill -9 of workers during one long
+"""test_reliability.py - crash recovery (docs/reliability.md 18-21): random kill -9 of workers during one long
 generation, kill -9 of the supervisor, and workers that scribble on the control block or hang mid-step."""
 import os
 import random

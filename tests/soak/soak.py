@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""soak.py - load and soak test of nxd (RELIABILITY 15, 16; issue item 5): many clients on the Unix socket,
+"""soak.py - load and soak test of nxd (docs/reliability.md 15, 16): many clients on the Unix socket,
 mixed requests, for a bounded time; then checks that nothing leaked and that a stalled reader does not slow
 the others down.
 
@@ -49,7 +49,7 @@ KINDS = {  # kind: weight
     "dribble": 2, "silent": 2, "info": 10, "churn": 4,
 }
 
-# Malformed lines and the code each must get (RELIABILITY 13, 14).
+# Malformed lines and the code each must get (docs/reliability.md 13, 14).
 MALFORMED = [
     (b"{not json}\n", "parse_error"),
     (b"[1,2]\n", "parse_error"),
