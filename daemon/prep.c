@@ -7,8 +7,9 @@
  * connection at a time, served in arrival order: a connection that pipelines
  * a hundred expensive lines waits for its own, one after the other, while
  * another connection's line waits for at most the one in progress. The
- * thread is niced like the LoRA job thread, so under load the workers keep
- * the CPUs. Finished jobs come back through an eventfd the loop reads
+ * thread runs under SCHED_IDLE: it gets a CPU only when nothing else wants
+ * it, so a worker that yields while it waits at a barrier gets its CPU back
+ * at once (a merely niced thread would take a slice of it at every yield). Finished jobs come back through an eventfd the loop reads
  * (nxd_prep_collect); a job whose connection has gone meanwhile (its gen
  * moved on) is dropped. nxd_prepare reads only what is fixed for the
  * daemon's life (tokenizer, template, limits), never the loop's state. */
@@ -16,6 +17,7 @@
 #include "daemon/nxd.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -23,7 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define PREP_NICE 10
+#define PREP_NICE 19 /* where SCHED_IDLE is refused */
 
 struct nxd_prep_job {
 	struct nxd_prep_job *next;
@@ -50,7 +52,9 @@ struct nxd_prep_pool {
 static void *prep_main(void *arg)
 {
 	struct nxd_prep_pool *p = arg;
-	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), PREP_NICE);
+	struct sched_param sp = {0};
+	if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
+		setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), PREP_NICE);
 	pthread_mutex_lock(&p->mu);
 	for (;;) {
 		while (!p->todo && !p->stop)
