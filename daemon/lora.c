@@ -6,9 +6,9 @@
  * every client's next token, for 66 ms): the entry is reserved but not usable
  * until the thread is done and the next step boundary registers it. Workers
  * reach an adapter through the per-slot mix table (nx_state.lora), no copy.
- * Arena blocks come from a small first-fit free list over the arena's bump
- * allocator; a freed block's pages go back to the kernel (FALLOC_FL_PUNCH_HOLE
- * on the memfd), so load/unload cycles do not grow it.
+ * Adapters and folded tensors live in arena blocks (shm/blocks.h): freed
+ * ones are reused and their pages given back, so load/unload cycles do not
+ * grow the arena.
  *
  * Trust. Workers can write the arena, so the supervisor reads only its own
  * heap copy of each struct nx_lora (the arena one and the mix table are for
@@ -45,7 +45,6 @@
 #include "daemon/nxd.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -64,6 +63,7 @@
 #include "lora/fold.h"
 #include "lora/probe.h"
 #include "model/repack.h"
+#include "shm/blocks.h"
 
 #define NXD_LORA_MAX 1024     /* adapters loaded at once: the table's size (--max-adapters is the limit) */
 #define FOLD_ROWS 64          /* rows per nx_fold_rows call (progress granularity) */
@@ -161,9 +161,7 @@ struct nxd_lora_reg {
 	struct nxd_fold stack[NXD_LORA_MAX];
 	int n_stack;
 	struct nx_lora_mix *mix;  /* (n_slots) arena: what nx_tok_in.lora = slot + 1 selects */
-	/* free arena blocks, sorted by offset */
-	struct { size_t off, size; } *free;
-	size_t n_free, cap_free;
+	struct nx_blocks blocks;  /* adapters' and folds' arena blocks */
 	struct job job;
 	/* an unfold waiting for the step in flight to end */
 	bool unfold_pending;
@@ -172,68 +170,18 @@ struct nxd_lora_reg {
 
 /* ---------------------------------------------------------------- arena blocks */
 
-static size_t page_up(size_t n)
-{
-	return (n + NX_ARENA_ALIGN - 1) / NX_ARENA_ALIGN * NX_ARENA_ALIGN;
-}
-
 static void *blk_alloc(struct nxd *d, size_t size, struct nx_err *err)
 {
-	struct nxd_lora_reg *g = d->lora;
-	size = page_up(size);
-	for (size_t i = 0; i < g->n_free; i++) {
-		if (g->free[i].size < size)
-			continue;
-		void *p = d->shm.arena.base + g->free[i].off;
-		g->free[i].off += size;
-		g->free[i].size -= size;
-		if (g->free[i].size == 0) {
-			memmove(&g->free[i], &g->free[i + 1], (g->n_free - i - 1) * sizeof(g->free[0]));
-			g->n_free--;
-		}
-		return p;
-	}
-	return nx_arena_alloc(&d->shm.arena, size, err);
+	return nx_blocks_alloc(&d->lora->blocks, size, err);
 }
 
 static void blk_free(struct nxd *d, void *p, size_t size)
 {
-	struct nxd_lora_reg *g = d->lora;
-	if (!p)
-		return;
-	size = page_up(size);
-	size_t off = (size_t)((uint8_t *)p - d->shm.arena.base);
-	/* The pages go back to the kernel; the range reads as zeros if reused. */
-	if (fallocate(d->shm.arena.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)size) < 0)
-		nxd_warn("lora: fallocate(PUNCH_HOLE, %zu bytes) failed: %s", size, strerror(errno));
-	if (g->n_free == g->cap_free) {
-		size_t cap = g->cap_free ? 2 * g->cap_free : 16;
-		void *q = realloc(g->free, cap * sizeof(g->free[0]));
-		if (!q) {
-			nxd_err("lora: out of memory for the arena's free list: %zu bytes leak", size);
-			return;
-		}
-		g->free = q;
-		g->cap_free = cap;
-	}
-	size_t i = 0;
-	while (i < g->n_free && g->free[i].off < off)
-		i++;
-	memmove(&g->free[i + 1], &g->free[i], (g->n_free - i) * sizeof(g->free[0]));
-	g->free[i].off = off;
-	g->free[i].size = size;
-	g->n_free++;
-	/* Merge with the neighbours. */
-	if (i + 1 < g->n_free && g->free[i].off + g->free[i].size == g->free[i + 1].off) {
-		g->free[i].size += g->free[i + 1].size;
-		memmove(&g->free[i + 1], &g->free[i + 2], (g->n_free - i - 2) * sizeof(g->free[0]));
-		g->n_free--;
-	}
-	if (i > 0 && g->free[i - 1].off + g->free[i - 1].size == g->free[i].off) {
-		g->free[i - 1].size += g->free[i].size;
-		memmove(&g->free[i], &g->free[i + 1], (g->n_free - i - 1) * sizeof(g->free[0]));
-		g->n_free--;
-	}
+	int rc = nx_blocks_free(&d->lora->blocks, p, size);
+	if (rc == -ENOMEM)
+		nxd_err("lora: out of memory for the arena's free list: %zu bytes leak", nx_blocks_round(size));
+	else if (rc < 0)
+		nxd_warn("lora: fallocate(PUNCH_HOLE, %zu bytes) failed: %s", nx_blocks_round(size), strerror(-rc));
 }
 
 /* ---------------------------------------------------------------- events */
@@ -757,7 +705,7 @@ static void op_fold(struct nxd *d, struct nxd_conn *c, const char *id, const str
 			/* The engine runs this model's matrices packed: the folded one too, if it can. */
 			t->psize = t->base.packed && nx_wt_packable(&t->folded) ? t->size : 0;
 			rows += (long)t->base.n_out;
-			bytes += page_up(t->size);
+			bytes += nx_blocks_round(t->size);
 		}
 	for (int i = 0; i < f->n; i++) {
 		if (!(f->t[i].mem = blk_alloc(d, f->t[i].size, &err)) ||
@@ -774,7 +722,7 @@ static void op_fold(struct nxd *d, struct nxd_conn *c, const char *id, const str
 		}
 		f->t[i].folded.data = f->t[i].mem;
 		f->t[i].folded.packed = f->t[i].pmem;
-		bytes += page_up(f->t[i].psize);
+		bytes += nx_blocks_round(f->t[i].psize);
 	}
 	j->kind = JOB_FOLD;
 	j->who = asker_of(c, id);
@@ -1149,6 +1097,7 @@ int nxd_lora_init(struct nxd *d, struct nx_err *err)
 	d->lora = calloc(1, sizeof(*d->lora));
 	if (!d->lora)
 		return nx_errf(err, "lora: out of memory");
+	nx_blocks_init(&d->lora->blocks, &d->shm.arena);
 	size_t size = (size_t)d->o.n_slots * sizeof(struct nx_lora_mix);
 	d->lora->mix = nx_arena_alloc(&d->shm.arena, size, err);
 	if (!d->lora->mix)
@@ -1170,7 +1119,7 @@ void nxd_lora_free(struct nxd *d)
 		free(g->stack[i].t);
 	for (int i = 0; i < NXD_LORA_MAX; i++)
 		free(g->ent[i].own);
-	free(g->free);
+	nx_blocks_release(&g->blocks);
 	free(g);
 	d->lora = NULL;
 }
