@@ -151,7 +151,8 @@ struct job {
 	struct nx_lora_report_opts ro;
 	bool layers[NX_MAX_LAYERS];
 	bool dry_run;
-	json_t *result;
+	json_t *result;           /* lora/probe.h's grades */
+	struct nxp_lora_cost cost;
 	int rc;
 	char err[512];
 };
@@ -201,32 +202,14 @@ static struct asker asker_of(struct nxd_conn *c, const char *id)
 	return a;
 }
 
-/* Sends {"id":..,"event":name, ...body} (body's members; body is stolen). */
-static void send_event(struct nxd *d, struct nxd_conn *c, const char *id, const char *name, json_t *body)
+/* Queues a line an nxp_enc_*_alloc made (NULL: it ran out of memory). */
+static void send_line(struct nxd *d, struct nxd_conn *c, const char *id, char *line, size_t n)
 {
-	json_t *o = json_object();
-	json_t *jid = json_loads(id, JSON_DECODE_ANY, NULL);
-	json_object_set_new(o, "id", jid ? jid : json_null());
-	json_object_set_new(o, "event", json_string(name));
-	if (body)
-		json_object_update(o, body);
-	json_decref(body);
-	char *s = json_dumps(o, JSON_COMPACT);
-	json_decref(o);
-	if (!s) {
-		nxd_send_error(d, c, id, NXP_E_INTERNAL, "out of memory encoding the answer");
-		return;
-	}
-	size_t n = strlen(s);
-	char *line = realloc(s, n + 2);
 	if (!line) {
-		free(s);
 		nxd_send_error(d, c, id, NXP_E_INTERNAL, "out of memory encoding the answer");
 		return;
 	}
-	line[n] = '\n';
-	line[n + 1] = '\0';
-	nxd_conn_queue(d, c, line, n + 1);
+	nxd_conn_queue(d, c, line, n);
 	free(line);
 }
 
@@ -254,19 +237,24 @@ static struct nx_wt *wt_of(struct nx_model *m, int layer, enum nx_lora_which w)
 	return (struct nx_wt *)nx_lora_base(m, layer, w);
 }
 
-static json_t *ent_json(struct nxd *d, const struct nxd_lora_ent *e)
+static struct nxp_fold_info fold_info(const struct nxd_fold *f, int order)
 {
-	json_t *folded = json_false();
-	if (e->fold >= 0) {
-		const struct nxd_fold *f = &d->lora->stack[e->fold];
-		json_decref(folded);
-		folded = json_pack("{s:s,s:f,s:i,s:f}", "type", f->keep ? "keep" : nx_type_name(f->type), "scale",
-				   (double)f->scale, "order", e->fold + 1, "ms", f->ms);
-	}
-	return json_pack("{s:s,s:s,s:i,s:f,s:b,s:i,s:I,s:f,s:o,s:i,s:b}", "name", e->name, "path", e->path, "rank",
-			 e->own->rank, "alpha", (double)e->own->alpha, "rslora", e->own->rslora, "tensors", e->own->n, "bytes",
-			 (json_int_t)(e->l_size + e->mem_size), "scale", (double)e->scale, "folded", folded, "in_use",
-			 e->in_use, "busy", e->busy);
+	size_t bytes = 0;
+	for (int i = 0; i < f->n; i++)
+		bytes += f->t[i].size + f->t[i].psize;
+	return (struct nxp_fold_info){.type = f->keep ? "keep" : nx_type_name(f->type), .scale = (double)f->scale,
+				      .order = order, .ms = f->ms, .tensors = f->n, .bytes = bytes};
+}
+
+/* What lora_loaded and lora_list say of e; *fi holds its fold, if any. */
+static struct nxp_adapter_info adapter_info(struct nxd *d, const struct nxd_lora_ent *e, struct nxp_fold_info *fi)
+{
+	if (e->fold >= 0)
+		*fi = fold_info(&d->lora->stack[e->fold], e->fold + 1);
+	return (struct nxp_adapter_info){.name = e->name, .path = e->path, .rank = e->own->rank,
+					 .alpha = (double)e->own->alpha, .rslora = e->own->rslora, .tensors = e->own->n,
+					 .bytes = e->l_size + e->mem_size, .scale = (double)e->scale,
+					 .fold = e->fold >= 0 ? fi : NULL, .in_use = e->in_use, .busy = e->busy};
 }
 
 static void hash_bytes(uint64_t h[4], const uint8_t *p, size_t n)
@@ -424,31 +412,53 @@ static void load_done(struct nxd *d, struct job *j)
 	nxd_info("lora: loaded '%s' from %s: rank %d, alpha %g, %d matrices, %.1f MiB in the arena (%.0f ms)", e->name,
 		 e->path, e->own->rank, (double)e->own->alpha, e->own->n, (double)(e->mem_size + e->l_size) / 1048576,
 		 (nxd_now() - j->t0) * 1e3);
-	if (c)
-		send_event(d, c, j->who.id, "lora_loaded", json_pack("{s:o}", "adapter", ent_json(d, e)));
+	if (c) {
+		struct nxp_fold_info fi;
+		struct nxp_adapter_info ai = adapter_info(d, e, &fi);
+		size_t n = 0;
+		char *line = nxp_enc_lora_loaded_alloc(j->who.id, &ai, &n);
+		send_line(d, c, j->who.id, line, n);
+	}
 }
 
 static void op_list(struct nxd *d, struct nxd_conn *c, const char *id, const struct nxp_lora_op *o)
 {
 	struct nxd_lora_reg *g = d->lora;
-	json_t *list = json_array(), *stack = json_array();
-	for (int i = 0; i < NXD_LORA_MAX; i++)
-		if (g->ent[i].used && !g->ent[i].loading) /* a loading one shows as the job below */
-			json_array_append_new(list, ent_json(d, &g->ent[i]));
-	for (int i = 0; i < g->n_stack; i++)
-		json_array_append_new(stack, json_string(g->stack[i].ent->name));
-	json_t *body = json_pack("{s:o,s:o}", "adapters", list, "folds", stack);
-	if (o->checksum) {
-		char hex[20];
-		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)weights_checksum(d->shm.model));
-		json_object_set_new(body, "checksum", json_string(hex));
+	struct nxp_adapter_info *ai = malloc(NXD_LORA_MAX * sizeof(*ai));
+	struct nxp_fold_info *fi = malloc(NXD_LORA_MAX * sizeof(*fi));
+	const char **folds = malloc(NXD_LORA_MAX * sizeof(*folds));
+	if (!ai || !fi || !folds) {
+		free(ai);
+		free(fi);
+		free(folds);
+		nxd_send_error(d, c, id, NXP_E_INTERNAL, "out of memory encoding the answer");
+		return;
 	}
-	if (g->job.kind != JOB_NONE)
-		json_object_set_new(body, "job",
-				    json_pack("{s:s,s:s,s:I,s:I}", "kind", job_names[g->job.kind],
-					      "adapter", g->job.ent->name, "done", (json_int_t)atomic_load(&g->job.done),
-					      "total", (json_int_t)atomic_load(&g->job.total)));
-	send_event(d, c, id, "lora_list", body);
+	struct nxp_lora_list l = {.adapters = ai, .folds = folds, .n_folds = g->n_stack};
+	for (int i = 0; i < NXD_LORA_MAX; i++)
+		if (g->ent[i].used && !g->ent[i].loading) { /* a loading one shows as the job below */
+			ai[l.n_adapters] = adapter_info(d, &g->ent[i], &fi[l.n_adapters]);
+			l.n_adapters++;
+		}
+	for (int i = 0; i < g->n_stack; i++)
+		folds[i] = g->stack[i].ent->name;
+	char hex[20];
+	if (o->checksum) {
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)weights_checksum(d->shm.model));
+		l.checksum = hex;
+	}
+	struct nxp_lora_job_info job;
+	if (g->job.kind != JOB_NONE) {
+		job = (struct nxp_lora_job_info){.kind = job_names[g->job.kind], .adapter = g->job.ent->name,
+						 .done = atomic_load(&g->job.done), .total = atomic_load(&g->job.total)};
+		l.job = &job;
+	}
+	size_t n = 0;
+	char *line = nxp_enc_lora_list_alloc(id, &l, &n);
+	send_line(d, c, id, line, n);
+	free(ai);
+	free(fi);
+	free(folds);
 }
 
 static void op_unload(struct nxd *d, struct nxd_conn *c, const char *id, const struct nxp_lora_op *o)
@@ -555,11 +565,10 @@ static void *job_main(void *arg)
 					for (int w = 0; w < NX_LORA_N_WHICH; w++)
 						if (nx_lora_get(l, il, (enum nx_lora_which)w))
 							flops += nx_lora_delta_flops(nx_lora_get(l, il, (enum nx_lora_which)w));
-				json_object_set_new(
-					j->result, "cost",
-					json_pack("{s:f,s:f,s:I,s:i,s:f}", "base_ms_per_token", pr.base_ms_per_tok,
-						  "delta_ms_per_token", pr.delta_ms_per_tok, "delta_flops_per_token",
-						  (json_int_t)flops, "threads", 1, "grade_ms", (now_s() - tg) * 1e3));
+				j->cost = (struct nxp_lora_cost){.base_ms_per_token = pr.base_ms_per_tok,
+								 .delta_ms_per_token = pr.delta_ms_per_tok,
+								 .delta_flops_per_token = flops, .threads = 1,
+								 .grade_ms = (now_s() - tg) * 1e3};
 			}
 			free(pr.cap);
 			j->ro.cap = NULL;
@@ -916,10 +925,11 @@ static void job_progress(struct nxd *d, struct job *j, double now)
 	struct nxd_conn *c = asker_conn(d, &j->who);
 	j->t_progress = now;
 	j->sent_done = done;
-	if (c)
-		send_event(d, c, j->who.id, "progress",
-			   json_pack("{s:I,s:I,s:s}", "done", (json_int_t)done, "total", (json_int_t)total, "stage",
-				     job_names[j->kind]));
+	if (c) {
+		size_t n = 0;
+		char *line = nxp_enc_progress_alloc(j->who.id, done, total, job_names[j->kind], &n);
+		send_line(d, c, j->who.id, line, n);
+	}
 }
 
 static void job_finish(struct nxd *d, struct job *j)
@@ -947,37 +957,31 @@ static void job_finish(struct nxd *d, struct job *j)
 				*wt_of(&d->model.m, f->t[i].layer, f->t[i].which) = f->t[i].folded;
 				*wt_of(d->shm.model, f->t[i].layer, f->t[i].which) = f->t[i].folded;
 			}
-			size_t bytes = 0;
-			for (int i = 0; i < f->n; i++)
-				bytes += f->t[i].size + f->t[i].psize;
 			nxd_sched_forget_prompts(d, "weights folded");
 			g->stack[g->n_stack] = *f;
 			f->ent->fold = g->n_stack++;
 			f->t = NULL; /* the stack owns it now */
 			nxd_info("lora: folded '%s' into %d matrices in %.0f ms (swapped in before step %u)", f->ent->name,
 				 g->stack[f->ent->fold].n, g->stack[f->ent->fold].ms, d->step.gen + 1);
-			if (c)
-				send_event(d, c, j->who.id, "lora_folded",
-					   json_pack("{s:s,s:s,s:f,s:i,s:I,s:f,s:i}", "name", f->ent->name, "type",
-						     g->stack[f->ent->fold].keep ? "keep"
-										 : nx_type_name(g->stack[f->ent->fold].type),
-						     "scale", (double)g->stack[f->ent->fold].scale, "tensors",
-						     g->stack[f->ent->fold].n, "bytes", (json_int_t)bytes, "ms",
-						     g->stack[f->ent->fold].ms, "order", f->ent->fold + 1));
+			if (c) {
+				struct nxp_fold_info fi = fold_info(&g->stack[f->ent->fold], f->ent->fold + 1);
+				size_t n = 0;
+				char *line = nxp_enc_lora_folded_alloc(j->who.id, f->ent->name, &fi, &n);
+				send_line(d, c, j->who.id, line, n);
+			}
 		}
 	} else if (c) {
 		if (j->rc) {
 			nxd_send_error(d, c, j->who.id, NXP_E_INTERNAL, "report of '%s': %s", j->ent->name, j->err);
 		} else {
-			if (j->ent->fold >= 0) {
-				const struct nxd_fold *f = &g->stack[j->ent->fold];
-				json_object_set_new(j->result, "folded",
-						    json_pack("{s:s,s:f}", "type", f->keep ? "keep" : nx_type_name(f->type),
-							      "ms", f->ms));
-			}
-			json_t *body = json_pack("{s:s,s:b,s:O}", "name", j->ent->name, "dry_run", j->dry_run, "report",
-						 j->result);
-			send_event(d, c, j->who.id, "lora_report", body);
+			struct nxp_fold_info fi;
+			if (j->ent->fold >= 0)
+				fi = fold_info(&g->stack[j->ent->fold], j->ent->fold + 1);
+			struct nxp_lora_report r = {.name = j->ent->name, .dry_run = j->dry_run, .report = j->result,
+						    .cost = &j->cost, .fold = j->ent->fold >= 0 ? &fi : NULL};
+			size_t n = 0;
+			char *line = nxp_enc_lora_report_alloc(j->who.id, &r, &n);
+			send_line(d, c, j->who.id, line, n);
 		}
 	}
 	job_clear(j);
@@ -999,12 +1003,11 @@ void nxd_lora_boundary(struct nxd *d)
 		g->unfold_pending = false;
 		struct nxd_conn *c = asker_conn(d, &g->unfold_who);
 		struct nxd_fold *f = &g->stack[g->n_stack - 1];
-		json_t *body = json_pack("{s:s,s:i}", "name", f->ent->name, "tensors", f->n);
+		size_t n = 0;
+		char *line = c ? nxp_enc_lora_unfolded_alloc(g->unfold_who.id, f->ent->name, f->n, &n) : NULL;
 		unfold_top(d);
 		if (c)
-			send_event(d, c, g->unfold_who.id, "lora_unfolded", body);
-		else
-			json_decref(body);
+			send_line(d, c, g->unfold_who.id, line, n);
 	}
 }
 
