@@ -362,7 +362,9 @@ static void op_load(struct nxd *d, struct nxd_conn *c, const char *id, const str
 			nx_errf(&err, "its size overflows");
 		nx_lora_close(&src);
 		blk_free(d, e->l, e->l_size);
-		nxd_send_error(d, c, id, NXP_E_INTERNAL, "adapter '%s': no room in the arena: %s", o->name, err.msg);
+		/* A size that overflows is the file's fault; else the arena is full for now. */
+		nxd_send_error(d, c, id, mem_size ? NXP_E_BUSY : NXP_E_BAD_REQUEST,
+			       "adapter '%s': no room in the arena: %s", o->name, err.msg);
 		memset(e, 0, sizeof(*e));
 		return;
 	}
@@ -723,7 +725,7 @@ static void op_fold(struct nxd *d, struct nxd_conn *c, const char *id, const str
 				blk_free(d, f->t[k].mem, f->t[k].size);
 				blk_free(d, f->t[k].pmem, f->t[k].psize);
 			}
-			nxd_send_error(d, c, id, NXP_E_INTERNAL, "adapter '%s': no room in the arena for the fold: %s",
+			nxd_send_error(d, c, id, NXP_E_BUSY, "adapter '%s': no room in the arena for the fold: %s",
 				       e->name, err.msg);
 			free(f->t);
 			memset(j, 0, sizeof(*j));
