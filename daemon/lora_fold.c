@@ -1,16 +1,15 @@
 /* lora_fold.c - folding an adapter into the served weights and unfolding it, each swapped in at a step boundary.
  *
- * The arithmetic (lora/fold.h, f64 accumulation, requantization) runs as the
- * helper thread's fold job (lora_job.c): SmolLM2 at rank 64 is seconds of
- * work. The job only reads the base tensors and the adapter and writes
- * fresh arena blocks nobody reads yet. When it is done, the next step
- * boundary swaps every folded tensor's nx_wt in the workers' nx_model and
- * in our own copy at once: a step sees all of the fold or none of it. The
- * base nx_wt is kept, so unfold puts it back (bit for bit: the base bytes
- * were never written) at a step boundary too, then frees the folded blocks.
- * Folds stack: a fold starts from the model as it is (earlier folds
- * included), so only the latest fold can be undone; unfolding another is
- * refused. */
+ * The arithmetic (lora/fold.h, f64 accumulation, requantization) runs as
+ * the helper thread's fold job (lora_job.c), off the event loop. The job
+ * only reads the base tensors and the adapter and writes fresh arena blocks
+ * nobody reads yet. When it is done, the next step boundary swaps every
+ * folded tensor's nx_wt in the workers' nx_model and in our own copy at
+ * once: a step sees all of the fold or none of it. The base nx_wt is kept,
+ * so unfold puts it back (bit for bit: the base bytes were never written)
+ * at a step boundary too, then frees the folded blocks. Folds stack: a fold
+ * starts from the model as it is (earlier folds included), so only the
+ * latest fold can be undone; unfolding another is refused. */
 #define _GNU_SOURCE
 #include "daemon/lora_int.h"
 
