@@ -256,7 +256,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 		 * fork a write by the supervisor would copy the page for it alone,
 		 * and the workers would go on computing with the old bytes.
 		 * Read-only, such a write faults instead. (A LoRA fold writes new
-		 * arena blocks and swaps pointers: daemon/lora.c.) */
+		 * arena blocks and swaps pointers: daemon/lora_fold.c.) */
 		if (mprotect(mo->copy.p, mo->copy.len, PROT_READ) < 0)
 			return nx_errf(err, "model: mprotect(%zu bytes, PROT_READ) failed: %s", mo->copy.len,
 				       strerror(errno));

@@ -14,6 +14,11 @@
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   access.c  socket group, admin rights, client paths, adapter limits
  *   guard.c   checks of shared memory against our copies, and the rewrite from them
+ *   lora.c         LoRA registry: load, list, unload, runtime deltas, the adapter ops, the step boundary
+ *   lora_job.c     the LoRA helper thread: one job at a time, its kinds in one table
+ *   lora_fold.c    fold and unfold, swapped in at step boundaries
+ *   lora_report.c  accuracy reports (and a fold's dry run)
+ *   lora_int.h     what the lora*.c files share
  * Workers are forked from a struct nxw_spec (worker/worker.h), never this
  * struct: worker/worker.c (step loop), worker/sandbox.c, worker/test_hooks.c. */
 #ifndef NXD_H
@@ -170,7 +175,7 @@ struct nxd_conn {
 
 /* ---------------------------------------------------------------- requests and slots */
 
-struct nxd_lora_ent;          /* lora.c */
+struct nxd_lora_ent;          /* lora_int.h */
 struct nxd_lora_reg;
 
 struct nxd_req {
@@ -466,7 +471,7 @@ int nxd_sched_slots_used(const struct nxd *d);
 
 /* access.c - who may do what (docs/reliability.md 17, 24, 25).
  *
- * For the LoRA ops (daemon/lora.c):
+ * For the LoRA ops (daemon/lora*.c):
  *   - lora_load, lora_unload, lora_fold, lora_unfold, lora_report and
  *     shutdown are refused with `forbidden` in nxd_handle_line (ops.c) unless
  *     nxd_access_check_admin passes; a new op that changes what every client

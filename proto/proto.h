@@ -7,7 +7,8 @@
  * when cap > 0) and returns the length the whole line needs, trailing '\n'
  * included, NUL excluded; a return value >= cap means the line was cut and
  * must be encoded again into a larger buffer. The *_alloc variants return a
- * malloc'd line for the rare big events (non-streamed done, tokens). */
+ * malloc'd line for the rare big events (non-streamed done, tokens); the
+ * LoRA events (proto/lora_events.c) come only as malloc'd lines. */
 #ifndef NXP_PROTO_H
 #define NXP_PROTO_H
 
@@ -285,6 +286,76 @@ char *nxp_enc_status_alloc(const char *id, const struct nxp_status *s, size_t *l
  * snprintf contract, no '\n'. Valid UTF-8 passes through, invalid bytes
  * become \ufffd, control characters are escaped. */
 size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
+
+// --- LoRA events (proto/lora_events.c): malloc'd lines like the *_alloc above
+
+struct json_t; /* jansson's */
+
+/* A fold in the stack (lora_folded; an adapter's "folded"). */
+struct nxp_fold_info {
+	const char *type;      /* "keep" (each matrix its own type) or a weight type's name */
+	double scale;
+	int order;             /* place in the fold stack, 1 = the first */
+	double ms;             /* the fold's wall time */
+	int tensors;           /* matrices folded (lora_folded only) */
+	uint64_t bytes;        /* their arena bytes (lora_folded only) */
+};
+
+/* A loaded adapter (lora_loaded, lora_list). */
+struct nxp_adapter_info {
+	const char *name;
+	const char *path;
+	int rank;
+	double alpha;
+	bool rslora;
+	int tensors;           /* adapted matrices */
+	uint64_t bytes;        /* in the arena */
+	double scale;          /* the load scale */
+	const struct nxp_fold_info *fold; /* NULL: not folded */
+	int in_use;            /* requests carrying it as a runtime delta */
+	bool busy;             /* a job reads it */
+};
+
+/* The job running (lora_list's "job"). */
+struct nxp_lora_job_info {
+	const char *kind;      /* "load", "fold", "report" */
+	const char *adapter;
+	int64_t done, total;   /* progress units */
+};
+
+struct nxp_lora_list {
+	const struct nxp_adapter_info *adapters; /* (n_adapters) */
+	int n_adapters;
+	const char *const *folds; /* (n_folds) adapter names, the first fold first */
+	int n_folds;
+	const char *checksum;  /* hex text of the weights' checksum, or NULL: omitted */
+	const struct nxp_lora_job_info *job; /* NULL: none, omitted */
+};
+
+/* lora_report's "cost": a decode step with and without the runtime delta. */
+struct nxp_lora_cost {
+	double base_ms_per_token;
+	double delta_ms_per_token;
+	int64_t delta_flops_per_token;
+	int threads;
+	double grade_ms;
+};
+
+struct nxp_lora_report {
+	const char *name;
+	bool dry_run;
+	const struct json_t *report; /* lora/probe.h nx_lora_report_json's object; not changed */
+	const struct nxp_lora_cost *cost; /* added to the report as "cost", or NULL */
+	const struct nxp_fold_info *fold; /* the adapter's fold, added as "folded" (type, ms), or NULL */
+};
+
+char *nxp_enc_lora_loaded_alloc(const char *id, const struct nxp_adapter_info *a, size_t *len_out);
+char *nxp_enc_lora_list_alloc(const char *id, const struct nxp_lora_list *l, size_t *len_out);
+char *nxp_enc_lora_folded_alloc(const char *id, const char *name, const struct nxp_fold_info *f, size_t *len_out);
+char *nxp_enc_lora_unfolded_alloc(const char *id, const char *name, int tensors, size_t *len_out);
+char *nxp_enc_lora_report_alloc(const char *id, const struct nxp_lora_report *r, size_t *len_out);
+/* A job's progress: done of total units so far, stage its kind. */
+char *nxp_enc_progress_alloc(const char *id, int64_t done, int64_t total, const char *stage, size_t *len_out);
 
 // --- socket path
 

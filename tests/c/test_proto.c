@@ -892,6 +892,132 @@ static void test_enc_big_numbers(void **st)
 }
 
 /* Ids parsed from requests come back verbatim in every event. */
+static double jreal(json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+	assert_non_null(v);
+	assert_true(json_is_real(v));
+	return json_real_value(v);
+}
+
+static void assert_line(char *line, size_t n, const char *want)
+{
+	assert_non_null(line);
+	assert_string_equal(line, want);
+	assert_int_equal(n, strlen(want));
+	free(line);
+}
+
+static void test_enc_lora_events(void **st)
+{
+	size_t n = 0;
+	char *line;
+	/* The lines of docs/protocol.md, byte for byte (with numbers a double holds exactly). */
+	struct nxp_adapter_info a = {.name = "sql", .path = "/srv/adapters/sql-r16.gguf", .rank = 16, .alpha = 32,
+				     .tensors = 210, .bytes = 20512768, .scale = 1};
+	line = nxp_enc_lora_loaded_alloc("1", &a, &n);
+	assert_line(line, n,
+		    "{\"id\":1,\"event\":\"lora_loaded\",\"adapter\":{\"name\":\"sql\",\"path\":\"/srv/adapters/sql-r16.gguf\","
+		    "\"rank\":16,\"alpha\":32.0,\"rslora\":false,\"tensors\":210,\"bytes\":20512768,\"scale\":1.0,"
+		    "\"folded\":false,\"in_use\":0,\"busy\":false}}\n");
+	struct nxp_fold_info f = {.type = "f16", .scale = 1, .order = 1, .ms = 2210.5, .tensors = 210,
+				  .bytes = 166068224};
+	line = nxp_enc_lora_folded_alloc("3", "sql", &f, &n);
+	assert_line(line, n,
+		    "{\"id\":3,\"event\":\"lora_folded\",\"name\":\"sql\",\"type\":\"f16\",\"scale\":1.0,\"tensors\":210,"
+		    "\"bytes\":166068224,\"ms\":2210.5,\"order\":1}\n");
+	line = nxp_enc_progress_alloc("3", 1536000, 3932160, "fold", &n);
+	assert_line(line, n,
+		    "{\"id\":3,\"event\":\"progress\",\"done\":1536000,\"total\":3932160,\"stage\":\"fold\"}\n");
+	line = nxp_enc_lora_unfolded_alloc("4", "sql", 210, &n);
+	assert_line(line, n,
+		    "{\"id\":4,\"event\":\"lora_unfolded\",\"name\":\"sql\",\"tensors\":210}\n");
+
+	/* lora_list: a folded and a plain adapter, the stack, a checksum, the job. */
+	struct nxp_fold_info f2 = {.type = "keep", .scale = 0.5, .order = 1, .ms = 12.5};
+	struct nxp_adapter_info ads[2] = {
+		{.name = "a \"q\"", .path = "/x/a", .rank = 8, .alpha = 16, .rslora = true, .tensors = 4, .bytes = 4096,
+		 .scale = 0.5, .fold = &f2, .in_use = 0},
+		{.name = "b", .path = "/x/b", .rank = 4, .alpha = 4, .tensors = 2, .bytes = (uint64_t)1 << 40,
+		 .scale = -2, .in_use = 3, .busy = true},
+	};
+	const char *folds[] = {"a \"q\""};
+	struct nxp_lora_job_info job = {.kind = "report", .adapter = "b", .done = 7, .total = 9};
+	struct nxp_lora_list l = {.adapters = ads, .n_adapters = 2, .folds = folds, .n_folds = 1,
+				  .checksum = "0123456789abcdef", .job = &job};
+	line = nxp_enc_lora_list_alloc("\"l\"", &l, &n);
+	assert_non_null(line);
+	json_t *j = load_line(line, n);
+	free(line);
+	assert_string_equal(jstr(j, "id"), "l");
+	assert_string_equal(jstr(j, "event"), "lora_list");
+	json_t *list = json_object_get(j, "adapters");
+	assert_int_equal(json_array_size(list), 2);
+	json_t *e0 = json_array_get(list, 0), *e1 = json_array_get(list, 1);
+	assert_string_equal(jstr(e0, "name"), "a \"q\"");
+	assert_string_equal(jstr(e0, "path"), "/x/a");
+	assert_int_equal(jint(e0, "rank"), 8);
+	assert_true(jreal(e0, "alpha") == 16.0);
+	assert_true(json_is_true(json_object_get(e0, "rslora")));
+	assert_int_equal(jint(e0, "tensors"), 4);
+	assert_int_equal(jint(e0, "bytes"), 4096);
+	assert_true(jreal(e0, "scale") == 0.5);
+	json_t *fo = json_object_get(e0, "folded");
+	assert_true(json_is_object(fo));
+	assert_string_equal(jstr(fo, "type"), "keep");
+	assert_true(jreal(fo, "scale") == 0.5);
+	assert_int_equal(jint(fo, "order"), 1);
+	assert_true(jreal(fo, "ms") == 12.5);
+	assert_int_equal(json_object_size(fo), 4);
+	assert_int_equal(jint(e0, "in_use"), 0);
+	assert_true(json_is_false(json_object_get(e0, "busy")));
+	assert_int_equal(json_object_size(e0), 11);
+	assert_true(json_is_false(json_object_get(e1, "folded")));
+	assert_int_equal(jint(e1, "bytes"), (long long)1 << 40);
+	assert_true(jreal(e1, "scale") == -2.0);
+	assert_int_equal(jint(e1, "in_use"), 3);
+	assert_true(json_is_true(json_object_get(e1, "busy")));
+	json_t *fl = json_object_get(j, "folds");
+	assert_int_equal(json_array_size(fl), 1);
+	assert_string_equal(json_string_value(json_array_get(fl, 0)), "a \"q\"");
+	assert_string_equal(jstr(j, "checksum"), "0123456789abcdef");
+	json_t *jb = json_object_get(j, "job");
+	assert_string_equal(jstr(jb, "kind"), "report");
+	assert_string_equal(jstr(jb, "adapter"), "b");
+	assert_int_equal(jint(jb, "done"), 7);
+	assert_int_equal(jint(jb, "total"), 9);
+	json_decref(j);
+	/* Nothing loaded, nothing asked: empty arrays, no checksum, no job. */
+	struct nxp_lora_list empty = {0};
+	line = nxp_enc_lora_list_alloc(NULL, &empty, &n);
+	assert_line(line, n, "{\"id\":null,\"event\":\"lora_list\",\"adapters\":[],\"folds\":[]}\n");
+
+	/* lora_report: the report's own members, then cost and folded; the caller's object unchanged. */
+	json_t *rep = json_pack("{s:i,s:[s]}", "probe_tokens", 51, "types", "keep");
+	struct nxp_lora_cost cost = {.base_ms_per_token = 14.75, .delta_ms_per_token = 1.25,
+				     .delta_flops_per_token = 4884480, .threads = 1, .grade_ms = 5120};
+	struct nxp_lora_report r = {.name = "sql", .dry_run = true, .report = rep, .cost = &cost, .fold = &f};
+	line = nxp_enc_lora_report_alloc("5", &r, &n);
+	assert_int_equal(json_object_size(rep), 2);
+	assert_line(line, n,
+		    "{\"id\":5,\"event\":\"lora_report\",\"name\":\"sql\",\"dry_run\":true,\"report\":{\"probe_tokens\":51,"
+		    "\"types\":[\"keep\"],\"cost\":{\"base_ms_per_token\":14.75,\"delta_ms_per_token\":1.25,"
+		    "\"delta_flops_per_token\":4884480,\"threads\":1,\"grade_ms\":5120.0},"
+		    "\"folded\":{\"type\":\"f16\",\"ms\":2210.5}}}\n");
+	r = (struct nxp_lora_report){.name = "sql", .report = rep};
+	line = nxp_enc_lora_report_alloc("5", &r, &n);
+	assert_non_null(line);
+	j = load_line(line, n);
+	free(line);
+	assert_true(json_is_false(json_object_get(j, "dry_run")));
+	json_t *jr = json_object_get(j, "report");
+	assert_int_equal(jint(jr, "probe_tokens"), 51);
+	assert_null(json_object_get(jr, "cost"));
+	assert_null(json_object_get(jr, "folded"));
+	json_decref(j);
+	json_decref(rep);
+}
+
 static void test_id_echo(void **st)
 {
 	static const char *ids[] = {"12", "-1", "\"abc\"", "\"\\u00e9\\\"\\n\"", "\"\xf0\x9f\x98\x80\""};
@@ -1214,6 +1340,7 @@ int main(void)
 		cmocka_unit_test(test_enc_small_events),
 		cmocka_unit_test(test_enc_status),
 		cmocka_unit_test(test_enc_big_numbers),
+		cmocka_unit_test(test_enc_lora_events),
 		cmocka_unit_test(test_id_echo),
 		cmocka_unit_test(test_parse_mutations),
 		cmocka_unit_test(test_depth_limit),

@@ -14,11 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "shm/arena.h"
+#include "shm/blocks.h"
 #include "shm/ctl.h"
 #include "shm/futex.h"
 
@@ -340,11 +342,88 @@ static void test_step_protocol_and_retry(void **state)
 	nx_arena_destroy(&e.a);
 }
 
+/* Bytes of memory the memfd holds (its pages, not its size). */
+static long long memfd_bytes(int fd)
+{
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0);
+	return (long long)st.st_blocks * 512;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i])
+			return false;
+	return true;
+}
+
+static void test_blocks_reuse_merge_punch(void **state)
+{
+	const size_t P = NX_ARENA_ALIGN;
+	struct nx_arena a;
+	struct nx_blocks b;
+	struct nx_err err = {{0}};
+	assert_int_equal(nx_arena_create(&a, "test-blocks", (size_t)1 << 30, &err), 0);
+	nx_blocks_init(&b, &a);
+	assert_true(nx_blocks_round(1) == P && nx_blocks_round(P) == P && nx_blocks_round(P + 1) == 2 * P);
+
+	/* Fresh blocks come one after the other from the arena, whole pages. */
+	uint8_t *x = nx_blocks_alloc(&b, 1, &err), *y = nx_blocks_alloc(&b, 2 * P, &err),
+		*z = nx_blocks_alloc(&b, P, &err), *w = nx_blocks_alloc(&b, P, &err);
+	assert_non_null(x);
+	assert_true(y == x + P && z == y + 2 * P && w == z + P);
+	size_t used = a.used;
+	memset(x, 1, P);
+	memset(y, 2, 2 * P);
+	memset(z, 3, P);
+	long long held = memfd_bytes(a.fd);
+
+	/* A freed block's pages go back to the kernel and read as zeros. */
+	assert_int_equal(nx_blocks_free(&b, y, 2 * P), 0);
+	assert_true(memfd_bytes(a.fd) <= held - (long long)(2 * P)); /* before reading faults them in again */
+	assert_true(all_zero(y, 2 * P));
+	assert_true(x[P - 1] == 1 && z[0] == 3);
+	assert_true(b.n_free == 1 && b.free[0].off == (size_t)(y - a.base) && b.free[0].size == 2 * P);
+
+	/* Reuse: first fit, from the start of the free range; the arena does not grow. */
+	uint8_t *r = nx_blocks_alloc(&b, P, &err);
+	assert_true(r == y && a.used == used);
+	assert_true(b.n_free == 1 && b.free[0].off == (size_t)(y + P - a.base) && b.free[0].size == P);
+	assert_int_equal(nx_blocks_free(&b, r, P), 0);
+	assert_true(b.n_free == 1 && b.free[0].size == 2 * P); /* merged with the range after it */
+
+	/* Freeing the blocks on either side merges all into one range. */
+	assert_int_equal(nx_blocks_free(&b, z, P), 0);
+	assert_true(b.n_free == 1 && b.free[0].size == 3 * P);
+	assert_int_equal(nx_blocks_free(&b, x, 1), 0);
+	assert_true(b.n_free == 1 && b.free[0].off == (size_t)(x - a.base) && b.free[0].size == 4 * P);
+	assert_true(all_zero(x, 4 * P));
+
+	/* Not adjacent: two ranges, sorted by offset. */
+	uint8_t *big = nx_blocks_alloc(&b, 5 * P, &err); /* fits no free range: carved */
+	assert_true(big == w + P && a.used == used + 5 * P);
+	assert_int_equal(nx_blocks_free(&b, big, 5 * P), 0);
+	assert_true(b.n_free == 2 && b.free[0].off < b.free[1].off);
+	assert_int_equal(nx_blocks_free(&b, w, P), 0); /* the gap between them */
+	assert_true(b.n_free == 1 && b.free[0].size == 10 * P);
+
+	/* A block as big as everything freed is all of it, zero-filled. */
+	uint8_t *all = nx_blocks_alloc(&b, 10 * P, &err);
+	assert_true(all == x && b.n_free == 0 && a.used == used + 5 * P);
+	assert_true(all_zero(all, 10 * P));
+	assert_int_equal(nx_blocks_free(&b, NULL, P), 0);
+
+	nx_blocks_release(&b);
+	nx_arena_destroy(&a);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_size_arith),
 		cmocka_unit_test(test_arena_grow_visible_after_fork),
+		cmocka_unit_test(test_blocks_reuse_merge_punch),
 		cmocka_unit_test(test_barrier_processes),
 		cmocka_unit_test(test_abort_wakes_waiters),
 		cmocka_unit_test(test_step_protocol_and_retry),
