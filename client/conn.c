@@ -168,23 +168,6 @@ int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw)
 	}
 }
 
-const char *nxc_json_type(const json_t *v)
-{
-	if (!v)
-		return "nothing";
-	switch (json_typeof(v)) {
-	case JSON_OBJECT: return "object";
-	case JSON_ARRAY: return "array";
-	case JSON_STRING: return "string";
-	case JSON_INTEGER: return "integer";
-	case JSON_REAL: return "real";
-	case JSON_TRUE:
-	case JSON_FALSE: return "boolean";
-	case JSON_NULL: return "null";
-	}
-	return "value";
-}
-
 const char *nxc_ev_name(json_t *ev)
 {
 	const char *s = json_string_value(json_object_get(ev, "event"));
@@ -292,7 +275,7 @@ int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out)
 			if (!json_is_integer(v)) {
 				nxc_msg("nxd at %s sent a hello whose 'version' is not an integer (got %s); nxctl "
 					"speaks protocol version %d",
-					c->path, nxc_json_type(v), NXP_VERSION);
+					c->path, nxp_json_type(v), NXP_VERSION);
 				json_decref(ev);
 				goto err;
 			}

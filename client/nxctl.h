@@ -146,8 +146,6 @@ int nxc_send(struct nxc_conn *c, json_t *req);
  * (message printed), -2 when interrupted by a signal. */
 int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw);
 
-/* "string", "integer"... for messages; "nothing" for NULL. */
-const char *nxc_json_type(const json_t *v);
 /* The event's "event" field, or "" when absent. */
 const char *nxc_ev_name(json_t *ev);
 /* Whether ev's id equals the integer id (nxctl only uses integer ids). */

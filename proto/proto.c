@@ -465,8 +465,10 @@ static int fail(struct nxp_error *e, enum nxp_code code, const char *fmt, ...)
 	return -1;
 }
 
-static const char *type_name(const json_t *v)
+const char *nxp_json_type(const json_t *v)
 {
+	if (!v)
+		return "nothing";
 	switch (json_typeof(v)) {
 	case JSON_OBJECT: return "object";
 	case JSON_ARRAY: return "array";
@@ -522,7 +524,7 @@ static int get_int(const json_t *v, const char *name, long long lo, long long hi
 		x = (long long)d;
 	} else {
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an integer, got %s", name,
-			    type_name(v));
+			    nxp_json_type(v));
 	}
 	if (x < lo || x > hi)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be in %lld..%lld, got %lld", name, lo,
@@ -577,7 +579,7 @@ static int get_float(const json_t *v, const char *name, const struct real_rule *
 {
 	char got[32];
 	if (!json_is_number(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a number, got %s", name, type_name(v));
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a number, got %s", name, nxp_json_type(v));
 	double d = json_number_value(v);
 	if (!isfinite(d)) /* jansson refuses these already */
 		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be a finite number, got %s", name,
@@ -615,7 +617,7 @@ static int opt_bool(json_t *obj, const char *name, bool *out, bool *present, str
 		return 0;
 	if (!json_is_boolean(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a boolean, got %s", name,
-			    type_name(v));
+			    nxp_json_type(v));
 	*out = json_is_true(v);
 	return 0;
 }
@@ -628,7 +630,7 @@ static int opt_str(json_t *obj, const char *name, char **out, struct nxp_error *
 		return 0;
 	if (!json_is_string(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string, got %s", name,
-			    type_name(v));
+			    nxp_json_type(v));
 	*out = strdup(json_string_value(v));
 	if (!*out)
 		return fail(e, NXP_E_INTERNAL, "out of memory copying field '%s'", name);
@@ -651,7 +653,7 @@ static int id_text(const json_t *v, const char *name, char out[NXP_ID_MAX], stru
 	}
 	if (!json_is_string(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string or an integer, got %s",
-			    name, type_name(v));
+			    name, nxp_json_type(v));
 	char tmp[NXP_ID_MAX];
 	size_t n = nxp_json_str(tmp, sizeof(tmp), json_string_value(v), json_string_length(v));
 	if (n >= NXP_ID_MAX)
@@ -668,7 +670,7 @@ static int token_array(json_t *v, const char *name, const struct nxp_limits *lim
 {
 	if (!json_is_array(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an array of integers, got %s",
-			    name, type_name(v));
+			    name, nxp_json_type(v));
 	size_t n = json_array_size(v);
 	if (n > INT_MAX)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' has too many entries (%zu)", name, n);
@@ -744,7 +746,7 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 {
 	if (!json_is_array(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field 'messages' must be an array of objects, got %s",
-			    type_name(v));
+			    nxp_json_type(v));
 	size_t n = json_array_size(v);
 	if (n < 1 || n > NXP_MAX_MESSAGES)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'messages' must have 1..%d entries, got %zu",
@@ -759,13 +761,13 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 		char sb[64];
 		if (!json_is_object(m))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu]' must be an object, got %s",
-				    i, type_name(m));
+				    i, nxp_json_type(m));
 		if (!role)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].role' is required", i);
 		if (!json_is_string(role))
 			return fail(e, NXP_E_BAD_REQUEST,
 				    "field 'messages[%zu].role' must be a string, got %s", i,
-				    type_name(role));
+				    nxp_json_type(role));
 		const char *rs = json_string_value(role);
 		int ri = -1;
 		for (int k = 0; k <= NXP_ROLE_ASSISTANT; k++)
@@ -780,7 +782,7 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 		if (!json_is_string(content))
 			return fail(e, NXP_E_BAD_REQUEST,
 				    "field 'messages[%zu].content' must be a string, got %s", i,
-				    type_name(content));
+				    nxp_json_type(content));
 		g->messages[i].role = (enum nxp_role)ri;
 		g->messages[i].content = strdup(json_string_value(content));
 		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
@@ -796,7 +798,7 @@ static int parse_stop(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 	bool single = json_is_string(v);
 	if (!single && !json_is_array(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field 'stop' must be an array of strings, got %s",
-			    type_name(v));
+			    nxp_json_type(v));
 	size_t n = single ? 1 : json_array_size(v);
 	if (n > NXP_MAX_STOP)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'stop' must have at most %d entries, got %zu",
@@ -805,7 +807,7 @@ static int parse_stop(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 		json_t *s = single ? v : json_array_get(v, i);
 		if (!json_is_string(s))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'stop[%zu]' must be a string, got %s", i,
-				    type_name(s));
+				    nxp_json_type(s));
 		size_t len = json_string_length(s);
 		if (len < 1 || len > NXP_MAX_STOP_LEN)
 			return fail(e, NXP_E_OUT_OF_RANGE,
@@ -823,7 +825,7 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 {
 	if (!json_is_array(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field 'lora' must be an array of objects, got %s",
-			    type_name(v));
+			    nxp_json_type(v));
 	size_t n = json_array_size(v);
 	if (n > NXP_MAX_LORA)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'lora' must have at most %d entries, got %zu",
@@ -837,13 +839,13 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 		json_t *a = json_array_get(v, i);
 		if (!json_is_object(a))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu]' must be an object, got %s", i,
-				    type_name(a));
+				    nxp_json_type(a));
 		json_t *nm = field(a, "name");
 		if (!nm)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].name' is required", i);
 		if (!json_is_string(nm))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].name' must be a string, got %s",
-				    i, type_name(nm));
+				    i, nxp_json_type(nm));
 		size_t len = json_string_length(nm);
 		if (len < 1 || len > NXP_MAX_LORA_NAME)
 			return fail(e, NXP_E_OUT_OF_RANGE,
@@ -975,7 +977,7 @@ static int lora_name(json_t *o, struct nxp_lora_op *l, const char *op, struct nx
 	if (!v)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'name' is required for op '%s'", op);
 	if (!json_is_string(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field 'name' must be a string, got %s", type_name(v));
+		return fail(e, NXP_E_BAD_REQUEST, "field 'name' must be a string, got %s", nxp_json_type(v));
 	const char *s = json_string_value(v);
 	size_t len = json_string_length(v);
 	if (len < 1 || len > NXP_MAX_LORA_NAME)
@@ -996,7 +998,7 @@ static int lora_name(json_t *o, struct nxp_lora_op *l, const char *op, struct nx
 static int type_name_field(json_t *v, const char *name, char out[NXP_MAX_TYPE_NAME], struct nxp_error *e)
 {
 	if (!json_is_string(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string, got %s", name, type_name(v));
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be a string, got %s", name, nxp_json_type(v));
 	size_t len = json_string_length(v);
 	if (len < 1 || len >= NXP_MAX_TYPE_NAME)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field '%s' must be 1..%d bytes long, got %zu", name,
@@ -1019,7 +1021,7 @@ static int parse_lora_load(json_t *o, const struct nxp_limits *lim, struct nxp_r
 	if (!v)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'path' is required for op 'lora_load'");
 	if (!json_is_string(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field 'path' must be a string, got %s", type_name(v));
+		return fail(e, NXP_E_BAD_REQUEST, "field 'path' must be a string, got %s", nxp_json_type(v));
 	if (json_string_length(v) < 1 || json_string_length(v) > NXP_MAX_LORA_PATH)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'path' must be 1..%d bytes long, got %zu", NXP_MAX_LORA_PATH,
 			    json_string_length(v));
@@ -1050,7 +1052,7 @@ static int lora_probe_fields(json_t *o, struct nxp_lora_op *l, struct nxp_error 
 	if (!v)
 		return 0;
 	if (!json_is_array(v))
-		return fail(e, NXP_E_BAD_REQUEST, "field 'layers' must be an array of integers, got %s", type_name(v));
+		return fail(e, NXP_E_BAD_REQUEST, "field 'layers' must be an array of integers, got %s", nxp_json_type(v));
 	size_t n = json_array_size(v);
 	if (n < 1 || n > NXP_MAX_LAYERS)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'layers' must have 1..%d entries, got %zu", NXP_MAX_LAYERS, n);
@@ -1094,7 +1096,7 @@ static int parse_lora_report(json_t *o, const struct nxp_limits *lim, struct nxp
 	}
 	if (!json_is_array(v))
 		return fail(e, NXP_E_BAD_REQUEST, "field 'types' must be a string or an array of strings, got %s",
-			    type_name(v));
+			    nxp_json_type(v));
 	size_t n = json_array_size(v);
 	if (n < 1 || n > NXP_MAX_FOLD_TYPES)
 		return fail(e, NXP_E_OUT_OF_RANGE, "field 'types' must have 1..%d entries, got %zu", NXP_MAX_FOLD_TYPES,
@@ -1159,7 +1161,7 @@ static int parse_obj(json_t *o, const struct nxp_limits *lim, struct nxp_request
 	if (!op)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'op' is required");
 	if (!json_is_string(op))
-		return fail(e, NXP_E_BAD_REQUEST, "field 'op' must be a string, got %s", type_name(op));
+		return fail(e, NXP_E_BAD_REQUEST, "field 'op' must be a string, got %s", nxp_json_type(op));
 	const char *name = json_string_value(op);
 	for (size_t i = 0; i < sizeof(op_table) / sizeof(op_table[0]); i++) {
 		if (strcmp(name, op_table[i].name))
@@ -1277,7 +1279,7 @@ int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct
 	}
 	int rc;
 	if (!json_is_object(o))
-		rc = fail(e, NXP_E_PARSE_ERROR, "a request must be a JSON object, got %s", type_name(o));
+		rc = fail(e, NXP_E_PARSE_ERROR, "a request must be a JSON object, got %s", nxp_json_type(o));
 	else
 		rc = parse_obj(o, lim, req, e);
 	json_decref(o);

@@ -290,6 +290,8 @@ size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
 // --- LoRA events (proto/lora_events.c): malloc'd lines like the *_alloc above
 
 struct json_t; /* jansson's */
+/* "string", "integer"... of a JSON value for messages; "nothing" for NULL. */
+const char *nxp_json_type(const struct json_t *v);
 
 /* A fold in the stack (lora_folded; an adapter's "folded"). */
 struct nxp_fold_info {
