@@ -265,16 +265,30 @@ size_t nxp_enc_hello(char *buf, size_t cap, const char *id, const struct nxp_hel
 	const char *arch = h->arch ? h->arch : "";
 	w_jstr(&w, arch, strlen(arch));
 	w_fmt(&w, ",\"n_ctx\":%d,\"n_vocab\":%d", h->n_ctx, h->n_vocab);
+	if (h->max_tokens > 0)
+		w_fmt(&w, ",\"max_tokens\":%d", h->max_tokens);
 	return w_tail(&w);
 }
 
 size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const char *text,
 		     size_t text_len, const struct nxp_logprob *lp, int n_lp)
 {
+	return nxp_enc_token_lp(buf, cap, id, token, text, text_len, NULL, lp, n_lp);
+}
+
+size_t nxp_enc_token_lp(char *buf, size_t cap, const char *id, int32_t token, const char *text,
+			size_t text_len, const struct nxp_logprob *self, const struct nxp_logprob *lp, int n_lp)
+{
 	struct wr w = {buf, cap, 0};
 	w_head(&w, id, "token");
 	w_fmt(&w, ",\"token\":%" PRId32 ",\"text\":", token);
 	w_jstr(&w, text ? text : "", text ? text_len : 0);
+	if (self) {
+		w_str(&w, ",\"piece\":");
+		w_jstr(&w, self->text ? self->text : "", self->text ? self->text_len : 0);
+		w_str(&w, ",\"logprob\":");
+		w_num(&w, self->logprob);
+	}
 	if (lp && n_lp > 0) {
 		w_str(&w, ",\"logprobs\":[");
 		for (int i = 0; i < n_lp; i++) {
