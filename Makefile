@@ -18,7 +18,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 
 TOOLS    := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
-PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
+PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl) \
+	    $(if $(wildcard http/*.c),$(B)/nxd-http)
 
 .PHONY: all deps venv model run test test-c test-py attack clean install uninstall
 all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
@@ -40,6 +41,10 @@ $(B)/nxd: $(patsubst %.c,$(B)/obj/%.o,$(wildcard daemon/*.c worker/*.c)) $(B)/li
 
 $(B)/nxctl: $(patsubst %.c,$(B)/obj/%.o,$(wildcard client/*.c)) $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# The HTTP gateway: a client of nxd's socket (libmicrohttpd parses HTTP, never the supervisor).
+$(B)/nxd-http: $(patsubst %.c,$(B)/obj/%.o,$(wildcard http/*.c)) $(B)/libnx.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lmicrohttpd
 
 $(B)/%: $(B)/obj/tools/%.o $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
