@@ -288,3 +288,367 @@ def test_greedy_equals_nxctl(stack, client, model_id):
         pieces = c.request({"op": "detokenize", "id": 2, "tokens": toks})["text"]
     assert "".join(e.token for e in r.choices[0].logprobs.content) == pieces
     assert r.usage.completion_tokens == len(toks)
+
+
+# --- curl
+
+def test_curl(stack, model_id):
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed")
+    d, g = stack
+    body = json.dumps({"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+                       "max_tokens": 16})
+    out = subprocess.run(["curl", "-sS", "--fail-with-body", g.url + "/v1/chat/completions",
+                          "-H", "Content-Type: application/json", "-d", body], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    full = json.loads(out.stdout)["choices"][0]["message"]["content"]
+    sbody = json.loads(body)
+    sbody["stream"] = True
+    out = subprocess.run(["curl", "-sSN", g.url + "/v1/chat/completions", "-d", json.dumps(sbody)],
+                         capture_output=True, timeout=60)
+    ev = sse_events(out.stdout)
+    assert ev[-1] == "[DONE]" and ev[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1]) == full
+    # keep-alive: two requests, one connection
+    out = subprocess.run(["curl", "-sSv", g.url + "/health", g.url + "/v1/models"], capture_output=True, timeout=60)
+    assert out.returncode == 0 and b"Re-using existing connection" in out.stderr, out.stderr
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", g.url + "/v1/chat/completions",
+                          "-d", "{"], capture_output=True, timeout=60)
+    assert out.stdout == b"400"
+
+
+# --- malformed HTTP on raw sockets
+
+def greedy_ref(d):
+    with Client(d.sock) as c:
+        return c.generate(rid=1, prompt=PROMPT, max_tokens=24, temperature=0)[1]
+
+
+def test_malformed_http(stack, model_id):
+    d, g = stack
+    ref = greedy_ref(d)
+    cases = [
+        (b"GET /health HTTP/1.1\r\n\r\n", 400),                         # no Host
+        (b"GET /health\r\n\r\n", 400),                                  # no version
+        (b"GET /health HTTP/9.9\r\nHost: x\r\n\r\n", 505),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
+        (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+        (b"GET /" + b"a" * 40000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1234567890\r\n" % i for i in range(2000)) + b"\r\n",
+         431),
+        (raw_request("POST", "/tokenize", b"x" * 2000000), 413),
+        (raw_request("POST", "/tokenize", b"[1]"), 400),
+    ]
+    for data, want in cases:
+        with Conn(g) as c:
+            c.send(data)
+            st, hd, body = c.read_response()
+            assert st == want, (data[:60], st, body[:200])
+    # A request line libmicrohttpd cannot split into method, target and version closes the connection.
+    for data in (b"GARBAGE\r\n\r\n", b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n"):
+        with Conn(g) as c:
+            c.send(data)
+            assert c.closed_by_peer(5)
+    # A chunked body
+    with Conn(g) as c:
+        body = json.dumps({"prompt": "Hello world"}).encode()
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 5]), body[i:i + 5]) for i in range(0, len(body), 5))
+        c.send(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+        st, _, b = c.read_response()
+        assert st == 200 and json.loads(b)["count"] >= 2
+        # and a chunked body over the limit: 413 (no Content-Length to refuse it by)
+        c2 = Conn(g)
+        c2.send(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(17):
+            c2.send(b"10000\r\n" + b"x" * 65536 + b"\r\n")
+        c2.send(b"0\r\n\r\n")
+        st, _, _ = c2.read_response()
+        assert st == 413
+        c2.close()
+    # Pipelining: three requests in one write, three answers in order.
+    with Conn(g) as c:
+        c.send(raw_request("POST", "/tokenize", {"prompt": "a"}) + raw_request("GET", "/v1/models") +
+               raw_request("POST", "/detokenize", {"tokens": [19556]}))
+        st1, _, b1 = c.read_response()
+        st2, _, b2 = c.read_response()
+        st3, _, b3 = c.read_response()
+        assert (st1, st2, st3) == (200, 200, 200)
+        assert "tokens" in json.loads(b1) and json.loads(b2)["object"] == "list" and "prompt" in json.loads(b3)
+    assert g.alive() and pid_alive(d.pid)
+    assert greedy_ref(d) == ref
+
+
+def test_slowloris_and_many_connections(model_path, tmp_path):
+    with Daemon(model_path, tmp_path, workers=2, args=["--ctx", "1024"]) as d, \
+            Gateway(d.sock, tmp_path, args=["--header-timeout", "2", "--body-timeout", "2",
+                                            "--max-connections", "300"]) as g:
+        ref = greedy_ref(d)
+        # 300 connections open and idle: a normal client is still served at once...
+        idle = [Conn(g) for _ in range(299)]
+        t0 = time.time()
+        st, _, body = request(g, "GET", "/health")
+        assert st == 200 and time.time() - t0 < 1
+        # ...and past --max-connections a new one gets a clear 503, then is closed.
+        with Conn(g) as extra, Conn(g) as c:
+            c.send(raw_request("GET", "/health"))
+            st, hd, body = c.read_response()
+            assert st == 503 and json.loads(body)["error"]["code"] == "too_many_connections"
+            assert hd.get("connection") == "close"
+        for c in idle:
+            c.close()
+        # 20 clients dripping a header byte every half second (slowloris)
+        drip = [Conn(g) for _ in range(20)]
+        for c in drip:
+            c.send(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        for _ in range(3):
+            assert request(g, "GET", "/health")[0] == 200
+            for c in drip:
+                try:
+                    c.send(b"a")
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        # past the header deadline: a 408 for each, then the connection is closed
+        for c in drip:
+            st, hd, _ = c.read_response(timeout=10)
+            assert st == 408 and hd.get("connection") == "close"
+            assert c.closed_by_peer(5)
+            c.close()
+        # A slow body gets a 408 too.
+        with Conn(g) as c:
+            c.send(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            st, _, _ = c.read_response(timeout=10)
+            assert st == 408
+        wait_until(lambda: request(g, "GET", "/health")[0] == 200, timeout=10, what="served again")
+        assert greedy_ref(d) == ref and g.alive()
+
+
+# --- cancels, faults, the sandbox
+
+def slots_used(d):
+    return d.status()["slots"]["used"]
+
+
+def test_disconnect_mid_stream_cancels(stack, model_id):
+    d, g = stack
+    c = Conn(g)
+    c.send(raw_request("POST", "/v1/chat/completions",
+                       {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+                        "max_tokens": 1500, "temperature": 1.0, "seed": 1, "top_k": 0}))
+    c.s.settimeout(30)
+    got = b""
+    while got.count(b"data: ") < 5:
+        got += c.s.recv(4096)
+    assert slots_used(d) == 1
+    c.close()
+    wait_until(lambda: slots_used(d) == 0, timeout=2, what="the slot freed after the client left")
+    # and a client that hangs up while its prompt waits or computes (connection suspended)
+    c = Conn(g)
+    c.send(raw_request("POST", "/v1/completions", {"model": model_id, "prompt": "word " * 1000, "max_tokens": 1000,
+                                                    "temperature": 1.0, "seed": 1, "top_k": 0}))
+    time.sleep(0.05)
+    c.close()
+    wait_until(lambda: slots_used(d) == 0 and d.status()["slots"]["queued"] == 0, timeout=3,
+               what="the slot freed after a non-streamed client left")
+
+
+def test_worker_killed_mid_sse_stream(stack, client, model_id):
+    d, g = stack
+    kw = dict(max_tokens=120, messages=[{"role": "user", "content": "Tell me a long story about a dragon."}])
+    want = chat(client, model_id, **kw).choices[0].message.content
+    victim = d.worker_pids()[1]
+    text, n = "", 0
+    for ch in chat(client, model_id, stream=True, **kw):
+        for c in ch.choices:
+            text += c.delta.content or ""
+        n += 1
+        if n == 10:
+            os.kill(victim, signal.SIGKILL)
+    assert text == want
+    wait_until(lambda: victim not in d.worker_pids(), timeout=10, what="the worker respawned")
+    assert d.status()["steps_retried"] >= 1
+
+
+def proc_status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(ln.split(":\t", 1) for ln in f.read().splitlines() if ":\t" in ln)
+
+
+def test_sandbox_is_applied(stack):
+    d, g = stack
+    st = proc_status(g.pid)
+    assert st["Seccomp"].strip() == "2" and st["NoNewPrivs"].strip() == "1"
+    assert "sandbox: seccomp filter on" in g.log()
+
+
+def test_gateway_syscalls(model_path, tmp_path):
+    """The allowlist (http/sandbox.c) holds every syscall the gateway makes after start-up."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    src = (build_dir().parent / "http" / "sandbox.c").read_text() if (build_dir().parent / "http").is_dir() else \
+        open(os.path.join(os.path.dirname(__file__), "..", "..", "http", "sandbox.c")).read()
+    allowed = set(re.findall(r"SCMP_SYS\((\w+)\)", src))
+    with Daemon(model_path, tmp_path, workers=1, args=["--ctx", "512"]) as d:
+        trace = tmp_path / "strace.txt"
+        gw = Gateway(d.sock, tmp_path, args=["--no-sandbox"],
+                     wrapper=["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=all"])
+        with gw as g:
+            c = openai.OpenAI(base_url=g.url + "/v1", api_key="x", max_retries=0)
+            mid = c.models.list().data[0].id
+            c.chat.completions.create(model=mid, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+            list(c.chat.completions.create(model=mid, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                           stream=True))
+            request(g, "GET", "/metrics")
+            request(g, "GET", "/health")
+            with Conn(g) as cc:  # a client that leaves mid-stream
+                cc.send(raw_request("POST", "/v1/completions", {"model": mid, "prompt": "a", "max_tokens": 200,
+                                                                "stream": True}))
+                cc.s.recv(100)
+            # SIGTERM to the gateway itself (strace would only detach)
+            gpid = int(trace.read_text().split(None, 1)[0])
+            os.kill(gpid, signal.SIGTERM)
+            g.proc.wait(20)
+        lines = trace.read_text().splitlines()
+        start = next(i for i, ln in enumerate(lines) if 'write(2, "nxd-http: info: listening on' in ln)
+        used = set()
+        for ln in lines[start + 1:]:
+            m = re.match(r"\d+\s+(\w+)\(", ln)
+            if m:
+                used.add(m.group(1))
+        used -= {"exit_group", "rt_sigreturn"}
+        used.discard("epoll_pwait") if "epoll_pwait" in allowed else None
+        assert used <= allowed | {"socket", "mmap", "mprotect"}, used - allowed
+
+
+def test_gateway_crash_leaves_nxd_and_its_clients_untouched(stack, client, model_id):
+    """docs/reliability.md 32: HTTP runs in its own process; killing it mid-stream touches nothing else."""
+    d, g0 = stack
+    ref = greedy_ref(d)
+    with Gateway(d.sock, g0.dir, name="nxd-http-victim") as g:
+        c = Conn(g)
+        c.send(raw_request("POST", "/v1/chat/completions",
+                           {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+                            "max_tokens": 1000, "temperature": 1.0, "top_k": 0}))
+        with Client(d.sock) as sc:
+            sc.send({"op": "generate", "id": 7, "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+            got = c.s.recv(4096)
+            g.proc.kill()
+            g.proc.wait()
+            toks, text = [], ""
+            for ev in sc.events(7):
+                if ev["event"] == "token":
+                    text += ev["text"]
+            assert ev["event"] == "done" and text == ref
+        c.close()
+    wait_until(lambda: slots_used(d) == 0, timeout=3, what="the killed gateway's slot freed")
+    assert pid_alive(d.pid) and greedy_ref(d) == ref
+
+
+# --- keys, binding, nxd away
+
+def test_api_keys_and_admin(model_path, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# clients\nsk-one\n  sk-two  \n")
+    admin = tmp_path / "admin"
+    admin.write_text("adm-1\n")
+    with Daemon(model_path, tmp_path, workers=1, args=["--ctx", "512"]) as d:
+        with Gateway(d.sock, tmp_path, args=["--api-key-file", str(keys)]) as g:
+            st, hd, e = request(g, "GET", "/v1/models")
+            assert st == 401 and e["error"]["code"] == "invalid_api_key" and hd["www-authenticate"] == "Bearer"
+            for key in ("sk-on", "sk-one1", "SK-ONE", "x" * 300):
+                c = openai.OpenAI(base_url=g.url + "/v1", api_key=key, max_retries=0)
+                with pytest.raises(openai.AuthenticationError) as ei:
+                    c.models.list()
+                assert ei.value.body["code"] == "invalid_api_key"
+            for key in ("sk-one", "sk-two"):
+                assert openai.OpenAI(base_url=g.url + "/v1", api_key=key, max_retries=0).models.list().data
+            st, _, _ = request(g, "GET", "/health")
+            assert st == 200  # a load balancer's check needs no key
+            st, _, _ = request(g, "GET", "/metrics")
+            assert st == 401
+            # no admin key file: the admin endpoints do not exist, whatever the key
+            st, _, e = request(g, "POST", "/admin/shutdown", {}, headers={"Authorization": "Bearer sk-one"})
+            assert st == 404
+        with Gateway(d.sock, tmp_path, name="gw-admin", args=["--api-key-file", str(keys),
+                                                               "--admin-key-file", str(admin)]) as g:
+            st, _, e = request(g, "POST", "/admin/shutdown", {}, headers={"Authorization": "Bearer sk-one"})
+            assert st == 401
+            st, _, e = request(g, "POST", "/admin/lora/unload", {"name": "x", "extra": 1},
+                               headers={"Authorization": "Bearer adm-1"})
+            assert st == 400 and e["error"]["param"] == "extra"
+            st, _, e = request(g, "POST", "/admin/lora/unload", {"name": "x"}, headers={"Authorization": "Bearer adm-1"})
+            assert st == 404 and e["error"]["code"] == "not_found"
+            st, _, e = request(g, "POST", "/admin/shutdown", {}, headers={"Authorization": "Bearer adm-1"})
+            assert st == 200 and e["event"] == "ok"
+            assert d.proc.wait(15) == 0
+
+
+def test_key_comparison_is_constant_time():
+    """The comparison reads every key over its whole padded length (http/keys.c)."""
+    src = open(os.path.join(os.path.dirname(__file__), "..", "..", "http", "keys.c")).read()
+    body = src[src.index("static unsigned diff_key"):src.index("bool nxh_keys_match")]
+    assert "for (size_t i = 0; i <= NXH_MAX_KEY; i++)" in body and "return" not in body.split("{", 1)[1][:-40]
+
+
+def test_binds_loopback_by_default_and_ipv6(model_path, tmp_path):
+    out = subprocess.run([str(build_dir() / "nxd-http"), "--help"], capture_output=True, text=True)
+    assert "default 127.0.0.1:8080" in out.stdout
+    with Daemon(model_path, tmp_path, workers=1, args=["--ctx", "512"]) as d:
+        g = Gateway(d.sock, tmp_path, listen="[::1]:0", name="gw6")
+        try:
+            g.start()
+        except Exception as e:
+            pytest.skip(f"no IPv6 loopback here: {e}")
+        with g:
+            assert g.host == "[::1]"
+            st, _, body = request(g, "GET", "/health")
+            assert st == 200
+        bad = subprocess.run([str(build_dir() / "nxd-http"), "--listen", "localhost"], capture_output=True, text=True)
+        assert bad.returncode == 2 and "ADDR:PORT" in bad.stderr
+
+
+def test_nxd_unreachable_busy_and_back(model_path, tmp_path):
+    sock = tmp_path / "nxd.sock"
+    with Gateway(sock, tmp_path, args=["--upstream-timeout", "2"]) as g:
+        c = openai.OpenAI(base_url=g.url + "/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as ei:
+            c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert ei.value.status_code == 503 and ei.value.body["code"] == "nxd_unreachable"
+        st, _, body = request(g, "GET", "/health")
+        assert st == 503 and "unreachable" in body["reason"]
+        st, _, body = request(g, "GET", "/metrics")
+        assert st == 200 and b"nxd_up 0" in body
+        with Daemon(model_path, tmp_path, workers=1, socket_path=sock,
+                    args=["--ctx", "512", "--slots", "1", "--max-queue", "1"]) as d:
+            assert request(g, "GET", "/health")[0] == 200
+            mid = c.models.list().data[0].id
+            # one generating, one queued: the third is busy, a 429
+            body = {"model": mid, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 400,
+                    "temperature": 1.0, "seed": 5, "top_k": 0, "stream": True}
+            c1, c2 = Conn(g), Conn(g)
+            c1.send(raw_request("POST", "/v1/chat/completions", body))
+            c1.s.recv(100)
+            c2.send(raw_request("POST", "/v1/chat/completions", body))
+            wait_until(lambda: d.status()["slots"]["queued"] == 1, timeout=5, what="one queued")
+            with pytest.raises(openai.RateLimitError) as ei:
+                c.chat.completions.create(model=mid, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+            assert ei.value.status_code == 429 and ei.value.body["code"] == "rate_limit_exceeded"
+            c1.close()
+            c2.close()
+            wait_until(lambda: d.status()["slots"]["used"] == 0 and d.status()["slots"]["queued"] == 0, timeout=5,
+                       what="both cancelled")
+            long = dict(model=mid, messages=[{"role": "user", "content": PROMPT}], max_tokens=400, temperature=1.0,
+                        seed=5, extra_body={"top_k": 0}, stream=True)
+            # nxd stopping mid-stream: the stream ends with an error, never as if complete
+            s3 = c.chat.completions.create(**long)
+            it = iter(s3)
+            next(it)
+            d.proc.send_signal(signal.SIGTERM)
+            with pytest.raises(openai.APIError):
+                for _ in it:
+                    pass
+            d.proc.wait(15)
+        st, _, body = request(g, "GET", "/health")
+        assert st == 503
+        assert g.alive()
