@@ -416,7 +416,9 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 {
 	struct nxd_slot *s = &d->slots[p.slot];
 	struct nx_err err = {{0}};
-	if (nx_sampler_reset(&s->smp, &r->sp, &err) < 0 ||
+	struct nx_sample_params sp = r->sp;
+	sp.count_from = r->n_prompt; /* presence / frequency count the generated tokens */
+	if (nx_sampler_reset(&s->smp, &sp, &err) < 0 ||
 	    nx_stop_init(&s->stop, (const char *const *)r->stop, r->n_stop, &err) < 0) {
 		fail_req(d, r, NXP_E_OUT_OF_RANGE, err.msg);
 		return -1;

@@ -571,6 +571,7 @@ static const struct real_rule R_TOP_P = {0, 1, true, false, "must be in (0, 1]"}
 static const struct real_rule R_MIN_P = {0, 1, false, false, "must be in [0, 1]"};
 static const struct real_rule R_PENALTY = {0, HUGE_VAL, true, false, "must be > 0 (1 is off)"};
 static const struct real_rule R_SCALE = {-HUGE_VAL, HUGE_VAL, false, false, NULL};
+static const struct real_rule R_COUNT_PENALTY = {-2, 2, false, false, "must be in [-2, 2] (0 is off)"};
 
 /* The shortest text that reads back as d, so a message shows the value
  * that was sent ("1.0000000001", where %g would say "1"). */
@@ -955,6 +956,8 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	    opt_float(o, "min_p", &R_MIN_P, &sp->min_p, NULL, e) ||
 	    opt_float(o, "repeat_penalty", &R_PENALTY, &sp->repeat_penalty, NULL, e) ||
 	    opt_int(o, "repeat_last_n", 0, INT32_MAX, &sp->repeat_last_n, e) ||
+	    opt_float(o, "presence_penalty", &R_COUNT_PENALTY, &sp->presence_penalty, NULL, e) ||
+	    opt_float(o, "frequency_penalty", &R_COUNT_PENALTY, &sp->frequency_penalty, NULL, e) ||
 	    opt_int(o, "logprobs", 0, NXP_MAX_LOGPROBS, &sp->n_logprobs, e))
 		return -1;
 	json_t *seed = field(o, "seed");
