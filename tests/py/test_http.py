@@ -652,3 +652,22 @@ def test_nxd_unreachable_busy_and_back(model_path, tmp_path):
         st, _, body = request(g, "GET", "/health")
         assert st == 503
         assert g.alive()
+
+
+def test_presence_and_frequency_penalties(stack, client, model_id):
+    """Implemented in nxd's sampler (tests/c/test_sampler.c checks the arithmetic): through HTTP they change
+    greedy text as the same request on the socket does, and out-of-range values are a 400 naming the field."""
+    d, g = stack
+    prompt = PROMPT
+    base = chat(client, model_id, messages=[{"role": "user", "content": prompt}], max_tokens=48)
+    for kw in (dict(frequency_penalty=1.5), dict(presence_penalty=2.0)):
+        r = chat(client, model_id, messages=[{"role": "user", "content": prompt}], max_tokens=48, **kw)
+        with Client(d.sock) as c:
+            _, text, _ = c.generate(rid=1, messages=[{"role": "user", "content": prompt}], max_tokens=48,
+                                    temperature=0, **kw)
+        assert r.choices[0].message.content == text
+        assert text != base.choices[0].message.content
+    for field in ("presence_penalty", "frequency_penalty"):
+        with pytest.raises(openai.BadRequestError) as ei:
+            chat(client, model_id, **{field: 2.5})
+        assert ei.value.body["param"] == field
