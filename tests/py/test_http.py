@@ -671,3 +671,50 @@ def test_presence_and_frequency_penalties(stack, client, model_id):
         with pytest.raises(openai.BadRequestError) as ei:
             chat(client, model_id, **{field: 2.5})
         assert ei.value.body["param"] == field
+
+
+def metric(text, name, labels=""):
+    m = re.search(r"^" + re.escape(name + labels) + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_metrics(stack, client, model_id):
+    d, g = stack
+    st, hd, before = request(g, "GET", "/metrics")
+    assert st == 200 and hd["content-type"].startswith("text/plain; version=0.0.4")
+    before = before.decode()
+    r = chat(client, model_id, max_tokens=8)
+    list(chat(client, model_id, max_tokens=8, stream=True))
+    with pytest.raises(openai.BadRequestError):
+        chat(client, model_id, n=3)
+    st, _, after = request(g, "GET", "/metrics")
+    t = after.decode()
+    ok = 'nxd_http_requests_total{endpoint="chat_completions",status="200"}'
+    assert metric(t, ok) - (metric(before, ok) or 0) == 2
+    assert metric(t, 'nxd_http_requests_total{endpoint="chat_completions",status="400"}') >= 1
+    assert metric(t, "nxd_http_completion_tokens_total") - metric(before, "nxd_http_completion_tokens_total") == \
+        r.usage.completion_tokens + 8
+    assert metric(t, "nxd_http_prompt_tokens_total") > 0
+    assert metric(t, "nxd_http_time_to_first_token_seconds_count") >= 2
+    assert metric(t, 'nxd_http_time_to_first_token_seconds_bucket{le="+Inf"}') == \
+        metric(t, "nxd_http_time_to_first_token_seconds_count")
+    assert metric(t, "nxd_http_time_per_output_token_seconds_count") >= 14
+    st = d.status()
+    assert metric(t, "nxd_up") == 1
+    assert metric(t, "nxd_slots") == st["slots"]["total"]
+    assert metric(t, "nxd_queue_length") == 0 and metric(t, "nxd_slots_in_use") is not None
+    assert metric(t, "nxd_steps_retried_total") == st["steps_retried"]
+    assert metric(t, 'nxd_worker_restarts_total{worker="0"}') is not None
+    # Every sample line is NAME{labels} VALUE, every family has HELP and TYPE.
+    for ln in t.splitlines():
+        assert ln.startswith("# HELP ") or ln.startswith("# TYPE ") or \
+            re.match(r'^[a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? -?[0-9.e+inf]+$', ln), ln
+
+
+def test_metrics_profile_phases(model_path, tmp_path):
+    with Daemon(model_path, tmp_path, workers=1, args=["--ctx", "512"], env={"NXD_PROFILE": "1"}) as d, \
+            Gateway(d.sock, tmp_path) as g:
+        with Client(d.sock) as c:
+            c.generate(rid=1, prompt="Hi", max_tokens=8, temperature=0)
+        st, _, t = request(g, "GET", "/metrics")
+        assert 'nxd_step_phase_milliseconds{phase="matmul"}' in t.decode()
