@@ -142,6 +142,7 @@ enum {
 	NXH_R_JSON = 1,     /* the body must be a JSON object */
 	NXH_R_OPEN = 2,     /* no API key needed (/health) */
 	NXH_R_ADMIN = 4,    /* an admin key is needed; absent unless --admin-key-file */
+	NXH_R_OLLAMA = 8,   /* errors in ollama's shape: {"error": "message"} */
 };
 
 /* What a generate request is turned back into. */

@@ -30,6 +30,12 @@ void nxh_req_answer(struct nxh_req *r, unsigned status, json_t *body)
 	r->state = NXH_Q_READY;
 }
 
+static void nxh_req_swap_answer(struct nxh_req *r, json_t *body)
+{
+	json_decref(r->answer);
+	r->answer = body;
+}
+
 static void vfail(struct nxh_req *r, unsigned status, const char *type, const char *param, const char *code,
 		  const char *fmt, va_list ap)
 {
@@ -244,6 +250,12 @@ static enum MHD_Result queue_answer(struct nxh_req *r)
 		if (resp)
 			MHD_add_response_header(resp, "Content-Type", r->content_type);
 	} else {
+		if (r->route && (r->route->flags & NXH_R_OLLAMA) && r->status >= 400) {
+			/* ollama's clients read {"error": "..."} */
+			json_t *m = json_object_get(json_object_get(r->answer, "error"), "message");
+			if (m)
+				nxh_req_swap_answer(r, json_pack("{s:O}", "error", m));
+		}
 		char *s = r->answer ? json_dumps(r->answer, JSON_COMPACT) : NULL;
 		if (!s) {
 			s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"

@@ -718,3 +718,36 @@ def test_metrics_profile_phases(model_path, tmp_path):
             c.generate(rid=1, prompt="Hi", max_tokens=8, temperature=0)
         st, _, t = request(g, "GET", "/metrics")
         assert 'nxd_step_phase_milliseconds{phase="matmul"}' in t.decode()
+
+
+# --- the ollama API's core
+
+def test_ollama_api(stack, client, model_id):
+    d, g = stack
+    st, _, v = request(g, "GET", "/api/version")
+    assert st == 200 and v["version"]
+    st, _, tags = request(g, "GET", "/api/tags")
+    assert st == 200 and tags["models"][0]["name"] == model_id and tags["models"][0]["details"]["format"] == "gguf"
+    st, _, ps = request(g, "GET", "/api/ps")
+    assert st == 200 and ps["models"][0]["model"] == model_id
+    want = chat(client, model_id, max_tokens=24).choices[0].message.content
+    opts = {"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0}  # ollama's default is 1.1
+    msgs = [{"role": "user", "content": PROMPT}]
+    st, hd, body = request(g, "POST", "/api/chat", {"model": model_id + ":latest", "messages": msgs, "options": opts})
+    assert st == 200 and hd["content-type"] == "application/x-ndjson"
+    lines = [json.loads(ln) for ln in body.decode().splitlines()]
+    assert all(not ln["done"] for ln in lines[:-1]) and lines[-1]["done"]
+    assert "".join(ln["message"]["content"] for ln in lines) == want
+    assert lines[-1]["eval_count"] == 24 and lines[-1]["done_reason"] == "length"
+    st, _, one = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "options": opts,
+                                                  "stream": False})
+    assert st == 200 and one["message"]["content"] == want and one["done"] and one["prompt_eval_count"] > 0
+    st, _, gen = request(g, "POST", "/api/generate", {"model": model_id, "prompt": PROMPT, "options": opts,
+                                                      "stream": False})
+    assert st == 200 and gen["response"] == want
+    st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "x", "options": {"mirostat": 1}})
+    assert st == 400 and "options.mirostat" in e["error"]
+    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "format": "json"})
+    assert st == 400 and "format" in e["error"]
+    st, _, e = request(g, "POST", "/api/chat", {"model": "nope", "messages": msgs})
+    assert st == 404 and "nope" in e["error"]
