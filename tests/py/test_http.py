@@ -751,3 +751,38 @@ def test_ollama_api(stack, client, model_id):
     assert st == 400 and "format" in e["error"]
     st, _, e = request(g, "POST", "/api/chat", {"model": "nope", "messages": msgs})
     assert st == 404 and "nope" in e["error"]
+
+
+# --- systemd units and make install
+
+def test_units_install_verify_and_security(tmp_path):
+    if not shutil.which("systemd-analyze"):
+        pytest.skip("systemd-analyze is not installed")
+    root = build_dir().parent if (build_dir().parent / "Makefile").is_file() else \
+        os.path.join(os.path.dirname(__file__), "..", "..")
+    dest = tmp_path / "dest"
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(root), f"B={build_dir()}", "install",
+                        f"DESTDIR={dest}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    unitdir = dest / "usr/local/lib/systemd/system"
+    for rel in ("usr/local/bin/nxd-http", "usr/local/lib/sysusers.d/nxd-http.conf", "etc/nxd/nxd-http.conf"):
+        assert (dest / rel).is_file(), rel
+    svc = (unitdir / "nxd-http.service").read_text()
+    assert not re.findall(r"@[A-Z]+@", svc), "placeholders left"
+    assert "ExecStart=/usr/local/bin/nxd-http " in svc and "EnvironmentFile=-/etc/nxd/nxd-http.conf" in svc
+    assert re.search(r"^After=nxd\.socket", svc, re.M) and "User=nxd-http" in svc
+    out = tmp_path / "units"
+    out.mkdir()
+    (out / "nxd-http.service").write_text(svc.replace("/usr/local/bin/nxd-http", str(dest / "usr/local/bin/nxd-http")))
+    shutil.copy(unitdir / "nxd-http.socket", out)
+    env = dict(os.environ)
+    r = subprocess.run(["systemd-analyze", "verify", str(out / "nxd-http.service"), str(out / "nxd-http.socket")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    ours = [ln for ln in (r.stdout + r.stderr).splitlines() if "nxd-http." in ln and "man " not in ln]
+    assert not ours, r.stdout + r.stderr
+    r = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(out / "nxd-http.service")],
+                       capture_output=True, text=True, timeout=120)
+    m = re.search(r"Overall exposure level for nxd-http\.service:\s*([0-9.]+)", r.stdout)
+    if not m:
+        pytest.skip(f"systemd-analyze security --offline is not available: {r.stderr[:200]}")
+    assert float(m.group(1)) <= 2.0, r.stdout
