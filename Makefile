@@ -18,7 +18,8 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(B)/obj/%.o)
 
 TOOLS    := $(patsubst tools/%.c,$(B)/%,$(wildcard tools/*.c))
 CTESTS   := $(patsubst tests/c/%.c,$(B)/tests/%,$(wildcard tests/c/test_*.c))
-PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl)
+PROGRAMS := $(if $(wildcard daemon/*.c),$(B)/nxd) $(if $(wildcard client/*.c),$(B)/nxctl) \
+	    $(if $(wildcard http/*.c),$(B)/nxd-http)
 
 .PHONY: all deps venv model run test test-c test-py attack clean install uninstall
 all: $(B)/libnx.a $(B)/libnx.so $(PROGRAMS) $(TOOLS)
@@ -40,6 +41,10 @@ $(B)/nxd: $(patsubst %.c,$(B)/obj/%.o,$(wildcard daemon/*.c worker/*.c)) $(B)/li
 
 $(B)/nxctl: $(patsubst %.c,$(B)/obj/%.o,$(wildcard client/*.c)) $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# The HTTP gateway: a client of nxd's socket (libmicrohttpd parses HTTP, never the supervisor).
+$(B)/nxd-http: $(patsubst %.c,$(B)/obj/%.o,$(wildcard http/*.c)) $(B)/libnx.a
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -lmicrohttpd
 
 $(B)/%: $(B)/obj/tools/%.o $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
@@ -97,30 +102,35 @@ SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 MANDIR      ?= $(PREFIX)/share/man
 UNIT_SED    := -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
 
-install: $(B)/nxd $(B)/nxctl
+install: $(B)/nxd $(B)/nxctl $(B)/nxd-http
 	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(SYSCONFDIR)/nxd $(DESTDIR)$(MANDIR)/man8 $(DESTDIR)$(MANDIR)/man1
-	install -m 0755 $(B)/nxd $(B)/nxctl $(DESTDIR)$(BINDIR)/
-	sed $(UNIT_SED) systemd/nxd.service > $(DESTDIR)$(UNITDIR)/nxd.service
-	sed $(UNIT_SED) systemd/nxd.socket > $(DESTDIR)$(UNITDIR)/nxd.socket
-	chmod 0644 $(DESTDIR)$(UNITDIR)/nxd.service $(DESTDIR)$(UNITDIR)/nxd.socket
+	install -m 0755 $(B)/nxd $(B)/nxctl $(B)/nxd-http $(DESTDIR)$(BINDIR)/
+	for u in nxd.service nxd.socket nxd-http.service nxd-http.socket; do \
+		sed $(UNIT_SED) systemd/$$u > $(DESTDIR)$(UNITDIR)/$$u && chmod 0644 $(DESTDIR)$(UNITDIR)/$$u; done
 	install -m 0644 systemd/nxd.sysusers $(DESTDIR)$(SYSUSERSDIR)/nxd.conf
-	@# The config is the admin's once installed: never overwrite it.
+	install -m 0644 systemd/nxd-http.sysusers $(DESTDIR)$(SYSUSERSDIR)/nxd-http.conf
+	@# The configs are the admin's once installed: never overwrite them.
 	[ -e $(DESTDIR)$(SYSCONFDIR)/nxd/nxd.conf ] || install -m 0644 etc/nxd.conf $(DESTDIR)$(SYSCONFDIR)/nxd/nxd.conf
+	[ -e $(DESTDIR)$(SYSCONFDIR)/nxd/nxd-http.conf ] || \
+		install -m 0644 etc/nxd-http.conf $(DESTDIR)$(SYSCONFDIR)/nxd/nxd-http.conf
 	install -m 0644 docs/nxd.8 $(DESTDIR)$(MANDIR)/man8/nxd.8
 	install -m 0644 docs/nxctl.1 $(DESTDIR)$(MANDIR)/man1/nxctl.1
 	@# On the live system (no DESTDIR): create the nxd user, tell systemd about the units.
 	@if [ -z "$(DESTDIR)" ]; then \
-		if command -v systemd-sysusers >/dev/null; then systemd-sysusers $(SYSUSERSDIR)/nxd.conf; fi; \
+		if command -v systemd-sysusers >/dev/null; then \
+			systemd-sysusers $(SYSUSERSDIR)/nxd.conf $(SYSUSERSDIR)/nxd-http.conf; fi; \
 		if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
 		echo "install: now 'systemctl enable --now nxd.socket' (model: NXD_MODEL in $(SYSCONFDIR)/nxd/nxd.conf)"; \
+		echo "install: the HTTP gateway: 'systemctl enable --now nxd-http' (options: $(SYSCONFDIR)/nxd/nxd-http.conf)"; \
 	fi
 
 # Removes what install put in place but the config (and the nxd user and /var/lib/nxd).
 uninstall:
-	rm -f $(DESTDIR)$(BINDIR)/nxd $(DESTDIR)$(BINDIR)/nxctl \
+	rm -f $(DESTDIR)$(BINDIR)/nxd $(DESTDIR)$(BINDIR)/nxctl $(DESTDIR)$(BINDIR)/nxd-http \
 		$(DESTDIR)$(UNITDIR)/nxd.service $(DESTDIR)$(UNITDIR)/nxd.socket \
-		$(DESTDIR)$(SYSUSERSDIR)/nxd.conf \
+		$(DESTDIR)$(UNITDIR)/nxd-http.service $(DESTDIR)$(UNITDIR)/nxd-http.socket \
+		$(DESTDIR)$(SYSUSERSDIR)/nxd.conf $(DESTDIR)$(SYSUSERSDIR)/nxd-http.conf \
 		$(DESTDIR)$(MANDIR)/man8/nxd.8 $(DESTDIR)$(MANDIR)/man1/nxctl.1
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 

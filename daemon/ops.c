@@ -421,7 +421,8 @@ void nxd_apply(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
 	switch (q->op) {
 	case NXP_OP_HELLO: {
 		struct nxp_hello_info h = { .model = d->model.name, .arch = d->model.arch, .n_ctx = d->o.n_ctx,
-					    .n_vocab = d->model.n_vocab };
+					    .n_vocab = d->model.n_vocab,
+					    .max_tokens = d->o.max_tokens ? d->o.max_tokens : d->o.n_ctx };
 		char buf[2048];
 		size_t n = nxp_enc_hello(buf, sizeof(buf), q->has_id ? q->id : NULL, &h);
 		if (n < sizeof(buf))

@@ -69,9 +69,9 @@ int nxd_sched_init(struct nxd *d, struct nx_err *err)
 	d->piece_cap = nx_detok_bound(d->model.tok) + 8;
 	d->released_cap = d->piece_cap + 2 * NX_STOP_MAX_LEN + 8;
 	/* One token event: its text escaped (<= 6 bytes per byte) plus up to
-	 * NX_SAMPLE_MAX_LOGPROBS alternatives with their pieces. */
+	 * NX_SAMPLE_MAX_LOGPROBS alternatives and the drawn token, with their pieces. */
 	size_t maxp = nx_tok_max_piece(d->model.tok) + 8;
-	d->line_cap = 4096 + 6 * d->released_cap + NX_SAMPLE_MAX_LOGPROBS * (128 + 6 * maxp);
+	d->line_cap = 4096 + 6 * d->released_cap + (NX_SAMPLE_MAX_LOGPROBS + 1) * (128 + 6 * maxp);
 	d->piece = malloc(d->piece_cap);
 	d->released = malloc(d->released_cap);
 	d->line = malloc(d->line_cap);
@@ -416,7 +416,9 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 {
 	struct nxd_slot *s = &d->slots[p.slot];
 	struct nx_err err = {{0}};
-	if (nx_sampler_reset(&s->smp, &r->sp, &err) < 0 ||
+	struct nx_sample_params sp = r->sp;
+	sp.count_from = r->n_prompt; /* presence / frequency count the generated tokens */
+	if (nx_sampler_reset(&s->smp, &sp, &err) < 0 ||
 	    nx_stop_init(&s->stop, (const char *const *)r->stop, r->n_stop, &err) < 0) {
 		fail_req(d, r, NXP_E_OUT_OF_RANGE, err.msg);
 		return -1;
@@ -667,7 +669,14 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 				const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
 				d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
 			}
-			size_t n = nxp_enc_token(d->line, d->line_cap, r->id, tok, d->released, rlen, d->lp, n_lp);
+			/* The drawn token's own piece and log-probability, for clients
+			 * that report per-token logprobs (an end-of-generation token
+			 * carries only held-back text, so it gets none). */
+			struct nxp_logprob self = { tok, NULL, 0, nx_sampler_last_logprob(&s->smp) };
+			if (r->sp.n_logprobs > 0 && !eog)
+				self.text = nx_tok_piece(tk, tok, true, &self.text_len);
+			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, d->released, rlen,
+						    r->sp.n_logprobs > 0 && !eog ? &self : NULL, d->lp, n_lp);
 			if (n < d->line_cap)
 				nxd_conn_queue(d, c, d->line, n);
 		}

@@ -265,16 +265,30 @@ size_t nxp_enc_hello(char *buf, size_t cap, const char *id, const struct nxp_hel
 	const char *arch = h->arch ? h->arch : "";
 	w_jstr(&w, arch, strlen(arch));
 	w_fmt(&w, ",\"n_ctx\":%d,\"n_vocab\":%d", h->n_ctx, h->n_vocab);
+	if (h->max_tokens > 0)
+		w_fmt(&w, ",\"max_tokens\":%d", h->max_tokens);
 	return w_tail(&w);
 }
 
 size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const char *text,
 		     size_t text_len, const struct nxp_logprob *lp, int n_lp)
 {
+	return nxp_enc_token_lp(buf, cap, id, token, text, text_len, NULL, lp, n_lp);
+}
+
+size_t nxp_enc_token_lp(char *buf, size_t cap, const char *id, int32_t token, const char *text,
+			size_t text_len, const struct nxp_logprob *self, const struct nxp_logprob *lp, int n_lp)
+{
 	struct wr w = {buf, cap, 0};
 	w_head(&w, id, "token");
 	w_fmt(&w, ",\"token\":%" PRId32 ",\"text\":", token);
 	w_jstr(&w, text ? text : "", text ? text_len : 0);
+	if (self) {
+		w_str(&w, ",\"piece\":");
+		w_jstr(&w, self->text ? self->text : "", self->text ? self->text_len : 0);
+		w_str(&w, ",\"logprob\":");
+		w_num(&w, self->logprob);
+	}
 	if (lp && n_lp > 0) {
 		w_str(&w, ",\"logprobs\":[");
 		for (int i = 0; i < n_lp; i++) {
@@ -559,6 +573,7 @@ static const struct real_rule R_TOP_P = {0, 1, true, false, "must be in (0, 1]"}
 static const struct real_rule R_MIN_P = {0, 1, false, false, "must be in [0, 1]"};
 static const struct real_rule R_PENALTY = {0, HUGE_VAL, true, false, "must be > 0 (1 is off)"};
 static const struct real_rule R_SCALE = {-HUGE_VAL, HUGE_VAL, false, false, NULL};
+static const struct real_rule R_COUNT_PENALTY = {-2, 2, false, false, "must be in [-2, 2] (0 is off)"};
 
 /* The shortest text that reads back as d, so a message shows the value
  * that was sent ("1.0000000001", where %g would say "1"). */
@@ -943,6 +958,8 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	    opt_float(o, "min_p", &R_MIN_P, &sp->min_p, NULL, e) ||
 	    opt_float(o, "repeat_penalty", &R_PENALTY, &sp->repeat_penalty, NULL, e) ||
 	    opt_int(o, "repeat_last_n", 0, INT32_MAX, &sp->repeat_last_n, e) ||
+	    opt_float(o, "presence_penalty", &R_COUNT_PENALTY, &sp->presence_penalty, NULL, e) ||
+	    opt_float(o, "frequency_penalty", &R_COUNT_PENALTY, &sp->frequency_penalty, NULL, e) ||
 	    opt_int(o, "logprobs", 0, NXP_MAX_LOGPROBS, &sp->n_logprobs, e))
 		return -1;
 	json_t *seed = field(o, "seed");

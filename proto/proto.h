@@ -205,6 +205,7 @@ struct nxp_hello_info {
 	const char *arch;    /* "llama", "qwen2" */
 	int n_ctx;
 	int n_vocab;
+	int max_tokens;      /* the largest "max_tokens" a request may ask for; 0: omitted */
 };
 
 struct nxp_logprob {
@@ -269,6 +270,11 @@ size_t nxp_enc_hello(char *buf, size_t cap, const char *id, const struct nxp_hel
 /* The per-token event; lp may be NULL when n_lp is 0. Never allocates. */
 size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const char *text,
 		     size_t text_len, const struct nxp_logprob *lp, int n_lp);
+/* The same, with the drawn token's own piece and log-probability ("piece",
+ * "logprob") when self is not NULL: a request asking for logprobs gets them
+ * even when the draw is not among the alternatives. */
+size_t nxp_enc_token_lp(char *buf, size_t cap, const char *id, int32_t token, const char *text,
+			size_t text_len, const struct nxp_logprob *self, const struct nxp_logprob *lp, int n_lp);
 size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d);
 size_t nxp_enc_tokens(char *buf, size_t cap, const char *id, const int32_t *tokens, int n);
 size_t nxp_enc_text(char *buf, size_t cap, const char *id, const char *text, size_t text_len);

@@ -43,6 +43,14 @@ int nx_sample_params_check(const struct nx_sample_params *p, struct nx_err *err)
 	if (p->repeat_last_n < 0)
 		return nx_errf(err, "sample: repeat_last_n %d must be >= 0 (0 turns the penalty off)",
 			       p->repeat_last_n);
+	if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+		return nx_errf(err, "sample: presence_penalty %g must be in [-2, 2] (0 turns it off)",
+			       (double)p->presence_penalty);
+	if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+		return nx_errf(err, "sample: frequency_penalty %g must be in [-2, 2] (0 turns it off)",
+			       (double)p->frequency_penalty);
+	if (p->count_from < 0)
+		return nx_errf(err, "sample: count_from %d must be >= 0", p->count_from);
 	if (p->n_logprobs < 0 || p->n_logprobs > NX_SAMPLE_MAX_LOGPROBS)
 		return nx_errf(err, "sample: n_logprobs %d must be in [0, %d]", p->n_logprobs,
 			       NX_SAMPLE_MAX_LOGPROBS);
@@ -441,7 +449,8 @@ int nx_sampler_init(struct nx_sampler *s, int n_vocab, const struct nx_sample_pa
 	s->idx = malloc(n * sizeof(*s->idx));
 	s->weight = malloc(n * sizeof(*s->weight));
 	s->stamp = calloc(n, sizeof(*s->stamp));
-	if (!s->work || !s->idx || !s->weight || !s->stamp) {
+	s->count = malloc(n * sizeof(*s->count));
+	if (!s->work || !s->idx || !s->weight || !s->stamp || !s->count) {
 		nx_sampler_free(s);
 		return nx_errf(err, "sample: out of memory for a sampler over %d tokens", n_vocab);
 	}
@@ -455,6 +464,7 @@ void nx_sampler_free(struct nx_sampler *s)
 	free(s->idx);
 	free(s->weight);
 	free(s->stamp);
+	free(s->count);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -469,17 +479,63 @@ static bool penalty_applies(const struct nx_sampler *s, const int32_t *history, 
 	return s->p.repeat_penalty != 1.0f && s->p.repeat_last_n != 0 && history && n_history > 0;
 }
 
-/* Divides positive logits by the penalty and multiplies negative ones, once
- * per distinct token among the last repeat_last_n of history. */
-static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_history)
+/* Whether the presence or frequency penalty changes anything. They may
+ * raise logits (a negative penalty), so the grouped shortcuts stay off. */
+static bool counts_apply(const struct nx_sampler *s, const int32_t *history, int n_history)
 {
-	const float pen = s->p.repeat_penalty;
-	if (!penalty_applies(s, history, n_history))
-		return;
+	return (s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f) && history &&
+	       n_history > s->p.count_from;
+}
+
+/* A fresh stamp generation: ids stamped with it were seen in this pass. */
+static uint32_t next_gen(struct nx_sampler *s)
+{
 	if (++s->gen == 0) { /* wrapped: old stamps could collide */
 		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
 		s->gen = 1;
 	}
+	return s->gen;
+}
+
+/* OpenAI's definition: logit - frequency * count - presence * (count > 0),
+ * count over the generated tokens; one pass counts, one subtracts once per id. */
+static void apply_counts(struct nx_sampler *s, const int32_t *history, int n_history)
+{
+	if (!counts_apply(s, history, n_history))
+		return;
+	const double fp = s->p.frequency_penalty, pp = s->p.presence_penalty;
+	const uint32_t g = next_gen(s);
+	for (int j = s->p.count_from; j < n_history; j++) {
+		int32_t id = history[j];
+		if (id < 0 || id >= s->n_vocab)
+			continue;
+		if (s->stamp[id] != g) {
+			s->stamp[id] = g;
+			s->count[id] = 0;
+		}
+		s->count[id]++;
+	}
+	const uint32_t g2 = next_gen(s);
+	for (int j = s->p.count_from; j < n_history; j++) {
+		int32_t id = history[j];
+		if (id < 0 || id >= s->n_vocab || s->stamp[id] == g2)
+			continue;
+		s->stamp[id] = g2;
+		s->work[id] = (float)((double)s->work[id] - fp * s->count[id] - pp);
+	}
+}
+
+/* Divides positive logits by the penalty and multiplies negative ones, once
+ * per distinct token among the last repeat_last_n of history; then the
+ * presence and frequency penalties. */
+static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_history)
+{
+	const float pen = s->p.repeat_penalty;
+	if (!penalty_applies(s, history, n_history)) {
+		apply_counts(s, history, n_history);
+		return;
+	}
+	next_gen(s);
 	int from = n_history > s->p.repeat_last_n ? n_history - s->p.repeat_last_n : 0;
 	for (int j = from; j < n_history; j++) {
 		int32_t id = history[j];
@@ -489,6 +545,7 @@ static void apply_penalty(struct nx_sampler *s, const int32_t *history, int n_hi
 		float *x = &s->work[id];
 		*x = *x > 0.0f ? *x / pen : *x * pen;
 	}
+	apply_counts(s, history, n_history);
 }
 
 /* The m most likely ids (finite logits only) with their log-softmax. */
@@ -535,6 +592,8 @@ static int grouped_top_k(struct nx_sampler *s, const float *logits, const float 
 	float *w = s->work, *gw = s->weight;
 	int32_t *idx = s->idx;
 	int pen = 0;
+	if (counts_apply(s, history, n_history))
+		return -1;
 	if (penalty_applies(s, history, n_history)) {
 		if (s->p.repeat_penalty < 1.0f)
 			return -1;
@@ -610,7 +669,8 @@ int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float
 	 * the best token's weight NaN below */
 	const bool greedy = p->temperature == 0.0f || isinf(inv_t);
 	const bool heap_k = p->top_k > 0 && p->top_k <= NX_SAMPLE_HEAP_K && p->top_k < n;
-	if (gmax && greedy && !penalty_applies(s, history, n_history) && p->n_logprobs == 0) {
+	if (gmax && greedy && !penalty_applies(s, history, n_history) && !counts_apply(s, history, n_history) &&
+	    p->n_logprobs == 0) {
 		const int32_t tok = grouped_first_max(s, logits, gmax);
 		if (tok >= 0) {
 			s->n_grouped++;

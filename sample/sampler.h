@@ -7,7 +7,10 @@
  * Order (llama.cpp's classic chain, also HF's warper order):
  *   1. repetition penalty over the distinct tokens among the last
  *      repeat_last_n of history: a positive logit is divided by the penalty,
- *      a negative one multiplied (llama.cpp / CTRL paper);
+ *      a negative one multiplied (llama.cpp / CTRL paper); then OpenAI's
+ *      presence and frequency penalties over the generated tokens
+ *      (history[count_from..]): logit - frequency_penalty * count -
+ *      presence_penalty * (count > 0), count = how often the id was drawn;
  *   2. temperature == 0: greedy, argmax, ties to the lowest id;
  *   3. top-k (k == 0: off), by partial selection, not a full sort;
  *   4. softmax of the survivors at the temperature;
@@ -29,7 +32,7 @@
  * everywhere, so results never depend on memory order.
  *
  * Log-probabilities (n_logprobs > 0): the n most likely tokens of the
- * log-softmax of the full vocabulary after the repetition penalty, at
+ * log-softmax of the full vocabulary after the penalties, at
  * temperature 1 and before any truncation: what the model (with the penalty
  * applied) believes, not what the truncated sampler would draw.
  *
@@ -57,6 +60,9 @@ struct nx_sample_params {
 	float min_p;          /* [0, 1]; 0 = off */
 	float repeat_penalty; /* > 0; 1 = off */
 	int repeat_last_n;    /* >= 0 tokens of history penalized; 0 = off */
+	float presence_penalty;  /* [-2, 2]; 0 = off */
+	float frequency_penalty; /* [-2, 2]; 0 = off */
+	int count_from;       /* >= 0: history index of the first generated token, where those two count from */
 	uint64_t seed;
 	int n_logprobs;       /* [0, NX_SAMPLE_MAX_LOGPROBS] */
 };
@@ -74,6 +80,7 @@ struct nx_sampler {
 	int32_t *idx;         /* (n_vocab) candidate ids, partially ordered */
 	float *weight;        /* (n_vocab) by token id: exp((logit - max) / T) of candidates */
 	uint32_t *stamp;      /* (n_vocab) penalty dedupe: stamp[id] == gen means seen this call */
+	uint32_t *count;      /* (n_vocab) presence/frequency: draws of id, valid where stamp[id] is this call's */
 	uint32_t gen;
 	float last_logprob;   /* log-softmax of the last token drawn (n_logprobs > 0) */
 	uint64_t n_grouped;   /* calls nx_sample_grouped answered from the group maxima */

@@ -587,6 +587,82 @@ static void test_repeat_penalty(void **state)
 	nx_sampler_free(&s);
 }
 
+/* OpenAI's presence and frequency penalties, against values worked out by
+ * hand from its documented definition:
+ *   mu[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty
+ * where c[j] counts how often token j was drawn before: the generated tokens
+ * only (history[count_from..]), not the prompt. */
+static void test_presence_frequency_penalties(void **state)
+{
+	(void)state;
+	const float logits[6] = { 1.0f, 0.5f, 0.2f, -0.3f, 0.9f, 0.0f };
+	/* prompt 4 4 4, then drawn 0 0 1 0 2: c = {3, 1, 1, 0, 0, 0} */
+	const int32_t hist[] = { 4, 4, 4, 0, 0, 1, 0, 2 };
+	struct nx_sample_params p = plain(0.0f, 1);
+	p.presence_penalty = 0.5f;
+	p.frequency_penalty = 0.25f;
+	p.count_from = 3;
+	p.n_logprobs = 6;
+	/* by hand: 1.0 - 0.75 - 0.5, 0.5 - 0.25 - 0.5, 0.2 - 0.25 - 0.5, then untouched */
+	const double want[6] = { -0.25, -0.25, -0.55, -0.3, 0.9, 0.0 };
+	double z = 0;
+	for (int i = 0; i < 6; i++)
+		z += exp(want[i]);
+	struct nx_sampler s;
+	init_ok(&s, 6, &p);
+	struct nx_logprob top[6];
+	int n_top = 0;
+	assert_int_equal(nx_sample(&s, logits, hist, 8, top, &n_top), 4); /* the prompt's token is not penalized */
+	assert_int_equal(n_top, 6);
+	for (int i = 0; i < n_top; i++)
+		assert_true(fabs(top[i].logprob - (want[top[i].id] - log(z))) < 1e-6);
+	/* the order: 4 (0.9), 5 (0.0), 0 and 1 tied at -0.25 (lower id first), 3, 2 */
+	const int32_t order[6] = { 4, 5, 0, 1, 3, 2 };
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(top[i].id, order[i]);
+	/* the same row twice: counts are per call, never carried over */
+	assert_int_equal(nx_sample(&s, logits, hist, 8, top, &n_top), 4);
+	assert_true(fabs(top[0].logprob - (0.9 - log(z))) < 1e-6);
+	/* no generated token yet: nothing changes */
+	assert_int_equal(nx_sample(&s, logits, hist, 3, top, &n_top), 0);
+	nx_sampler_free(&s);
+
+	/* A negative penalty raises the drawn tokens: with gmax (the workers'
+	 * group maxima) the shortcuts must not pick the unpenalized maximum. */
+	enum { N = 64 };
+	float l[N], gmax[N / NX_SAMPLE_GROUP];
+	for (int i = 0; i < N; i++)
+		l[i] = -1.0f - 0.01f * (float)i;
+	l[10] = 2.0f;
+	nx_sample_group_max(l, N, gmax);
+	const int32_t h2[] = { 50, 50, 50 }; /* id 50: -1.5 + 3 * 1.2 = 2.1 > 2.0 */
+	struct nx_sample_params q = plain(0.0f, 1);
+	q.frequency_penalty = -1.2f;
+	struct nx_sampler s2;
+	init_ok(&s2, N, &q);
+	assert_int_equal(nx_sample_grouped(&s2, l, gmax, h2, 3, NULL, NULL), 50);
+	q.temperature = 1e-3f; /* sampled with top-k: the grouped top-k must not skip id 50 either */
+	q.top_k = 2;
+	assert_int_equal(nx_sampler_reset(&s2, &q, NULL), 0);
+	assert_int_equal(nx_sample_grouped(&s2, l, gmax, h2, 3, NULL, NULL), 50);
+	q.frequency_penalty = 0.0f;
+	q.presence_penalty = 2.0f; /* -1.5 - 2: and once, not per occurrence */
+	assert_int_equal(nx_sampler_reset(&s2, &q, NULL), 0);
+	assert_int_equal(nx_sample_grouped(&s2, l, gmax, h2, 3, NULL, NULL), 10);
+	nx_sampler_free(&s2);
+
+	/* Ranges: [-2, 2], as OpenAI's. */
+	struct nx_err err;
+	q.presence_penalty = 2.5f;
+	assert_int_equal(nx_sample_params_check(&q, &err), -1);
+	assert_non_null(strstr(err.msg, "presence_penalty"));
+	q.presence_penalty = 0.0f;
+	q.frequency_penalty = -2.01f;
+	assert_int_equal(nx_sample_params_check(&q, &err), -1);
+	q.frequency_penalty = NAN;
+	assert_int_equal(nx_sample_params_check(&q, &err), -1);
+}
+
 /* --- log-probabilities --------------------------------------------------- */
 
 static void test_logprobs(void **state)
@@ -1239,6 +1315,7 @@ int main(void)
 		cmocka_unit_test(test_truncated_distribution),
 		cmocka_unit_test(test_temperature_statistics),
 		cmocka_unit_test(test_repeat_penalty),
+		cmocka_unit_test(test_presence_frequency_penalties),
 		cmocka_unit_test(test_logprobs),
 		cmocka_unit_test(test_non_finite_logits),
 		cmocka_unit_test(test_vocab_lengths),
