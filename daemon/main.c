@@ -61,7 +61,7 @@ static const char usage[] =
 	"  --line-timeout S     a request line must be complete this long after it began (default 60)\n"
 	"  --step-timeout S     abort a forward step running longer than this, or than 20x its\n"
 	"                       measured cost (at least 5 s), and run it again (default 60)\n"
-	"  --max-tokens N       largest max_tokens a request may ask for (default: the context)\n"
+	"  --max-tokens N       largest max_tokens a request gets; more is capped (default: the context)\n"
 	"  --socket-group NAME  the socket's group: its members may connect (mode 0660)\n"
 	"  --admin-group NAME   members may load, fold, unfold and unload adapters and shut\n"
 	"                       the daemon down (besides root and the daemon's own user)\n"
