@@ -71,12 +71,12 @@ int nxd_sched_init(struct nxd *d, struct nx_err *err)
 	/* One token event: its text escaped (<= 6 bytes per byte) plus up to
 	 * NX_SAMPLE_MAX_LOGPROBS alternatives with their pieces. */
 	size_t maxp = nx_tok_max_piece(d->model.tok) + 8;
-	d->line_cap = 4096 + 6 * d->released_cap + NX_SAMPLE_MAX_LOGPROBS * (128 + 6 * maxp);
+	d->line_cap = 4096 + 6 * d->released_cap + (NX_SAMPLE_MAX_LOGPROBS + 1) * (128 + 6 * maxp);
 	d->piece = malloc(d->piece_cap);
 	d->released = malloc(d->released_cap);
 	d->line = malloc(d->line_cap);
 	d->top = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->top));
-	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->lp));
+	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS + 1, sizeof(*d->lp)); /* + the chosen token */
 	if (!d->piece || !d->released || !d->line || !d->top || !d->lp)
 		return nx_errf(err, "sched: out of memory");
 	return 0;
@@ -138,6 +138,8 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.decode_ms = decode * 1e3,
 			/* docs/protocol.md: completion tokens / decode seconds */
 			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
+			.has_seed = true,
+			.seed = r->sp.seed,
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -612,6 +614,27 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 		st->count++;
 }
 
+/* d->lp for a token event: the n_top most likely tokens, then the chosen one
+ * when a draw took it from outside them, so its own logprob is always there. */
+static int logprobs_of(struct nxd *d, const struct nxd_slot *s, int32_t tok, int n_top)
+{
+	const struct nx_tok *tk = d->model.tok;
+	int n_lp = 0;
+	bool chosen_in = false;
+	for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
+		size_t len = 0;
+		const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
+		d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
+		chosen_in |= d->top[k].id == tok;
+	}
+	if (n_lp > 0 && !chosen_in) {
+		size_t len = 0;
+		const char *p = nx_tok_piece(tk, tok, true, &len);
+		d->lp[n_lp++] = (struct nxp_logprob){ tok, p, p ? len : 0, nx_sampler_last_logprob(&s->smp) };
+	}
+	return n_lp;
+}
+
 /* Streams one sampled token and decides whether the sequence ends. An
  * end-of-generation token is not part of the answer: no text, not counted,
  * not in `tokens`; it only ends the sequence (reason eos). */
@@ -661,12 +684,7 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 		/* An end-of-generation token gets an event only to carry text that
 		 * was held back (rare: a stop-string prefix, a cut UTF-8 sequence). */
 		if (c && (!eog || rlen > 0)) {
-			int n_lp = 0;
-			for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
-				size_t len = 0;
-				const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
-				d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
-			}
+			int n_lp = logprobs_of(d, s, tok, n_top);
 			size_t n = nxp_enc_token(d->line, d->line_cap, r->id, tok, d->released, rlen, d->lp, n_lp);
 			if (n < d->line_cap)
 				nxd_conn_queue(d, c, d->line, n);

@@ -312,6 +312,8 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
+	if (d->has_seed)
+		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
 	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
 	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");

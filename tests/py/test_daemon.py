@@ -152,6 +152,33 @@ def test_chat_messages(daemon):
         assert bad["event"] == "error" and bad["id"] == "b"
 
 
+def test_done_seed_reproduces_and_chosen_logprob(daemon):
+    """done reports the seed a sampled answer used: sent back, it gives the same answer. With
+    logprobs, the drawn token is always in the list: appended after the top N when a hot
+    draw took it from outside them, with its own logprob."""
+    hot = dict(prompt="Write a word.", temperature=3.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=24, ignore_eos=True)
+    with Client(daemon.sock) as c:
+        toks, text, done = c.generate(rid=1, **hot)
+        seed = done["seed"]
+        assert isinstance(seed, int) and 0 <= seed < 2 ** 63, done
+        again, _, done2 = c.generate(rid=2, seed=seed, **hot)
+        assert again == toks and done2["seed"] == seed
+        _, _, other = c.generate(rid=3, **hot)
+        assert other["seed"] != seed  # a fresh seed per request
+        c.send(dict(op="generate", id=4, logprobs=1, **hot))
+        evs = [e for e in c.events(4) if e["event"] == "token"]
+    outside = 0
+    for e in evs:
+        lp = e["logprobs"]
+        assert e["token"] in [a["token"] for a in lp], e
+        if lp[0]["token"] != e["token"]:
+            outside += 1
+            assert len(lp) == 2 and lp[1]["token"] == e["token"] and lp[1]["logprob"] <= lp[0]["logprob"], e
+        else:
+            assert len(lp) == 1, e
+    assert outside > 0  # at temperature 3 over 24 tokens the draw leaves the top 1
+
+
 def test_tokenize_roundtrip(daemon):
     text = "Hello, world! Ünïcödé 😀 and\tspaces  "
     with Client(daemon.sock) as c:
