@@ -82,7 +82,45 @@ def test_cli(nxd_bin, model_path, tmp_path):
                            text=True, timeout=20)
         assert r.returncode == 1, (path, r.stderr)
         assert msg in r.stderr, (path, r.stderr)
+        assert "listening" not in r.stderr, r.stderr  # said only once the model is loaded and workers ready
         assert not sock.exists()
+
+
+def test_short_options_and_workers_warning(nxd_bin, model_path, tmp_path):
+    """-m, -s, -w, -h, -V as users expect; --workers past the CPUs nxd may use is warned about at
+    start; "listening" is logged once, in the ready line."""
+    for flag, want in (("-h", "usage: nxd"), ("-V", "nxd ")):
+        r = subprocess.run([nxd_bin, flag], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0 and r.stdout.startswith(want), (flag, r.stdout, r.stderr)
+    r = subprocess.run([nxd_bin, "-m"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "option -m needs a value" in r.stderr, r.stderr
+    sock = tmp_path / "short.sock"
+    log = tmp_path / "short.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["taskset", "-c", "0", str(nxd_bin), "-m", str(model_path), "-s", str(sock), "-w", "2",
+                              "--ctx", "256"], stdout=f, stderr=f)
+    try:
+        wait_until(lambda: "ready:" in log.read_text() or p.poll() is not None, timeout=60, what="ready")
+        text = log.read_text()
+        assert p.poll() is None, text
+        assert "--workers 2 is more than the 1 CPU nxd may run on" in text, text
+        assert text.count("listening") == 1 and f"ready: listening on {sock}, 2 workers" in text, text
+        with Client(str(sock)) as c:
+            assert c.request({"op": "hello", "version": 1})["event"] == "hello"
+    finally:
+        p.terminate()
+        p.wait(15)
+    # one worker per CPU by default: no warning
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["taskset", "-c", "0", str(nxd_bin), "-m", str(model_path), "-s", str(sock),
+                              "--ctx", "256"], stdout=f, stderr=f)
+    try:
+        wait_until(lambda: "ready:" in log.read_text() or p.poll() is not None, timeout=60, what="ready")
+        text = log.read_text()
+        assert "ready: listening on" in text and ", 1 workers" in text and "more than" not in text, text
+    finally:
+        p.terminate()
+        p.wait(15)
 
 
 # ---------------------------------------------------------------- requests
