@@ -38,8 +38,9 @@ $(B)/libnx.so: $(LIB_OBJ)
 $(B)/nxd: $(patsubst %.c,$(B)/obj/%.o,$(wildcard daemon/*.c worker/*.c)) $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+# libedit (BSD-licensed): chat's line editing and history.
 $(B)/nxctl: $(patsubst %.c,$(B)/obj/%.o,$(wildcard client/*.c)) $(B)/libnx.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -ledit
 
 $(B)/%: $(B)/obj/tools/%.o $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
