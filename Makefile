@@ -39,8 +39,9 @@ $(B)/libnx.so: $(LIB_OBJ)
 $(B)/nxd: $(patsubst %.c,$(B)/obj/%.o,$(wildcard daemon/*.c worker/*.c)) $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
+# libedit (BSD-licensed): chat's line editing and history.
 $(B)/nxctl: $(patsubst %.c,$(B)/obj/%.o,$(wildcard client/*.c)) $(B)/libnx.a
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -ledit
 
 # The HTTP gateway: a client of nxd's socket (libmicrohttpd parses HTTP, never the supervisor).
 $(B)/nxd-http: $(patsubst %.c,$(B)/obj/%.o,$(wildcard http/*.c)) $(B)/libnx.a

@@ -1,4 +1,4 @@
-/* cmd_generate.c - nxctl generate and chat: sampling flags, streaming an answer, Ctrl-C as cancel. */
+/* cmd_generate.c - nxctl generate, and what chat shares with it: sampling flags, streaming an answer, Ctrl-C as cancel. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,30 +8,13 @@
 #include "client/nxctl.h"
 #include "proto/proto.h"
 
-#define SAMPLING_HELP                                                                              \
-	"  -n, --max-tokens N     at most N tokens (default 256)\n"                               \
-	"  -t, --temp T           temperature, 0 = greedy (default 0.8)\n"                       \
-	"      --top-k K          keep the K most likely tokens, 0 = off (default 40)\n"         \
-	"      --top-p P          nucleus sampling mass in (0, 1] (default 0.95)\n"              \
-	"      --min-p P          drop tokens below P x the best one's probability (default 0.05)\n" \
-	"      --repeat-penalty R penalty on recent tokens, 1 = off (default 1.0)\n"             \
-	"      --repeat-last-n N  how many recent tokens it looks at (default 64)\n"             \
-	"      --seed S           random seed, 0..2^63-1 (default: a fresh one)\n"               \
-	"      --stop STR         stop before STR (repeatable, at most 8)\n"                    \
-	"      --ignore-eos       keep going past the end-of-sequence token\n"                  \
-	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"   \
-	"      --raw-output       write the text to a terminal as it is, control characters\n" \
-	"                         and all (by default a terminal shows them: ESC as ^[, BEL\n" \
-	"                         as ^G, U+009B as <U+009B>; pipes and files always get the\n" \
-	"                         bytes unchanged)\n"
-
 const char nxc_usage_generate[] =
 	"usage: nxctl generate [OPTIONS] PROMPT|-\n\n"
 	"Streams the model's answer to PROMPT (one user message through the model's chat\n"
 	"template). With '-', or without PROMPT when stdin is not a terminal, the prompt\n"
 	"is read from stdin (one trailing newline removed). Several PROMPT words are\n"
 	"joined with spaces. Ctrl-C cancels the request and waits for it to end; a\n"
-	"second Ctrl-C exits at once.\n\n" SAMPLING_HELP
+	"second Ctrl-C exits at once.\n\n" NXC_SAMPLING_HELP
 	"      --system TEXT      system message before the prompt\n"
 	"      --raw              send PROMPT as is, without the chat template\n"
 	"      --tokens           PROMPT is a list of token ids (\"1 2 3\" or \"1,2,3\"), used as is\n"
@@ -40,23 +23,6 @@ const char nxc_usage_generate[] =
 	"      --json             print every event line from nxd as it arrives\n\n"
 	"exit status: 0 done, 1 error from nxd, 2 bad arguments, 3 nxd not running,\n"
 	"130 cancelled with Ctrl-C.\n";
-
-const char nxc_usage_chat[] =
-	"usage: nxctl chat [--system TEXT] [OPTIONS]\n\n"
-	"An interactive conversation: each line read from stdin is a user message, the\n"
-	"answer streams back, and the whole conversation is sent with every turn.\n"
-	"'/reset' starts over (keeping --system); end of input (Ctrl-D) exits.\n"
-	"Ctrl-C cancels the answer being written; at the prompt it exits.\n\n" SAMPLING_HELP
-	"      --system TEXT      system message at the start of the conversation\n";
-
-struct gen_args {
-	json_t *params;       /* sampling and stop fields, copied into every request */
-	const char *system;
-	bool raw, json, tokens;
-	bool raw_output;      /* --raw-output: no terminal filter on stdout */
-	int n_stop;
-	int first_arg;        /* argv index of the first PROMPT word */
-};
 
 enum {
 	O_TOPK = 256, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_IGNORE_EOS, O_SYSTEM,
@@ -115,10 +81,9 @@ static int set_num_real(json_t *params, const char *cmd, const char *key, const 
 	return 0;
 }
 
-/* Parses the flags shared by generate and chat: 0, 1 after printing --help,
- * or another value after a usage message. Ranges that depend on the model
- * (max_tokens, top_p...) are left to nxd, which names the field. */
-static int parse_gen_args(const char *cmd, bool is_chat, int argc, char **argv, struct gen_args *ga)
+/* Ranges that depend on the model (max_tokens, top_p...) are left to nxd,
+ * which names the field. */
+int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct nxc_gen_args *ga)
 {
 	memset(ga, 0, sizeof(*ga));
 	ga->params = json_object();
@@ -264,12 +229,7 @@ static void end_line(void)
 	nxc_term_write(&nxc_stdout, "\n", 1);
 }
 
-struct strbuf {
-	char *p;
-	size_t len, cap;
-};
-
-static void sb_add(struct strbuf *b, const char *s, size_t n)
+void nxc_text_add(struct nxc_text *b, const char *s, size_t n)
 {
 	if (b->len + n + 1 > b->cap) {
 		size_t cap = b->cap ? b->cap : 256;
@@ -286,15 +246,35 @@ static void sb_add(struct strbuf *b, const char *s, size_t n)
 	b->p[b->len] = '\0';
 }
 
-/* Sends req (stolen) as a new request and streams its events until done.
- * acc (may be NULL) collects the text. Returns an exit code; NXC_EXIT_INTR
- * after a cancelled answer (*hard set when the second Ctrl-C cut it short). */
-static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct strbuf *acc,
-			 bool *hard)
+void nxc_answer_free(struct nxc_answer *a)
+{
+	free(a->text.p);
+	json_decref(a->done);
+	json_decref(a->error);
+	a->text = (struct nxc_text){0};
+	a->done = a->error = NULL;
+}
+
+const char *nxc_cut_note(json_t *done, int n_ctx, char *buf, size_t cap)
+{
+	const char *reason = json_string_value(json_object_get(done, "reason"));
+	if (!reason || strcmp(reason, "length"))
+		return NULL;
+	json_t *u = json_object_get(done, "usage");
+	long long p = json_integer_value(json_object_get(u, "prompt_tokens"));
+	long long n = json_integer_value(json_object_get(u, "completion_tokens"));
+	if (n_ctx > 0 && p + n >= n_ctx)
+		snprintf(buf, cap, "(the answer was cut: the context of %d tokens is full)", n_ctx);
+	else
+		snprintf(buf, cap, "(the answer was cut at %lld tokens by max_tokens)", n);
+	return buf;
+}
+
+int nxc_stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct nxc_answer *ans)
 {
 	int id = c->next_id++, cancel_id = -1;
 	bool at_line_start = true;
-	*hard = false;
+	ans->hard = false;
 	json_object_set_new(req, "id", json_integer(id));
 	if (nxc_send(c, req))
 		return NXC_EXIT_ERROR;
@@ -306,7 +286,7 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 			if (nxc_interrupts >= 2) {
 				if (!json_mode && !at_line_start)
 					end_line();
-				*hard = true;
+				ans->hard = true;
 				return NXC_EXIT_INTR;
 			}
 			if (nxc_interrupts == 1 && cancel_id < 0) {
@@ -346,16 +326,15 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 					fflush(stdout);
 					at_line_start = json_string_value(t)[n - 1] == '\n';
 				}
-				if (acc)
-					sb_add(acc, json_string_value(t), n);
+				nxc_text_add(&ans->text, json_string_value(t), n);
 			}
 		} else if (!strcmp(name, "done")) {
 			const char *reason = json_string_value(json_object_get(ev, "reason"));
 			json_t *t = json_object_get(ev, "text"); /* only when not streamed */
 			if (json_is_string(t) && !json_mode)
 				nxc_term_write(&nxc_stdout, json_string_value(t), json_string_length(t));
-			if (json_is_string(t) && acc)
-				sb_add(acc, json_string_value(t), json_string_length(t));
+			if (json_is_string(t))
+				nxc_text_add(&ans->text, json_string_value(t), json_string_length(t));
 			if (!json_mode)
 				end_line();
 			fflush(stdout);
@@ -370,11 +349,15 @@ static int stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct
 				nxc_msg("nxd is shutting down; the answer is incomplete");
 				rc = NXC_EXIT_ERROR;
 			}
-			json_decref(ev);
+			ans->done = ev;
 			return rc;
 		} else if (!strcmp(name, "error")) {
 			if (!json_mode && !at_line_start)
 				end_line();
+			if (ans->keep_error) {
+				ans->error = ev;
+				return NXC_EXIT_ERROR;
+			}
 			nxc_print_error(ev);
 			json_decref(ev);
 			return NXC_EXIT_ERROR;
@@ -410,8 +393,8 @@ static json_t *token_list(const char *s)
 
 int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv)
 {
-	struct gen_args ga;
-	int rc = parse_gen_args("generate", false, argc, argv, &ga);
+	struct nxc_gen_args ga;
+	int rc = nxc_gen_parse("generate", false, argc, argv, &ga);
 	if (rc) {
 		json_decref(ga.params);
 		return rc == 1 ? NXC_EXIT_OK : NXC_EXIT_USAGE;
@@ -431,9 +414,7 @@ int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv)
 			json_decref(req);
 			return NXC_EXIT_ERROR;
 		}
-		size_t n = strlen(prompt);
-		if (n && prompt[n - 1] == '\n')
-			prompt[n - 1] = '\0';
+		nxc_chomp(prompt);
 	} else {
 		size_t n = 0;
 		for (int i = ga.first_arg; i < argc; i++)
@@ -446,6 +427,11 @@ int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv)
 		}
 	}
 
+	if (!*prompt) {
+		free(prompt);
+		json_decref(req);
+		return nxc_usage_err("generate", "the prompt is empty%s", n_words ? "" : " (nothing on stdin)");
+	}
 	if (ga.tokens) {
 		if (ga.raw || ga.system) {
 			free(prompt);
@@ -484,126 +470,22 @@ int nxc_cmd_generate(struct nxc_ctx *ctx, int argc, char **argv)
 
 	nxc_signals_init();
 	struct nxc_conn c;
-	rc = nxc_open(ctx, &c, NULL);
+	json_t *hello = NULL;
+	rc = nxc_open(ctx, &c, &hello);
 	if (rc) {
 		json_decref(req);
 		return rc;
 	}
-	bool hard;
-	rc = stream_answer(&c, req, ga.json, NULL, &hard);
+	struct nxc_answer ans = {0};
+	rc = nxc_stream_answer(&c, req, ga.json, &ans);
+	char note[128];
+	/* on a terminal, say why the answer stopped short; pipes get the text alone */
+	if (rc == NXC_EXIT_OK && !ga.json && isatty(2) &&
+	    nxc_cut_note(ans.done, (int)json_integer_value(json_object_get(hello, "n_ctx")), note, sizeof(note)))
+		nxc_note("%s", note);
+	nxc_answer_free(&ans);
+	json_decref(hello);
 	nxc_close(&c);
 	return rc;
 }
 
-// --- chat
-
-int nxc_cmd_chat(struct nxc_ctx *ctx, int argc, char **argv)
-{
-	struct gen_args ga;
-	int rc = parse_gen_args("chat", true, argc, argv, &ga);
-	if (rc) {
-		json_decref(ga.params);
-		return rc == 1 ? NXC_EXIT_OK : NXC_EXIT_USAGE;
-	}
-	if (ga.first_arg < argc) {
-		json_decref(ga.params);
-		return nxc_usage_err("chat", "unexpected argument '%s' (chat reads stdin)",
-				     argv[ga.first_arg]);
-	}
-	json_t *system = NULL;
-	if (ga.system && !(system = json_string(ga.system))) {
-		json_decref(ga.params);
-		return nxc_usage_err("chat", "--system is not valid UTF-8");
-	}
-	json_object_set_new(ga.params, "op", json_string("generate"));
-	json_object_set_new(ga.params, "stream", json_true());
-
-	nxc_signals_init();
-	struct nxc_conn c;
-	rc = nxc_open(ctx, &c, NULL);
-	if (rc) {
-		json_decref(ga.params);
-		json_decref(system);
-		return rc;
-	}
-	bool tty = isatty(0);
-	json_t *messages = json_array();
-	if (system)
-		json_array_append_new(messages, json_pack("{s:s, s:O}", "role", "system", "content", system));
-	struct nxc_reader in;
-	nxc_reader_init(&in, 0, NXP_MAX_LINE);
-	rc = NXC_EXIT_OK;
-	for (;;) {
-		if (tty) {
-			fputs("> ", stdout);
-			fflush(stdout);
-		}
-		char *line;
-		size_t len;
-		int k = nxc_read_line(&in, &line, &len);
-		if (k == -2) { /* Ctrl-C at the prompt */
-			if (tty)
-				putchar('\n');
-			rc = NXC_EXIT_INTR;
-			break;
-		}
-		if (k == 0) {
-			if (tty)
-				putchar('\n');
-			break;
-		}
-		if (k < 0) {
-			nxc_msg("cannot read stdin: %m");
-			rc = NXC_EXIT_ERROR;
-			break;
-		}
-		if (len && line[len - 1] == '\r')
-			line[--len] = '\0';
-		if (len == 0)
-			continue;
-		if (!strcmp(line, "/reset")) {
-			json_array_clear(messages);
-			if (system)
-				json_array_append_new(messages, json_pack("{s:s, s:O}", "role", "system",
-									  "content", system));
-			if (tty)
-				fputs("(conversation cleared)\n", stdout);
-			continue;
-		}
-		json_t *content = json_string(line);
-		if (!content) {
-			nxc_msg("that line is not valid UTF-8; skipped");
-			continue;
-		}
-		json_array_append_new(messages, json_pack("{s:s, s:o}", "role", "user", "content", content));
-		json_t *req = json_deep_copy(ga.params);
-		json_object_set(req, "messages", messages);
-		struct strbuf acc = {0};
-		bool hard;
-		int r = stream_answer(&c, req, false, &acc, &hard);
-		if (r == NXC_EXIT_OK || (r == NXC_EXIT_INTR && !hard)) {
-			/* keep what was said, even a cancelled partial answer */
-			json_array_append_new(messages,
-					      json_pack("{s:s, s:s}", "role", "assistant", "content",
-							acc.p ? acc.p : ""));
-		} else {
-			json_array_remove(messages, json_array_size(messages) - 1);
-		}
-		free(acc.p);
-		if (hard) {
-			rc = NXC_EXIT_INTR;
-			break;
-		}
-		nxc_interrupts = 0;
-		if (c.broken) { /* the daemon went away */
-			rc = NXC_EXIT_ERROR;
-			break;
-		}
-	}
-	nxc_reader_free(&in);
-	json_decref(messages);
-	json_decref(system);
-	json_decref(ga.params);
-	nxc_close(&c);
-	return rc;
-}

@@ -10,7 +10,8 @@
 
 const char nxc_usage_tokenize[] =
 	"usage: nxctl tokenize [--special] [--bos | --no-bos] TEXT|-\n\n"
-	"Prints the token ids of TEXT (or of stdin with '-'), space-separated.\n\n"
+	"Prints the token ids of TEXT (or of stdin with '-', one trailing newline removed),\n"
+	"space-separated.\n\n"
 	"  --special   parse special-token text such as <|im_start|> as special tokens\n"
 	"  --bos       add the beginning-of-sequence token\n"
 	"  --no-bos    do not add it (default: what the model asks for)\n";
@@ -37,6 +38,15 @@ const char nxc_usage_status[] =
 	"             started; nxd keeps these only when started with NXD_PROFILE=1\n"
 	"             in its environment (off by default)\n"
 	"  --json     print the raw status event (with --profile: its profile object)\n";
+
+void nxc_chomp(char *s)
+{
+	size_t n = strlen(s);
+	if (n && s[n - 1] == '\n')
+		s[--n] = '\0';
+	if (n && s[n - 1] == '\r')
+		s[n - 1] = '\0';
+}
 
 char *nxc_read_all(int fd)
 {
@@ -139,9 +149,12 @@ int nxc_cmd_tokenize(struct nxc_ctx *ctx, int argc, char **argv)
 	if (argc - optind != 1)
 		return nxc_usage_err("tokenize", "wants one TEXT argument (or '-' for stdin), got %d",
 				     argc - optind);
-	char *text = strcmp(argv[optind], "-") ? strdup(argv[optind]) : nxc_read_all(0);
+	bool from_stdin = !strcmp(argv[optind], "-");
+	char *text = from_stdin ? nxc_read_all(0) : strdup(argv[optind]);
 	if (!text)
 		return NXC_EXIT_ERROR;
+	if (from_stdin) /* as generate: "echo hi | nxctl tokenize -" is the ids of "hi" */
+		nxc_chomp(text);
 	json_t *s = json_string(text);
 	free(text);
 	if (!s)

@@ -38,6 +38,14 @@ void nxc_signals_init(void)
 	sigdelset(&wait_mask, SIGINT);
 }
 
+int nxc_wait_input(int fd)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	if (ppoll(&p, 1, NULL, &wait_mask) < 0)
+		return errno == EINTR ? -2 : -1;
+	return 0;
+}
+
 void nxc_reader_init(struct nxc_reader *r, int fd, size_t max)
 {
 	memset(r, 0, sizeof(*r));
@@ -88,12 +96,9 @@ int nxc_read_line(struct nxc_reader *r, char **line, size_t *len)
 			r->buf = b;
 			r->cap = cap;
 		}
-		struct pollfd p = {.fd = r->fd, .events = POLLIN};
-		if (ppoll(&p, 1, NULL, &wait_mask) < 0) {
-			if (errno == EINTR)
-				return -2;
-			return -1;
-		}
+		int w = nxc_wait_input(r->fd);
+		if (w < 0)
+			return w;
 		ssize_t k = read(r->fd, r->buf + r->end, r->cap - 1 - r->end);
 		if (k < 0) {
 			if (errno == EINTR || errno == EAGAIN)

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "client/nxctl.h"
+#include "common/version.h"
 #include "proto/proto.h"
 
 /* Adding a command: an entry here plus its function (see nxctl.h). */
@@ -30,16 +31,18 @@ static const struct nxc_cmd commands[] = {
 static void main_usage(FILE *f)
 {
 	fprintf(f, "usage: nxctl [--socket PATH] COMMAND [ARGS...]\n"
-		   "       nxctl COMMAND --help\n\n"
+		   "       nxctl COMMAND --help\n"
+		   "       nxctl --version\n\n"
 		   "Talks to the nxd inference daemon over its Unix socket.\n\n"
 		   "commands:\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
 	fprintf(f, "\noptions:\n"
-		   "  --socket PATH  the daemon's socket; default $NXD_SOCKET, else\n"
-		   "                 /run/nxd/nxd.sock as root, else $XDG_RUNTIME_DIR/nxd.sock\n"
-		   "                 when it exists, else /run/nxd/nxd.sock\n"
-		   "  --help         this text\n\n"
+		   "  -s, --socket PATH  the daemon's socket; default $NXD_SOCKET, else\n"
+		   "                     /run/nxd/nxd.sock as root, else $XDG_RUNTIME_DIR/nxd.sock\n"
+		   "                     when it exists, else /run/nxd/nxd.sock\n"
+		   "  -h, --help         this text\n"
+		   "  -V, --version      the version and the protocol version\n\n"
 		   "exit status: 0 done, 1 error reported by nxd (or the connection broke),\n"
 		   "2 bad command line, 3 cannot connect (nxd not running), 130 interrupted.\n");
 }
@@ -128,6 +131,9 @@ int main(int argc, char **argv)
 		const char *a = argv[i];
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			main_usage(stdout);
+			return NXC_EXIT_OK;
+		} else if (!strcmp(a, "--version") || !strcmp(a, "-V")) {
+			printf("nxctl %s (protocol %d)\n", NX_VERSION, NXP_VERSION);
 			return NXC_EXIT_OK;
 		} else if (!strcmp(a, "--socket") || !strcmp(a, "-s")) {
 			if (i + 1 >= argc)

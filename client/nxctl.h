@@ -68,6 +68,8 @@ int nxc_parse_double(const char *cmd, const char *flag, const char *s, double *o
 
 /* All of fd (stdin) as a NUL-terminated string, or NULL (message printed). */
 char *nxc_read_all(int fd);
+/* Removes one trailing line end ("\n" or "\r\n"). */
+void nxc_chomp(char *s);
 
 // --- terminal output (term.c)
 
@@ -100,6 +102,66 @@ void nxc_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void nxc_eprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* One JSON line and its '\n' into nxc_stdout. */
 void nxc_print_json(const char *line, size_t len);
+/* A line of nxctl's own about what happened (turns dropped, an answer cut)
+ * on stderr: dim on a terminal (not with NO_COLOR or TERM=dumb), the text
+ * still filtered. */
+void nxc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// --- generate and chat (cmd_generate.c)
+
+/* The sampling flags' help, for generate and chat. */
+#define NXC_SAMPLING_HELP                                                                              \
+	"  -n, --max-tokens N     at most N tokens (default 256; past nxd's limit, its limit)\n"   \
+	"  -t, --temp T           temperature, 0 = greedy (default 0.8)\n"                       \
+	"      --top-k K          keep the K most likely tokens, 0 = off (default 40)\n"         \
+	"      --top-p P          nucleus sampling mass in (0, 1] (default 0.95)\n"              \
+	"      --min-p P          drop tokens below P x the best one's probability (default 0.05)\n" \
+	"      --repeat-penalty R penalty on recent tokens, 1 = off (default 1.0)\n"             \
+	"      --repeat-last-n N  how many recent tokens it looks at (default 64)\n"             \
+	"      --seed S           random seed, 0..2^63-1 (default: a fresh one)\n"               \
+	"      --stop STR         stop before STR (repeatable, at most 8)\n"                    \
+	"      --ignore-eos       keep going past the end-of-sequence token\n"                  \
+	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"   \
+	"      --raw-output       write the text to a terminal as it is, control characters\n" \
+	"                         and all (by default a terminal shows them: ESC as ^[, BEL\n" \
+	"                         as ^G, U+009B as <U+009B>; pipes and files always get the\n" \
+	"                         bytes unchanged)\n"
+
+
+struct nxc_gen_args {
+	json_t *params;       /* sampling and stop fields, copied into every request */
+	const char *system;
+	bool raw, json, tokens;
+	bool raw_output;      /* --raw-output: no terminal filter on stdout */
+	int n_stop;
+	int first_arg;        /* argv index of the first PROMPT word */
+};
+/* The flags generate and chat share: 0, 1 after printing --help, another
+ * value after a usage message. */
+int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct nxc_gen_args *ga);
+
+struct nxc_text {
+	char *p;              /* NUL-terminated, or NULL while empty */
+	size_t len, cap;
+};
+void nxc_text_add(struct nxc_text *b, const char *s, size_t n);
+
+/* What came back for one generate. */
+struct nxc_answer {
+	struct nxc_text text; /* the answer as the model wrote it, whatever the terminal showed */
+	json_t *done;         /* the done event, or NULL */
+	json_t *error;        /* the error event, kept when keep_error (else printed) */
+	bool keep_error;      /* in: the caller deals with an error event */
+	bool hard;            /* a second Ctrl-C cut it short */
+};
+struct nxc_conn;
+/* Sends req (stolen) as a new request and streams its events until done.
+ * Returns an exit code; NXC_EXIT_INTR after a cancelled answer. */
+int nxc_stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct nxc_answer *ans);
+void nxc_answer_free(struct nxc_answer *a);
+/* For a done cut short (reason length), why: the context full, or
+ * max_tokens; NULL otherwise. */
+const char *nxc_cut_note(json_t *done, int n_ctx, char *buf, size_t cap);
 
 // --- connection (conn.c)
 
@@ -124,6 +186,9 @@ struct nxc_conn {
  * (ppoll), so a Ctrl-C is never lost between a check and a blocking read. */
 extern volatile sig_atomic_t nxc_interrupts;
 void nxc_signals_init(void);
+/* Waits until fd is readable, the one place SIGINT is let in: 0, -2 when a
+ * signal came (check nxc_interrupts), -1 on error. */
+int nxc_wait_input(int fd);
 
 void nxc_reader_init(struct nxc_reader *r, int fd, size_t max);
 void nxc_reader_free(struct nxc_reader *r);
@@ -152,5 +217,23 @@ const char *nxc_ev_name(json_t *ev);
 bool nxc_ev_is(json_t *ev, int id);
 /* Prints an error event as "nxctl: <message> (<code>)". */
 void nxc_print_error(json_t *ev);
+
+// --- chat's input (line.c)
+
+struct nxc_line {
+	struct editline *el;  /* libedit on a terminal (stdin and stdout), else NULL */
+	struct history *hist;
+	char hist_path[4096]; /* PATH_MAX; "" without a history file */
+	const char *prompt;
+	bool tty;             /* stdin is a terminal */
+	struct nxc_reader rd; /* without libedit: plain lines */
+	char *buf;            /* the last edited line */
+};
+int nxc_line_open(struct nxc_line *l);
+void nxc_line_close(struct nxc_line *l);
+/* One line without its end: 1 with *line (valid until the next call), 0 at
+ * the end of input (Ctrl-D), -2 after a Ctrl-C (the line is dropped), -1 on
+ * error. Edited lines go into the history. */
+int nxc_line_read(struct nxc_line *l, const char *prompt, char **line, size_t *len);
 
 #endif

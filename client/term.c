@@ -1,6 +1,7 @@
 /* term.c - what nxctl writes where a person reads it: on a terminal, control characters from the model or the server are shown, not obeyed. */
 #define _GNU_SOURCE /* vasprintf */
 #include <stdarg.h>
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -218,4 +219,27 @@ void nxc_print_json(const char *line, size_t len)
 	nxc_term_end(&nxc_stdout);
 	nxc_stdout.json = false;
 	put(&nxc_stdout, "\n", 1);
+}
+
+/* Our own escape sequences: the filter is for what others wrote. */
+static bool note_dim(struct nxc_term *t)
+{
+	const char *term = getenv("TERM");
+	return term_filters(t) && !getenv("NO_COLOR") && !(term && !strcmp(term, "dumb"));
+}
+
+void nxc_note(const char *fmt, ...)
+{
+	va_list ap;
+	fflush(stdout); /* after the answer it is about */
+	bool dim = note_dim(&nxc_stderr);
+	if (dim)
+		put(&nxc_stderr, "\033[2m", 4);
+	va_start(ap, fmt);
+	term_vprintf(&nxc_stderr, fmt, ap);
+	va_end(ap);
+	nxc_term_end(&nxc_stderr);
+	if (dim)
+		put(&nxc_stderr, "\033[0m", 4);
+	put(&nxc_stderr, "\n", 1);
 }

@@ -152,7 +152,9 @@ static int bind_socket(struct nxd *d, struct nx_err *err)
 		return nx_errf(err, "socket: listen(%s) failed: %s", path, strerror(e));
 	}
 	d->listen_fd = fd;
-	nxd_info("socket: listening on %s (mode 0660)", path);
+	/* Bound, and connections queue, but "listening" is said once the
+	 * model is loaded and the workers are ready (daemon.c). */
+	nxd_info("socket: bound %s (mode 0660); connections wait until nxd is ready", path);
 	return 0;
 }
 

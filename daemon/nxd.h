@@ -50,8 +50,9 @@
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
 #include "worker/worker.h"
+#include "common/version.h"
 
-#define NXD_VERSION "0.1.0"
+#define NXD_VERSION NX_VERSION
 #define NXD_MAX_SLOTS 256
 #define NXD_SHUTDOWN_GRACE 3.0 /* s: time given to clients to read their last events */
 #define NXD_SIG(sig) (1u << (sig)) /* a bit of nxd.signals */

@@ -238,7 +238,7 @@ static uint64_t fresh_seed(struct nxd *d)
 	if (!base && getrandom(&base, sizeof(base), GRND_NONBLOCK) != sizeof(base))
 		base = (uint64_t)nxd_now() * 0x9e3779b97f4a7c15ull ^ (uint64_t)d->pid;
 	uint64_t x = base + 0x9e3779b97f4a7c15ull * d->seed_ctr++; /* the next value of base's splitmix64 stream */
-	return nx_splitmix64(&x);
+	return nx_splitmix64(&x) >> 1; /* 0..2^63-1: the done event reports it, a request can send it back */
 }
 
 static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)

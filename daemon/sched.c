@@ -76,7 +76,7 @@ int nxd_sched_init(struct nxd *d, struct nx_err *err)
 	d->released = malloc(d->released_cap);
 	d->line = malloc(d->line_cap);
 	d->top = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->top));
-	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS, sizeof(*d->lp));
+	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS + 1, sizeof(*d->lp)); /* + the chosen token */
 	if (!d->piece || !d->released || !d->line || !d->top || !d->lp)
 		return nx_errf(err, "sched: out of memory");
 	return 0;
@@ -138,6 +138,8 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.decode_ms = decode * 1e3,
 			/* docs/protocol.md: completion tokens / decode seconds */
 			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
+			.has_seed = true,
+			.seed = r->sp.seed,
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -614,6 +616,8 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 		st->count++;
 }
 
+/* d->lp for a token event: the n_top most likely tokens, then the chosen one
+ * when a draw took it from outside them, so its own logprob is always there. */
 /* Streams one sampled token and decides whether the sequence ends. An
  * end-of-generation token is not part of the answer: no text, not counted,
  * not in `tokens`; it only ends the sequence (reason eos). */

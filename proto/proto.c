@@ -326,6 +326,8 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
+	if (d->has_seed)
+		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
 	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
 	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");
@@ -939,15 +941,21 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 				    lim->n_ctx);
 	}
 
-	/* max_tokens: 1..limit, default NXP_DEFAULT_MAX_TOKENS capped at the limit. */
-	long long mt_hi = INT32_MAX;
+	/* max_tokens: at least 1; more than the limit is the limit, as the
+	 * default is (a client asking for "as much as fits" is not wrong). */
+	long long mt_hi = INT32_MAX, mt = NXP_DEFAULT_MAX_TOKENS;
 	if (lim && lim->max_tokens > 0)
 		mt_hi = lim->max_tokens;
 	else if (lim && lim->n_ctx > 0)
 		mt_hi = lim->n_ctx;
-	g->max_tokens = NXP_DEFAULT_MAX_TOKENS < mt_hi ? NXP_DEFAULT_MAX_TOKENS : (int)mt_hi;
-	if (opt_int(o, "max_tokens", 1, mt_hi, &g->max_tokens, e))
+	json_t *mtv = field(o, "max_tokens");
+	if (mtv && get_int(mtv, "max_tokens", LLONG_MIN, LLONG_MAX, &mt, e))
 		return -1;
+	if (mt < 1)
+		return fail(e, NXP_E_OUT_OF_RANGE,
+			    "field 'max_tokens' must be at least 1 (more than %lld is taken as %lld), got %lld", mt_hi,
+			    mt_hi, mt);
+	g->max_tokens = (int)(mt < mt_hi ? mt : mt_hi);
 
 	/* Sampling: each range checked on the value sent (get_float, opt_int);
 	 * the sampler's own check below agrees and stays the last word. */

@@ -227,6 +227,8 @@ struct nxp_done {
 	double prefill_ms;
 	double decode_ms;
 	double tokens_per_s;    /* completion tokens / decode seconds */
+	bool has_seed;          /* seed is written: the one the sampler used, so the answer can be asked for again */
+	uint64_t seed;          /* 0..2^63-1, a JSON integer a request's "seed" accepts */
 };
 
 struct nxp_worker_status {

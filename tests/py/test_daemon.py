@@ -82,7 +82,45 @@ def test_cli(nxd_bin, model_path, tmp_path):
                            text=True, timeout=20)
         assert r.returncode == 1, (path, r.stderr)
         assert msg in r.stderr, (path, r.stderr)
+        assert "listening" not in r.stderr, r.stderr  # said only once the model is loaded and workers ready
         assert not sock.exists()
+
+
+def test_short_options_and_workers_warning(nxd_bin, model_path, tmp_path):
+    """-m, -s, -w, -h, -V as users expect; --workers past the CPUs nxd may use is warned about at
+    start; "listening" is logged once, in the ready line."""
+    for flag, want in (("-h", "usage: nxd"), ("-V", "nxd ")):
+        r = subprocess.run([nxd_bin, flag], capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0 and r.stdout.startswith(want), (flag, r.stdout, r.stderr)
+    r = subprocess.run([nxd_bin, "-m"], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "option -m needs a value" in r.stderr, r.stderr
+    sock = tmp_path / "short.sock"
+    log = tmp_path / "short.log"
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["taskset", "-c", "0", str(nxd_bin), "-m", str(model_path), "-s", str(sock), "-w", "2",
+                              "--ctx", "256"], stdout=f, stderr=f)
+    try:
+        wait_until(lambda: "ready:" in log.read_text() or p.poll() is not None, timeout=60, what="ready")
+        text = log.read_text()
+        assert p.poll() is None, text
+        assert "--workers 2 is more than the 1 CPU nxd may run on" in text, text
+        assert text.count("listening") == 1 and f"ready: listening on {sock}, 2 workers" in text, text
+        with Client(str(sock)) as c:
+            assert c.request({"op": "hello", "version": 1})["event"] == "hello"
+    finally:
+        p.terminate()
+        p.wait(15)
+    # one worker per CPU by default: no warning
+    with open(log, "wb") as f:
+        p = subprocess.Popen(["taskset", "-c", "0", str(nxd_bin), "-m", str(model_path), "-s", str(sock),
+                              "--ctx", "256"], stdout=f, stderr=f)
+    try:
+        wait_until(lambda: "ready:" in log.read_text() or p.poll() is not None, timeout=60, what="ready")
+        text = log.read_text()
+        assert "ready: listening on" in text and ", 1 workers" in text and "more than" not in text, text
+    finally:
+        p.terminate()
+        p.wait(15)
 
 
 # ---------------------------------------------------------------- requests
@@ -152,6 +190,33 @@ def test_chat_messages(daemon):
         assert bad["event"] == "error" and bad["id"] == "b"
 
 
+def test_done_seed_reproduces_and_chosen_logprob(daemon):
+    """done reports the seed a sampled answer used: sent back, it gives the same answer. With
+    logprobs, every token event carries the drawn token's own logprob, also when a hot draw took
+    it from outside the top N listed."""
+    hot = dict(prompt="Write a word.", temperature=3.0, top_k=0, top_p=1.0, min_p=0.0, max_tokens=24, ignore_eos=True)
+    with Client(daemon.sock) as c:
+        toks, text, done = c.generate(rid=1, **hot)
+        seed = done["seed"]
+        assert isinstance(seed, int) and 0 <= seed < 2 ** 63, done
+        again, _, done2 = c.generate(rid=2, seed=seed, **hot)
+        assert again == toks and done2["seed"] == seed
+        _, _, other = c.generate(rid=3, **hot)
+        assert other["seed"] != seed  # a fresh seed per request
+        c.send(dict(op="generate", id=4, logprobs=1, **hot))
+        evs = [e for e in c.events(4) if e["event"] == "token"]
+    outside = 0
+    for e in evs:
+        lp = e["logprobs"]
+        assert len(lp) == 1 and isinstance(e["logprob"], float), e
+        if lp[0]["token"] != e["token"]:
+            outside += 1
+            assert e["logprob"] <= lp[0]["logprob"], e
+        else:
+            assert e["logprob"] == lp[0]["logprob"], e
+    assert outside > 0  # at temperature 3 over 24 tokens the draw leaves the top 1
+
+
 def test_tokenize_roundtrip(daemon):
     text = "Hello, world! Ünïcödé 😀 and\tspaces  "
     with Client(daemon.sock) as c:
@@ -216,7 +281,6 @@ BAD = [
     (b'{"op":"generate","id":1,"prompt":7}\n', "bad_request"),
     (b'{"op":"generate","id":1,"prompt":"x","max_tokens":0}\n', "out_of_range"),
     (b'{"op":"generate","id":1,"prompt":"x","max_tokens":-1}\n', "out_of_range"),
-    (b'{"op":"generate","id":1,"prompt":"x","max_tokens":2147483648}\n', "out_of_range"),
     (b'{"op":"generate","id":1,"prompt":"x","temperature":-1}\n', "out_of_range"),
     (b'{"op":"generate","id":1,"prompt":"x","temperature":NaN}\n', "parse_error"),
     (b'{"op":"generate","id":1,"prompt":"x","top_p":1.5}\n', "out_of_range"),

@@ -20,6 +20,7 @@ from the next step on (and the reverse for an unfold).
 """
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -785,7 +786,7 @@ def test_smol_report_and_nxctl(model_path, smol, tmp_path, report):
         dry = json.loads(out)
         assert dry["event"] == "lora_report" and dry["dry_run"] and [t.lower() for t in dry["report"]["types"]] == ["f16"]
         t0 = time.time()
-        out, errtxt = run("lora-fold", "r64")
+        out, errtxt = run("lora-fold", "r64", "--type", "keep")
         fold_s = time.time() - t0
         assert "folded r64 (keep" in out and "210 matrices" in out
         if fold_s > 0.5:
@@ -795,6 +796,18 @@ def test_smol_report_and_nxctl(model_path, smol, tmp_path, report):
         out, _ = run("lora-list")
         assert "#1 keep" in out
         run("lora-unfold", "r64")
+        # without --type the fold is graded first: the q4_1 refold loses this adapter (error ~100% of its
+        # effect), q8_0 keeps it; nxctl says so and folds to q8_0
+        out, _ = run("lora-fold", "r8", "--dry-run", "--layers", "29")
+        assert "# lora-fold without --type: a fold to the base's own type would be off by" in out, out
+        assert "folding to q8_0" in out, out
+        out, errtxt = run("lora-fold", "r8")
+        assert re.search(r"lora-fold: a fold to the base's own type would be off by \d+% of the adapter's effect, "
+                         r"to q8_0 by \d+%: folding to q8_0", errtxt), errtxt
+        assert "folded r8 (q8_0" in out, out
+        out, _ = run("lora-list")
+        assert "#1 q8_0" in out
+        run("lora-unfold", "r8")
         run("lora-unload", "r64")
         run("lora-unload", "r8")
         out, _ = run("lora-list")

@@ -466,27 +466,172 @@ def read_until(fd, want, timeout=5):
 
 
 def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
-    """On a terminal chat shows '> ', streams the answer, and Ctrl-C at the prompt exits 130."""
+    """On a terminal chat shows '> ' and streams the answer; Ctrl-C at the prompt drops the line and
+    the chat goes on (as ollama's); Ctrl-D on an empty line leaves with status 0."""
     nxd.handlers["generate"] = stream_pieces(["Hey", "!"])
     master, slave = os.openpty()
     try:
         p = subprocess.Popen([NXCTL, "--socket", nxd.path, "chat"], stdin=slave, stdout=slave,
-                             stderr=subprocess.PIPE)
+                             stderr=slave, env=dict(os.environ, XDG_STATE_HOME=str(nxd.path) + ".state"))
         procs.append(p)
         assert b"> " in read_until(master, b"> ")
-        os.write(master, b"hello\n")
+        os.write(master, b"hello\r")
         out = read_until(master, b"Hey!")
         assert b"Hey!" in out
         out += read_until(master, b"> ")
         assert out.rstrip().endswith(b">")
+        os.write(master, b"dropped")
+        read_until(master, b"dropped")
         p.send_signal(signal.SIGINT)
+        assert b"Ctrl-D or /bye leaves" in read_until(master, b"leaves")
+        assert p.poll() is None
+        os.write(master, b"\x04")
         p.wait(5)
-        assert p.returncode == 130
+        assert p.returncode == 0
     finally:
         os.close(master)
         os.close(slave)
     gens = [q for q in nxd.requests if q["op"] == "generate"]
-    assert gens[0]["messages"] == [{"role": "user", "content": "hello"}]
+    assert [g["messages"] for g in gens] == [[{"role": "user", "content": "hello"}]]
+
+
+def done_event(req, text, reason="eos", prompt_tokens=5, cached=2, completion=None, seed=77):
+    return {"id": req["id"], "event": "done", "reason": reason, "seed": seed,
+            "usage": {"prompt_tokens": prompt_tokens, "cached_tokens": cached,
+                      "completion_tokens": len(text) if completion is None else completion},
+            "timing": {"prefill_ms": 40.0, "decode_ms": 500.0, "tokens_per_s": 8.0}}
+
+
+def answer(text, **kw):
+    def gen(req, send):
+        send({"id": req["id"], "event": "token", "token": 1, "text": text})
+        send(done_event(req, text, **kw))
+    return gen
+
+
+def test_chat_commands(nxd):
+    """Slash commands are nxctl's, never the model's: /help, /set, /system, /lora, /stats and /bye."""
+    nxd.handlers["generate"] = answer("ok")
+    script = ("/help\n/set temperature 0.25\n/set top-k 7\n/set seed 42\n/set max_tokens 9\n"
+              "/system Be terse.\nhello\n/stats\n/set top_p 2\n/set bogus 1\n/lora style:0.5 other\nagain\n"
+              "/lora off\n/set temperature default\n/nope\nthird\n/bye\nnever sent\n")
+    r = run(["chat", "--system", "S"], sock=nxd.path, stdin=script.encode())
+    assert r.returncode == 0, r.stderr
+    gens = [q for q in nxd.requests if q["op"] == "generate"]
+    assert [g["messages"][-1]["content"] for g in gens] == ["hello", "again", "third"]
+    g0, g1, g2 = gens
+    assert g0["messages"][0] == {"role": "system", "content": "Be terse."}  # /system replaced --system
+    assert (g0["temperature"], g0["top_k"], g0["seed"], g0["max_tokens"]) == (0.25, 7, 42, 9)
+    assert "lora" not in g0 and "top_p" not in g0  # the refused /set changed nothing
+    assert g1["lora"] == [{"name": "style", "scale": 0.5}, {"name": "other"}]
+    assert "lora" not in g2 and "temperature" not in g2 and g2["top_k"] == 7
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert "/bye" in out and "/set [NAME VALUE]" in out  # /help
+    assert "answer:  2 tokens in 0.50 s, 8.0 tokens/s (eos)" in out
+    assert "prompt:  5 tokens, 2 of them from the prompt cache, 0.04 s to the first token" in out
+    assert "seed:    77 (/set seed 77 gives this answer again)" in out
+    assert "nxctl: /set top_p wants a number in (0, 1], got '2'" in err
+    assert "nxctl: /set: unknown option 'bogus'" in err
+    assert "nxctl: unknown command '/nope'" in err
+
+
+def test_chat_multiline(nxd):
+    """A \"\"\" block or trailing backslashes make one message of several lines."""
+    nxd.handlers["generate"] = answer("ok")
+    script = '"""first\n/not a command\n"""\nline one \\\nline two\n"""one line"""\n"""ends"""\n"""open at the end\nlast'
+    r = run(["chat"], sock=nxd.path, stdin=script.encode())
+    assert r.returncode == 0, r.stderr
+    users = [g["messages"][-1]["content"] for g in nxd.requests if g["op"] == "generate"]
+    assert users == ["first\n/not a command", "line one \nline two", "one line", "ends", "open at the end\nlast"]
+
+
+def test_chat_drops_oldest_turns(nxd):
+    """A conversation past the context drops its oldest turns, the system message kept, with a note:
+    before sending when the done events say it would not leave room for an answer, and on
+    context_overflow from nxd; a message too long alone leaves the conversation as it was."""
+    def gen(req, send):
+        users = [m for m in req["messages"] if m["role"] == "user"]
+        if any(len(m["content"]) > 1000 for m in users) or len(users) > 3:
+            send({"id": req["id"], "event": "error", "code": "context_overflow",
+                  "message": "the prompt is 9000 tokens; the context holds 2048"})
+            return
+        n = len(users)
+        answer(f"a{n}", prompt_tokens=300 * n, completion=20)(req, send)
+    nxd.handlers["generate"] = gen
+    script = "q1\nq2\nq3\nq4\n" + "x" * 1200 + "\nq5\n"
+    r = run(["chat", "--system", "S"], sock=nxd.path, stdin=script.encode())
+    assert r.returncode == 0, r.stderr
+    gens = [[m["content"] for m in q["messages"]] for q in nxd.requests if q["op"] == "generate"]
+    # q4: 3 x 320 used + room for 256 fits 2048, but nxd refuses 4 user messages: q1 goes
+    assert gens[3] == ["S", "q1", "a1", "q2", "a2", "q3", "a3", "q4"]
+    assert gens[4] == ["S", "q2", "a2", "q3", "a3", "q4"]
+    # the long message fits not even alone: the conversation stays as it was for q5 (which, with 4
+    # user messages, loses q2 in turn)
+    assert gens[-1] == ["S", "q3", "a3", "q4", "a3", "q5"]
+    err = r.stderr.decode()
+    assert "(1 oldest turn dropped to fit the context of 2048 tokens)" in err
+    assert "context_overflow" in err  # the message too long alone
+
+
+def test_chat_makes_room_before_sending(nxd):
+    """The done events' usage tells what the conversation takes: a message that would leave no
+    room for an answer of max_tokens goes out without the oldest turns (no answer cut short)."""
+    nxd.handlers["generate"] = lambda req, send: answer(
+        "ans", prompt_tokens=sum(len(m["content"]) for m in req["messages"]), completion=150)(req, send)
+    big = "y" * 700
+    r = run(["chat", "--system", "S", "-n", "300"], sock=nxd.path, stdin=f"{big}1\n{big}2\n{big}3\n".encode())
+    assert r.returncode == 0, r.stderr
+    gens = [[m["content"] for m in q["messages"]] for q in nxd.requests if q["op"] == "generate"]
+    assert gens[1] == ["S", big + "1", "ans", big + "2"]
+    # 1556 used + ~240 for the message + 300 of answer > 2048: the first exchange goes first
+    assert gens[2] == ["S", big + "2", "ans", big + "3"]
+    assert r.stderr.decode().count("(1 oldest turn dropped to fit the context of 2048 tokens)") == 1
+
+
+def test_cut_answers_say_so(nxd):
+    """An answer cut by max_tokens or by a full context says which, in a dim line on a terminal
+    (chat: always on stderr; generate: only when stderr is a terminal)."""
+    nxd.handlers["generate"] = answer("abc", reason="length", prompt_tokens=5, completion=3)
+    r = run(["chat"], sock=nxd.path, stdin=b"hi\n")
+    assert r.returncode == 0 and r.stderr.decode() == "(the answer was cut at 3 tokens by max_tokens)\n"
+    r = run(["generate", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and r.stderr == b"" and r.stdout == b"abc\n"
+    rc, out, _ = run_tty(["generate", "hi"], nxd.path)
+    assert rc == 0 and out == b"abc\n\x1b[2m(the answer was cut at 3 tokens by max_tokens)\x1b[0m\n", out
+    nxd.handlers["generate"] = answer("abc", reason="length", prompt_tokens=2045, completion=3)
+    rc, out, _ = run_tty(["generate", "hi"], nxd.path)
+    assert rc == 0 and b"(the answer was cut: the context of 2048 tokens is full)" in out
+    env = dict(os.environ, NO_COLOR="1")
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    p = subprocess.run([NXCTL, "--socket", nxd.path, "generate", "hi"], stdout=slave, stderr=slave, env=env,
+                       timeout=10)
+    os.close(slave)
+    out = read_until(master, b"full)")
+    os.close(master)
+    assert p.returncode == 0 and b"\x1b" not in out and b"(the answer was cut" in out
+
+
+def test_prompt_from_stdin_rules(nxd):
+    """An empty prompt is refused before anything is sent; tokenize - drops one trailing newline,
+    as generate - does."""
+    nxd.handlers["tokenize"] = lambda req, send: send({"id": req["id"], "event": "tokens", "tokens": [1]})
+    for stdin in (b"", b"\n"):
+        r = run(["generate", "-"], sock=nxd.path, stdin=stdin)
+        assert r.returncode == 2 and "the prompt is empty (nothing on stdin)" in r.stderr.decode(), r.stderr
+    r = run(["generate", ""], sock=nxd.path)
+    assert r.returncode == 2 and "the prompt is empty" in r.stderr.decode()
+    assert nxd.requests == []
+    r = run(["tokenize", "-"], sock=nxd.path, stdin=b"abc\n")
+    assert r.returncode == 0 and nxd.requests[-1]["text"] == "abc"
+    r = run(["tokenize", "-"], sock=nxd.path, stdin=b"two\n\n")
+    assert r.returncode == 0 and nxd.requests[-1]["text"] == "two\n"
+
+
+def test_version():
+    for flag in ("--version", "-V"):
+        r = run([flag])
+        assert r.returncode == 0 and re.fullmatch(rb"nxctl \d+\.\d+\.\d+ \(protocol 1\)\n", r.stdout), r.stdout
 
 
 # --- the terminal as an attack surface: model and server text is shown, not obeyed
