@@ -24,6 +24,159 @@ static int arch_f32(const struct gguf_file *g, const char *arch, const char *nam
 	return gguf_get_f32(g, key, out, required, err);
 }
 
+/* A value as a message shows it: numbers, bools, strings (cut at 48 bytes), array shapes. */
+static void value_str(char *buf, size_t n, const struct gguf_value *v)
+{
+	switch (v->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64:
+		snprintf(buf, n, "%llu", (unsigned long long)v->u64);
+		break;
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		snprintf(buf, n, "%lld", (long long)v->i64);
+		break;
+	case GGUF_F32: case GGUF_F64:
+		snprintf(buf, n, "%g", v->f64);
+		break;
+	case GGUF_BOOL:
+		snprintf(buf, n, "%s", v->u64 ? "true" : "false");
+		break;
+	case GGUF_STRING:
+		snprintf(buf, n, "\"%.*s\"", (int)(v->str.len < 48 ? v->str.len : 48), v->str.p);
+		break;
+	default:
+		snprintf(buf, n, "an array of %llu %s", (unsigned long long)v->arr.n, gguf_vtype_name(v->arr.type));
+		break;
+	}
+}
+
+static bool is_number(const struct gguf_value *v, double *out)
+{
+	switch (v->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64: case GGUF_BOOL:
+		*out = (double)v->u64;
+		return true;
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		*out = (double)v->i64;
+		return true;
+	case GGUF_F32: case GGUF_F64:
+		*out = v->f64;
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The value with which a key nxd does not implement changes nothing. */
+enum neutral {
+	NEVER,     /* every value changes the arithmetic */
+	IF_ZERO,   /* 0 (a count of experts) */
+	IF_ONE,    /* 1 (a multiplier; true for a bool) */
+	IF_NONE,   /* the string "none" */
+	IF_CTX,    /* at least context_length: a sliding window no position can leave */
+};
+
+/* Every key of the family's namespace ({arch}.name) that nxd knows. Keys with
+ * why == NULL are read (read_hparams); the others change the arithmetic in a
+ * way nxd does not implement and are refused, naming key, value and why,
+ * unless they hold their neutral value. Any key of the namespace that is not
+ * here is refused too: nxd cannot tell what it would change. */
+static const struct key_rule {
+	const char *name;
+	const char *why;
+	enum neutral neutral;
+} key_rules[] = {
+	{ "block_count", NULL, NEVER },
+	{ "context_length", NULL, NEVER },
+	{ "embedding_length", NULL, NEVER },
+	{ "feed_forward_length", NULL, NEVER },
+	{ "vocab_size", NULL, NEVER },
+	{ "attention.head_count", NULL, NEVER },
+	{ "attention.head_count_kv", NULL, NEVER },
+	{ "attention.layer_norm_rms_epsilon", NULL, NEVER },
+	{ "attention.key_length", NULL, NEVER },
+	{ "attention.value_length", NULL, NEVER },
+	{ "rope.dimension_count", NULL, NEVER },
+	{ "rope.freq_base", NULL, NEVER },
+	/* no arithmetic: whether the model was fine-tuned on the scaled context */
+	{ "rope.scaling.finetuned", NULL, NEVER },
+	{ "rope.scaling.type", "RoPE scaling is not implemented", IF_NONE },
+	{ "rope.scaling.factor", "RoPE scaling is not implemented", IF_ONE },
+	{ "rope.scale_linear", "RoPE scaling is not implemented", IF_ONE },
+	{ "rope.scaling.original_context_length", "RoPE scaling is not implemented", NEVER },
+	{ "rope.scaling.attn_factor", "a RoPE attention factor is not implemented", IF_ONE },
+	{ "rope.scaling.yarn_ext_factor", "YaRN is not implemented", NEVER },
+	{ "rope.scaling.yarn_attn_factor", "YaRN is not implemented", NEVER },
+	{ "rope.scaling.yarn_beta_fast", "YaRN is not implemented", NEVER },
+	{ "rope.scaling.yarn_beta_slow", "YaRN is not implemented", NEVER },
+	{ "rope.scaling.yarn_log_multiplier", "YaRN's log multiplier is not implemented", NEVER },
+	{ "rope.freq_base_swa", "sliding-window layers' own RoPE base is not implemented", NEVER },
+	{ "rope.dimension_sections", "multimodal RoPE sections are not implemented", NEVER },
+	{ "attention.sliding_window", "sliding-window attention is not implemented", IF_CTX },
+	{ "attention.sliding_window_pattern", "sliding-window attention is not implemented", NEVER },
+	{ "attn_logit_softcapping", "soft-capping of the attention scores is not implemented", NEVER },
+	{ "final_logit_softcapping", "soft-capping of the logits is not implemented", NEVER },
+	{ "logit_scale", "a logit scale is not implemented", IF_ONE },
+	{ "embedding_scale", "an embedding scale is not implemented", IF_ONE },
+	{ "residual_scale", "a residual scale is not implemented", IF_ONE },
+	{ "attention.scale", "an attention scale other than 1/sqrt(head dimension) is not implemented", NEVER },
+	{ "attention.causal", "non-causal attention is not implemented", IF_ONE },
+	{ "attention.layer_norm_epsilon", "LayerNorm (not RMSNorm) is not implemented", NEVER },
+	{ "attention.clamp_kqv", "clamping Q, K and V is not implemented", NEVER },
+	{ "attention.max_alibi_bias", "ALiBi is not implemented", IF_ZERO },
+	{ "expert_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_used_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_shared_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_feed_forward_length", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "leading_dense_block_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "use_parallel_residual", "parallel residual blocks are not implemented", NEVER },
+	{ "pooling_type", "embedding models (pooling) are not implemented", IF_ZERO },
+};
+
+static const struct key_rule *key_rule(const char *name, size_t len)
+{
+	for (size_t i = 0; i < sizeof(key_rules) / sizeof(key_rules[0]); i++)
+		if (strlen(key_rules[i].name) == len && !memcmp(key_rules[i].name, name, len))
+			return &key_rules[i];
+	return NULL;
+}
+
+static bool is_neutral(const struct key_rule *r, const struct gguf_value *v, uint32_t n_ctx)
+{
+	double x;
+	switch (r->neutral) {
+	case IF_ZERO:
+		return is_number(v, &x) && x == 0;
+	case IF_ONE:
+		return is_number(v, &x) && x == 1;
+	case IF_NONE:
+		return v->type == GGUF_STRING && v->str.len == 4 && !memcmp(v->str.p, "none", 4);
+	case IF_CTX:
+		return is_number(v, &x) && x >= n_ctx;
+	default:
+		return false;
+	}
+}
+
+/* Every key of the {arch}. namespace is one nxd reads, or one holding its
+ * neutral value: anything else is refused by name (DESIGN.md "Model families"). */
+static int check_keys(const struct gguf_file *g, const char *arch, uint32_t n_ctx, struct nx_err *err)
+{
+	const size_t al = strlen(arch);
+	for (uint64_t i = 0; i < g->n_kv; i++) {
+		const struct gguf_str *k = &g->kv[i].key;
+		if (k->len <= al + 1 || memcmp(k->p, arch, al) || k->p[al] != '.')
+			continue;
+		const struct key_rule *r = key_rule(k->p + al + 1, (size_t)k->len - al - 1);
+		if (r && (!r->why || is_neutral(r, &g->kv[i].val, n_ctx)))
+			continue;
+		char val[80];
+		value_str(val, sizeof(val), &g->kv[i].val);
+		return nx_errf(err, "model: key '%.*s' = %s: %s; refused", (int)(k->len < 96 ? k->len : 96), k->p, val,
+			       r ? r->why : "not a key nxd knows, so it may change the arithmetic");
+	}
+	return 0;
+}
+
 /* Upper bound on any single dimension: keeps products of a few of them far
  * from overflowing int64 / size_t and rejects absurd headers early. */
 #define NX_MAX_DIM (1 << 24)
@@ -48,7 +201,7 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	    arch_u32(g, arch, "embedding_length", &dim, true, err) ||
 	    arch_u32(g, arch, "feed_forward_length", &n_ff, true, err) ||
 	    arch_u32(g, arch, "attention.head_count", &n_head, true, err) ||
-	    arch_u32(g, arch, "context_length", &n_ctx, true, err))
+	    arch_u32(g, arch, "context_length", &n_ctx, true, err) || check_keys(g, arch, n_ctx, err))
 		goto err;
 	uint32_t n_head_kv = n_head;
 	if (arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))
@@ -74,18 +227,21 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 			arch, n_head, n_head_kv);
 		goto err;
 	}
-	/* head_dim is dim / n_head unless the file says otherwise (key_length). */
-	uint32_t head_dim = dim / n_head;
-	if (dim % n_head != 0)
-		head_dim = 0;
-	if (arch_u32(g, arch, "attention.key_length", &head_dim, false, err))
+	/* head_dim is dim / n_head; a file that says otherwise (key_length,
+	 * value_length) is refused until the forward pass and its reference
+	 * are graded with such heads. */
+	uint32_t head_dim = dim % n_head ? 0 : dim / n_head, k_dim = head_dim, v_dim = head_dim;
+	if (arch_u32(g, arch, "attention.key_length", &k_dim, false, err) ||
+	    arch_u32(g, arch, "attention.value_length", &v_dim, false, err))
 		goto err;
-	uint32_t v_dim = head_dim;
-	if (arch_u32(g, arch, "attention.value_length", &v_dim, false, err))
+	if (k_dim != head_dim || v_dim != head_dim) {
+		nx_errf(err, "model: %s.attention.key_length = %u, value_length = %u: heads other than "
+			"embedding_length / head_count = %u / %u are not supported; refused", arch, k_dim, v_dim, dim, n_head);
 		goto err;
-	if (head_dim < 2 || head_dim > 4096 || head_dim % 2 != 0 || v_dim != head_dim) {
-		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u, value_length %u) is not supported",
-			head_dim, dim, n_head, v_dim);
+	}
+	if (head_dim < 2 || head_dim > 4096 || head_dim % 2 != 0) {
+		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u) is not supported",
+			head_dim, dim, n_head);
 		goto err;
 	}
 	uint32_t rope_dim = head_dim;
@@ -253,6 +409,37 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 	return 0;
 }
 
+/* Whether the model reads the tensor data at p (tensors never overlap: gguf_parse). */
+static bool is_bound(const struct nx_model *m, const void *p)
+{
+	if (p == m->tok_embd.data || p == m->output.data || p == (const void *)m->out_norm)
+		return true;
+	for (int il = 0; il < m->hp.n_layer; il++) {
+		const struct nx_layer *L = &m->layers[il];
+		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
+					     L->wo.data, L->ffn_norm, L->w_gate.data, L->w_up.data, L->w_down.data };
+		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+			if (p == ptrs[i])
+				return true;
+	}
+	return false;
+}
+
+/* A tensor the forward pass would not read is refused by name: it is there
+ * because the architecture uses it (a norm, a bias, RoPE factors, experts),
+ * and computing without it would be silently wrong. */
+static int check_all_bound(const struct nx_model *m, const struct gguf_file *g, const char *arch, struct nx_err *err)
+{
+	for (uint64_t i = 0; i < g->n_tensors; i++) {
+		const struct gguf_tensor *t = &g->tensors[i];
+		if (!is_bound(m, t->data))
+			return nx_errf(err, "model: tensor '%.*s' is not one nxd's %s reads; computing without it "
+				       "would be wrong, so the file is refused", (int)(t->name.len < 96 ? t->name.len : 96),
+				       t->name.p, arch);
+	}
+	return 0;
+}
+
 int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *err)
 {
 	memset(m, 0, sizeof(*m));
@@ -281,5 +468,5 @@ int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *
 	for (int il = 0; il < hp->n_layer; il++)
 		if (bind_layer(&m->layers[il], il, hp, g, err))
 			return -1;
-	return 0;
+	return check_all_bound(m, g, hp->arch == NX_ARCH_QWEN2 ? "qwen2" : "llama", err);
 }
