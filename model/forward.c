@@ -1039,8 +1039,30 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	}
 }
 
+/* Rotation pair i's angle per position: base^(-2i/rope_dim), divided by the
+ * file's divisor for it (rope_freqs, Llama 3.1+) or the linear factor; YaRN
+ * keeps the pairs below yarn_lo as they are, divides those above yarn_hi and
+ * ramps between (HF modeling_rope_utils.py; llama.cpp's rope_yarn). */
+static double rope_freq(const struct nx_model *m, int i)
+{
+	const struct nx_hparams *hp = &m->hp;
+	const double f = pow(hp->rope_base, -2.0 * i / hp->rope_dim);
+	switch (hp->rope_scaling) {
+	case NX_ROPE_LINEAR:
+		return f / hp->rope_factor;
+	case NX_ROPE_YARN: {
+		const double w = hp->yarn_hi > hp->yarn_lo ? hp->yarn_hi - hp->yarn_lo : 0.001;
+		const double r = (i - hp->yarn_lo) / w, ramp = r < 0 ? 0 : r > 1 ? 1 : r;
+		return f / hp->rope_factor * ramp + f * (1 - ramp);
+	}
+	default:
+		return m->rope_freqs ? f / m->rope_freqs[i] : f;
+	}
+}
+
 /* Embedding rows, one band per token; and (private, redundant) each token's
- * RoPE angles, shared by every layer: theta_i = pos * base^(-2i/rope_dim). */
+ * RoPE cos and sin, shared by every layer: of theta_i = pos * rope_freq(i),
+ * times YaRN's attention factor (1 otherwise). */
 static void embed(struct pass *pass)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1051,12 +1073,14 @@ static void embed(struct pass *pass)
 	for (int t = lo; t < hi; t++)
 		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
 			     pass->s->x + (size_t)t * hp->dim, hp->dim);
-	for (int t = 0; t < pass->n; t++) {
-		float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
-		for (int i = 0; i < hp->rope_dim / 2; i++) {
-			double th = pass->toks[t].pos * pow(hp->rope_base, -2.0 * i / hp->rope_dim);
-			cs[2 * i] = (float)cos(th);
-			cs[2 * i + 1] = (float)sin(th);
+	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale : 1.0;
+	for (int i = 0; i < hp->rope_dim / 2; i++) {
+		const double f = rope_freq(pass->m, i);
+		for (int t = 0; t < pass->n; t++) {
+			float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
+			const double th = pass->toks[t].pos * f;
+			cs[2 * i] = (float)(cos(th) * ms);
+			cs[2 * i + 1] = (float)(sin(th) * ms);
 		}
 	}
 }

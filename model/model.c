@@ -99,15 +99,17 @@ static const struct key_rule {
 	{ "rope.freq_base", NULL, NEVER },
 	/* no arithmetic: whether the model was fine-tuned on the scaled context */
 	{ "rope.scaling.finetuned", NULL, NEVER },
-	{ "rope.scaling.type", "RoPE scaling is not implemented", IF_NONE },
-	{ "rope.scaling.factor", "RoPE scaling is not implemented", IF_ONE },
-	{ "rope.scale_linear", "RoPE scaling is not implemented", IF_ONE },
-	{ "rope.scaling.original_context_length", "RoPE scaling is not implemented", NEVER },
+	{ "rope.scaling.type", NULL, NEVER },
+	{ "rope.scaling.factor", NULL, NEVER },
+	{ "rope.scale_linear", NULL, NEVER },
+	{ "rope.scaling.original_context_length", NULL, NEVER },
+	{ "rope.scaling.yarn_beta_fast", NULL, NEVER },
+	{ "rope.scaling.yarn_beta_slow", NULL, NEVER },
 	{ "rope.scaling.attn_factor", "a RoPE attention factor is not implemented", IF_ONE },
-	{ "rope.scaling.yarn_ext_factor", "YaRN is not implemented", NEVER },
-	{ "rope.scaling.yarn_attn_factor", "YaRN is not implemented", NEVER },
-	{ "rope.scaling.yarn_beta_fast", "YaRN is not implemented", NEVER },
-	{ "rope.scaling.yarn_beta_slow", "YaRN is not implemented", NEVER },
+	{ "rope.scaling.yarn_ext_factor", "YaRN with a partial extrapolation mix is not implemented", IF_ONE },
+	/* HF's attention_factor replaces YaRN's 0.1 ln(s) + 1, llama.cpp's
+	 * multiplies it: the two disagree, so neither is guessed */
+	{ "rope.scaling.yarn_attn_factor", "YaRN with an explicit attention factor is not implemented", NEVER },
 	{ "rope.scaling.yarn_log_multiplier", "YaRN's log multiplier is not implemented", NEVER },
 	{ "rope.freq_base_swa", "sliding-window layers' own RoPE base is not implemented", NEVER },
 	{ "rope.dimension_sections", "multimodal RoPE sections are not implemented", NEVER },
@@ -177,6 +179,78 @@ static int check_keys(const struct gguf_file *g, const char *arch, uint32_t n_ct
 	return 0;
 }
 
+/* RoPE scaling as llama.cpp's loader reads it: rope.scaling.type (none,
+ * linear, yarn; absent: linear, with rope.scaling.factor or the older
+ * rope.scale_linear, 1 by default), and for YaRN the original context
+ * (default: context_length) and beta_fast / beta_slow (32, 1). YaRN's ramp
+ * and attention factor are Hugging Face's (modeling_rope_utils.py:
+ * _compute_yarn_parameters), which llama.cpp's rope_yarn computes alike. */
+static int read_rope_scaling(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, struct nx_err *err)
+{
+	char key[128], *type = NULL;
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+	float factor = 0;
+	if (gguf_get_str(g, key, &type, false, err) || arch_f32(g, arch, "rope.scaling.factor", &factor, false, err) ||
+	    (factor == 0 && arch_f32(g, arch, "rope.scale_linear", &factor, false, err)))
+		goto err;
+	const bool given = factor != 0;
+	if (!given)
+		factor = 1;
+	if (!(factor > 0 && isfinite(factor))) {
+		nx_errf(err, "model: key '%s.rope.scaling.factor' = %g: expected a positive number", arch, factor);
+		goto err;
+	}
+	hp->rope_scaling = NX_ROPE_NONE;
+	hp->rope_factor = factor;
+	hp->yarn_mscale = 1;
+	if (!type || !strcmp(type, "linear")) {
+		if (factor != 1)
+			hp->rope_scaling = NX_ROPE_LINEAR;
+	} else if (!strcmp(type, "none")) {
+		if (factor != 1) { /* llama.cpp would still scale by it */
+			nx_errf(err, "model: key '%s.rope.scaling.type' = \"none\" with factor %g: contradictory; refused", arch, factor);
+			goto err;
+		}
+	} else if (!strcmp(type, "yarn")) {
+		uint32_t orig = (uint32_t)hp->n_ctx_train;
+		float fast = 32, slow = 1;
+		if (arch_u32(g, arch, "rope.scaling.original_context_length", &orig, false, err) ||
+		    arch_f32(g, arch, "rope.scaling.yarn_beta_fast", &fast, false, err) ||
+		    arch_f32(g, arch, "rope.scaling.yarn_beta_slow", &slow, false, err))
+			goto err;
+		/* below 1, HF's attention factor is 1 and llama.cpp's 0.1 ln(s) + 1 */
+		if (!given || factor < 1 || orig < 1 || !(fast > 0 && slow > 0 && isfinite(fast) && isfinite(slow))) {
+			nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\" with factor %g, original_context_length %u, "
+				"yarn_beta_fast %g, yarn_beta_slow %g: expected a factor >= 1, a context and positive betas; refused",
+				arch, given ? factor : 0.0, orig, fast, slow);
+			goto err;
+		}
+		/* the pair whose wavelength makes `rot` turns over the original context */
+		const double d = hp->rope_dim, lb = 2 * log(hp->rope_base), two_pi = 6.283185307179586;
+		double lo = floor(d * log(orig / (fast * two_pi)) / lb), hi = ceil(d * log(orig / (slow * two_pi)) / lb);
+		lo = lo > 0 ? lo : 0;
+		hi = hi < d - 1 ? hi : d - 1;
+		if (hi < lo) { /* HF's ramp would run backwards, llama.cpp's not */
+			nx_errf(err, "model: %s.rope.scaling: YaRN's correction dimensions %g > %g (original_context_length %u, "
+				"betas %g, %g); refused", arch, lo, hi, orig, fast, slow);
+			goto err;
+		}
+		hp->rope_scaling = NX_ROPE_YARN;
+		hp->yarn_lo = (float)lo;
+		hp->yarn_hi = (float)hi;
+		hp->yarn_mscale = (float)(0.1 * log(factor) + 1);
+	} else {
+		nx_errf(err, "model: key '%s.rope.scaling.type' = \"%.32s\": only none, linear and yarn are implemented; refused",
+			arch, type);
+		goto err;
+	}
+	free(type);
+	return 0;
+err:
+	free(type);
+	return -1;
+}
+
 /* Upper bound on any single dimension: keeps products of a few of them far
  * from overflowing int64 / size_t and rejects absurd headers early. */
 #define NX_MAX_DIM (1 << 24)
@@ -227,20 +301,21 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 			arch, n_head, n_head_kv);
 		goto err;
 	}
-	/* head_dim is dim / n_head; a file that says otherwise (key_length,
-	 * value_length) is refused until the forward pass and its reference
-	 * are graded with such heads. */
-	uint32_t head_dim = dim % n_head ? 0 : dim / n_head, k_dim = head_dim, v_dim = head_dim;
-	if (arch_u32(g, arch, "attention.key_length", &k_dim, false, err) ||
-	    arch_u32(g, arch, "attention.value_length", &v_dim, false, err))
+	/* head_dim is dim / n_head unless the file says otherwise (key_length);
+	 * Q has n_head of them, Wo maps them back to dim. */
+	uint32_t head_dim = dim % n_head ? 0 : dim / n_head;
+	if (arch_u32(g, arch, "attention.key_length", &head_dim, false, err))
 		goto err;
-	if (k_dim != head_dim || v_dim != head_dim) {
-		nx_errf(err, "model: %s.attention.key_length = %u, value_length = %u: heads other than "
-			"embedding_length / head_count = %u / %u are not supported; refused", arch, k_dim, v_dim, dim, n_head);
+	uint32_t v_dim = head_dim;
+	if (arch_u32(g, arch, "attention.value_length", &v_dim, false, err))
+		goto err;
+	if (v_dim != head_dim) {
+		nx_errf(err, "model: %s.attention.value_length = %u, key_length = %u: value heads of another size "
+			"than key heads are not supported; refused", arch, v_dim, head_dim);
 		goto err;
 	}
 	if (head_dim < 2 || head_dim > 4096 || head_dim % 2 != 0) {
-		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u) is not supported",
+		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u, key_length) is not supported",
 			head_dim, dim, n_head);
 		goto err;
 	}
@@ -276,6 +351,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->rope_base = base;
 	hp->norm_eps = eps;
 	hp->rope_neox = hp->arch == NX_ARCH_QWEN2;
+	if (read_rope_scaling(hp, g, arch, err))
+		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
 	uint32_t n_vocab = 0;
@@ -409,10 +486,32 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 	return 0;
 }
 
+/* rope_freqs.weight (llama, optional): each rotation pair's frequency
+ * divisor, as llama.cpp applies it (Llama 3.1+'s converter writes HF's
+ * "llama3" rope type this way). Not graded together with a scaling type. */
+static int bind_rope_freqs(struct nx_model *m, const struct gguf_file *g, struct nx_err *err)
+{
+	const char *name = "rope_freqs.weight";
+	const int half = m->hp.rope_dim / 2;
+	if (!gguf_find_tensor(g, name))
+		return 0;
+	if (m->hp.rope_scaling != NX_ROPE_NONE)
+		return nx_errf(err, "model: tensor '%s' together with RoPE scaling (rope.scaling.type, factor %g) is not "
+			       "implemented; refused", name, m->hp.rope_factor);
+	if (bind_vec(&m->rope_freqs, g, name, half, err))
+		return -1;
+	for (int i = 0; i < half; i++)
+		if (!(m->rope_freqs[i] > 0 && isfinite(m->rope_freqs[i])))
+			return nx_errf(err, "model: tensor '%s': element %d is %g, expected a positive number", name, i,
+				       m->rope_freqs[i]);
+	return 0;
+}
+
 /* Whether the model reads the tensor data at p (tensors never overlap: gguf_parse). */
 static bool is_bound(const struct nx_model *m, const void *p)
 {
-	if (p == m->tok_embd.data || p == m->output.data || p == (const void *)m->out_norm)
+	if (p == m->tok_embd.data || p == m->output.data || p == (const void *)m->out_norm ||
+	    p == (const void *)m->rope_freqs)
 		return true;
 	for (int il = 0; il < m->hp.n_layer; il++) {
 		const struct nx_layer *L = &m->layers[il];
@@ -465,6 +564,8 @@ int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *
 	} else {
 		m->output = m->tok_embd; /* tied embeddings */
 	}
+	if (hp->arch == NX_ARCH_LLAMA && bind_rope_freqs(m, g, err))
+		return -1;
 	for (int il = 0; il < hp->n_layer; il++)
 		if (bind_layer(&m->layers[il], il, hp, g, err))
 			return -1;

@@ -16,6 +16,13 @@
 
 enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2 };
 
+/* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
+enum nx_rope_scaling {
+	NX_ROPE_NONE,
+	NX_ROPE_LINEAR, /* every frequency / rope_factor */
+	NX_ROPE_YARN,   /* frequencies blended between / rope_factor and as they are, cos and sin x yarn_mscale */
+};
+
 struct nx_hparams {
 	enum nx_arch arch;
 	int n_layer;
@@ -23,11 +30,17 @@ struct nx_hparams {
 	int n_ff;       /* feed-forward length */
 	int n_head;
 	int n_head_kv;
-	int head_dim;   /* dim / n_head */
+	int head_dim;   /* attention.key_length, else dim / n_head */
 	int rope_dim;   /* rotated dims per head (<= head_dim) */
 	int n_vocab;
 	int n_ctx_train;
 	float rope_base;
+	enum nx_rope_scaling rope_scaling;
+	float rope_factor;  /* LINEAR, YARN: the context's scaling factor (>= 1 for YARN) */
+	/* YARN: pairs below yarn_lo keep their frequency, pairs above yarn_hi
+	 * take it / rope_factor, a linear ramp between (forward.c: rope_freq) */
+	float yarn_lo, yarn_hi;
+	float yarn_mscale;  /* YARN: 0.1 ln(rope_factor) + 1 */
 	float norm_eps;
 	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2) instead of (2i, 2i+1) (llama) */
 };
@@ -64,6 +77,8 @@ struct nx_model {
 	struct nx_wt tok_embd;      /* (n_vocab, dim), rows looked up by token id */
 	const float *out_norm;      /* (dim) */
 	struct nx_wt output;        /* (n_vocab, dim); tok_embd when the file ties them */
+	const float *rope_freqs;    /* (rope_dim/2) each rotation pair's frequency divisor (llama: rope_freqs.weight,
+				     * Llama 3.1+), or NULL */
 	struct nx_layer layers[NX_MAX_LAYERS];
 };
 

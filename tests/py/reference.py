@@ -1,5 +1,8 @@
 """reference.py - an independent float64 llama / qwen2 forward pass in numpy, the ground truth for the engine.
 
+RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
+rope_scaling, not the GGUF keys nxd reads.
+
 Reads the GGUF with gguf.GGUFReader and dequantizes every tensor with
 gguf.quants.dequantize (never with the engine's code), then computes in float64:
 no activation quantization, K/V kept in float64. Each sequence is computed
@@ -88,8 +91,46 @@ def _field(reader, key, default=None):
     return f.contents()
 
 
+def hf_rope(base, dim, rope_scaling=None):
+    """(inverse frequencies (dim/2,), attention factor) of RoPE over dim dimensions, as Hugging Face's
+    modeling_rope_utils.py defines them for rope_scaling (the config's dict; None: unscaled): linear,
+    llama3 (Llama 3.1's smooth blend) and yarn (in float64 here)."""
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    rs = rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    factor = rs["factor"]
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":
+        old = rs["original_max_position_embeddings"]
+        low_wl, high_wl = old / rs["low_freq_factor"], old / rs["high_freq_factor"]
+        wl = 2 * np.pi / inv
+        out = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - rs["low_freq_factor"]) / (rs["high_freq_factor"] - rs["low_freq_factor"])
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        return np.where(medium, (1 - smooth) * out / factor + smooth * out, out), 1.0
+    if kind == "yarn":
+        orig = rs["original_max_position_embeddings"]
+        att = rs.get("attention_factor") or (0.1 * np.log(factor) + 1.0 if factor > 1 else 1.0)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return dim * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(base))
+        low, high = max(np.floor(corr_dim(beta_fast)), 0), min(np.ceil(corr_dim(beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrap = 1 - ramp
+        return (inv / factor) * (1 - extrap) + inv * extrap, att
+    raise ValueError(f"rope type {kind!r}")
+
+
 class Reference:
-    def __init__(self, path, emulate=False, packed=(), one_part=False):
+    def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None):
+        """rope_scaling: the Hugging Face config's rope_scaling the file was converted from (the GGUF
+        keeps only what llama.cpp's converter writes: for llama3, per-dimension factors)."""
         self.emulate = emulate
         self.one_part = one_part
         self.packed = set(packed)
@@ -100,9 +141,13 @@ class Reference:
         self.dim = int(_field(r, f"{a}.embedding_length"))
         self.n_head = int(_field(r, f"{a}.attention.head_count"))
         self.n_head_kv = int(_field(r, f"{a}.attention.head_count_kv", self.n_head))
-        self.head_dim = self.dim // self.n_head
+        self.head_dim = int(_field(r, f"{a}.attention.key_length", self.dim // self.n_head))
         self.rope_dim = int(_field(r, f"{a}.rope.dimension_count", self.head_dim))
         self.rope_base = float(_field(r, f"{a}.rope.freq_base", 10000.0))
+        scaled = f"{a}.rope.scaling.type" in r.fields or any(t.name == "rope_freqs.weight" for t in r.tensors)
+        if scaled and rope_scaling is None:
+            raise ValueError(f"{path} scales RoPE: give the rope_scaling it was converted from")
+        self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
         self.neox = a == "qwen2"
         # Tensors stay float32 (what dequantization yields) and are widened per use.
@@ -132,10 +177,11 @@ class Reference:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def _rope(self, x, pos):
-        """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * base^(-2i/rope_dim)."""
+        """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * inv_freq[i]
+        (base^(-2i/rope_dim) unscaled), cos and sin times the attention factor (YaRN's; else 1)."""
         half = self.rope_dim // 2
-        theta = pos[:, None] * self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim)  # (T, half)
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        theta = pos[:, None] * self.inv_freq[None, :]  # (T, half)
+        c, s = self.rope_att * np.cos(theta)[:, None, :], self.rope_att * np.sin(theta)[:, None, :]
         x = x.copy()
         if self.neox:
             a, b = x[..., :half].copy(), x[..., half:self.rope_dim].copy()

@@ -105,17 +105,39 @@ def test_qwen2_tensor_llama_does_not_read_is_refused(tmp_path):
     refused(tmp_path, bias, "tensor 'blk.0.attn_q.bias' is not one nxd's llama reads")
 
 
-def test_head_dim_other_than_dim_over_heads_is_refused(tmp_path):
-    refused(tmp_path, add_keys(attention__key_length=("u32", 128), attention__value_length=("u32", 128)),
-            "llama.attention.key_length = 128, value_length = 128")
+def test_value_heads_of_another_size_are_refused(tmp_path):
+    refused(tmp_path, add_keys(attention__key_length=("u32", 64), attention__value_length=("u32", 128)),
+            "llama.attention.value_length = 128, key_length = 64")
 
 
-def test_rope_scaling_and_frequency_factors_are_refused(tmp_path):
-    refused(tmp_path, add_keys(rope__scaling__type=("str", "linear"), rope__scaling__factor=("f32", 4.0)),
-            "key 'llama.rope.scaling.")
+def freqs(meta, t):
+    t["rope_freqs.weight"] = (np.ones(32, np.float32), None)
+
+
+def test_rope_scaling_nxd_cannot_grade_is_refused(tmp_path):
+    """Combinations and variants Hugging Face and llama.cpp would compute differently."""
+    def freqs_and_linear(meta, t):
+        freqs(meta, t)
+        add_keys(rope__scaling__type=("str", "linear"), rope__scaling__factor=("f32", 4.0))(meta, t)
+    refused(tmp_path, freqs_and_linear, "tensor 'rope_freqs.weight' together with RoPE scaling")
     refused(tmp_path, add_keys(rope__scaling__type=("str", "yarn"), rope__scaling__factor=("f32", 4.0),
-                               rope__scaling__original_context_length=("u32", 4096)), "key 'llama.rope.scaling.")
+                               rope__scaling__yarn_attn_factor=("f32", 1.0)),
+            "key 'llama.rope.scaling.yarn_attn_factor' = 1", "explicit attention factor")
+    refused(tmp_path, add_keys(rope__scaling__type=("str", "yarn"), rope__scaling__factor=("f32", 0.5)),
+            "key 'llama.rope.scaling.type' = \"yarn\" with factor 0.5")
+    refused(tmp_path, add_keys(rope__scaling__type=("str", "none"), rope__scaling__factor=("f32", 2.0)),
+            "key 'llama.rope.scaling.type' = \"none\" with factor 2: contradictory")
+    refused(tmp_path, add_keys(rope__scaling__type=("str", "linear"), rope__scaling__factor=("f32", -1.0)),
+            "key 'llama.rope.scaling.factor' = -1")
 
-    def freqs(meta, t):
-        t["rope_freqs.weight"] = (np.ones(32, np.float32), None)
-    refused(tmp_path, freqs, "tensor 'rope_freqs.weight'")
+
+def test_rope_frequency_factors_are_checked(tmp_path):
+    def zero(meta, t):
+        t["rope_freqs.weight"] = (np.array([1.0] * 31 + [0.0], np.float32), None)
+    refused(tmp_path, zero, "tensor 'rope_freqs.weight': element 31 is 0")
+
+    def short(meta, t):
+        t["rope_freqs.weight"] = (np.ones(16, np.float32), None)
+    refused(tmp_path, short, "tensor 'rope_freqs.weight' has shape [16], expected [32]")
+    # qwen2 has no place for them in llama.cpp either.
+    refused(tmp_path, freqs, "tensor 'rope_freqs.weight' is not one nxd's qwen2 reads", arch="qwen2")
