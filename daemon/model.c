@@ -279,7 +279,7 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	if (gguf_get_str(&mo->g, "tokenizer.chat_template", &mo->jinja, false, err) < 0)
 		mo->jinja = NULL;
 	mo->tmpl = nx_chat_detect(mo->jinja);
-	mo->arch = mo->m.hp.arch == NX_ARCH_QWEN2 ? "qwen2" : "llama";
+	mo->arch = nx_arch_name(mo->m.hp.arch);
 	pick_type(mo);
 	nxd_info("model: %s (%s, %s), %d layers, dim %d, vocab %d, context %d, chat template %s", mo->name,
 		 mo->arch, mo->type, mo->m.hp.n_layer, mo->m.hp.dim, mo->n_vocab, mo->m.hp.n_ctx_train,

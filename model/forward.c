@@ -1,4 +1,4 @@
-/* forward.c - the batched llama/qwen2 forward pass, SPMD over bands of rows and heads. */
+/* forward.c - the batched forward pass of every family (model.c: families), SPMD over bands of rows and heads. */
 #include "model/forward.h"
 
 #include "lora/delta.h"
@@ -616,11 +616,23 @@ static void rope_rows(float *y, size_t ld, int n, int r0, int r1, const float *r
 	}
 }
 
+/* Qwen3's RMSNorm of each head of Q or K (weight w, NULL: none), in place on
+ * rows [r0, r1) of n token rows, whole heads (rope_grain), before RoPE. */
+static void head_norm_rows(float *y, size_t ld, int n, int r0, int r1, const float *w, const struct nx_hparams *hp)
+{
+	if (!w)
+		return;
+	const int hd = hp->head_dim;
+	for (int t = 0; t < n; t++)
+		for (int h0 = r0; h0 < r1; h0 += hd)
+			nx_rmsnorm(y + (size_t)t * ld + h0, y + (size_t)t * ld + h0, w, hd, hp->norm_eps);
+}
+
 /* Band granularity of the Q and K rows: whole pairs (2i, 2i+1) for llama, whole
- * heads for NeoX (pairs i, i + rope_dim/2), and a multiple of ROW_GRAIN. */
+ * heads for NeoX (pairs i, i + rope_dim/2) and per-head norms, and a multiple of ROW_GRAIN. */
 static int rope_grain(const struct nx_hparams *hp)
 {
-	if (!hp->rope_neox)
+	if (!hp->rope_neox && !hp->qk_norm)
 		return ROW_GRAIN;
 	int g = hp->head_dim;
 	while (g % ROW_GRAIN)
@@ -1085,8 +1097,8 @@ static void embed(struct pass *pass)
 	}
 }
 
-/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
- * its Q and K rows; K and V rows to the cache. */
+/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band (plus
+ * biases), the per-head norms and RoPE on its Q and K rows; K and V rows to the cache. */
 static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1107,6 +1119,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		       MM_STORE);
 		delta_add(pass, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
+		head_norm_rows(s->q, q_dim, n, lo, hi, L->q_norm, hp);
 		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
 		prof_to(sc, NX_PROF_MATMUL);
 	}
@@ -1123,6 +1136,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		delta_add(pass, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
 		delta_add(pass, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
+		head_norm_rows(s->k, kv_dim, n, lo, hi, L->k_norm, hp);
 		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 		for (int t = 0; t < n; t++)
 			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */

@@ -1,10 +1,40 @@
-/* model.c - binds a llama / qwen2 model to the tensors of a parsed GGUF file, checking every shape and type. */
+/* model.c - binds a llama / qwen2 / qwen3 model to the tensors of a parsed GGUF file, checking every key, shape and type. */
 #include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---------------------------------------------------------------- families */
+
+/* What each family adds to llama's block (RMSNorm, SwiGLU, RoPE on pairs
+ * (2i, 2i+1)): the one forward pass reads these flags, never the name. */
+static const struct family {
+	const char *name; /* general.architecture */
+	enum nx_arch arch;
+	bool neox;        /* RoPE on pairs (i, i + rope_dim/2) */
+	bool qkv_bias;    /* attn_q.bias, attn_k.bias, attn_v.bias */
+	bool qk_norm;     /* attn_q_norm.weight, attn_k_norm.weight: RMSNorm of each head before RoPE */
+	bool rope_freqs;  /* rope_freqs.weight may divide the RoPE frequencies */
+} families[] = {
+	{ "llama", NX_ARCH_LLAMA, false, false, false, true },
+	{ "qwen2", NX_ARCH_QWEN2, true, true, false, false },
+	{ "qwen3", NX_ARCH_QWEN3, true, false, true, false },
+};
+
+static const struct family *family_of(enum nx_arch a)
+{
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (families[i].arch == a)
+			return &families[i];
+	return &families[0];
+}
+
+const char *nx_arch_name(enum nx_arch a)
+{
+	return family_of(a)->name;
+}
 
 /* ---------------------------------------------------------------- metadata */
 
@@ -260,15 +290,16 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	char *arch = NULL;
 	if (gguf_get_str(g, "general.architecture", &arch, true, err))
 		return -1;
-	if (strcmp(arch, "llama") == 0) {
-		hp->arch = NX_ARCH_LLAMA;
-	} else if (strcmp(arch, "qwen2") == 0) {
-		hp->arch = NX_ARCH_QWEN2;
-	} else {
-		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2)", arch);
+	const struct family *fam = NULL;
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (!strcmp(arch, families[i].name))
+			fam = &families[i];
+	if (!fam) {
+		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3)", arch);
 		free(arch);
 		return -1;
 	}
+	hp->arch = fam->arch;
 
 	uint32_t n_layer = 0, dim = 0, n_ff = 0, n_head = 0, n_ctx = 0;
 	if (arch_u32(g, arch, "block_count", &n_layer, true, err) ||
@@ -350,7 +381,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->n_ctx_train = n_ctx > INT32_MAX ? INT32_MAX : (int)n_ctx;
 	hp->rope_base = base;
 	hp->norm_eps = eps;
-	hp->rope_neox = hp->arch == NX_ARCH_QWEN2;
+	hp->rope_neox = fam->neox;
+	hp->qk_norm = fam->qk_norm;
 	if (read_rope_scaling(hp, g, arch, err))
 		goto err;
 
@@ -476,10 +508,15 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 	    bind_wt(&L->w_up, g, NAME("ffn_up.weight"), dim, n_ff, err) ||
 	    bind_wt(&L->w_down, g, NAME("ffn_down.weight"), n_ff, dim, err))
 		return -1;
-	if (hp->arch == NX_ARCH_QWEN2) {
+	if (family_of(hp->arch)->qkv_bias) {
 		if (bind_vec(&L->bq, g, NAME("attn_q.bias"), q_dim, err) ||
 		    bind_vec(&L->bk, g, NAME("attn_k.bias"), kv_dim, err) ||
 		    bind_vec(&L->bv, g, NAME("attn_v.bias"), kv_dim, err))
+			return -1;
+	}
+	if (hp->qk_norm) {
+		if (bind_vec(&L->q_norm, g, NAME("attn_q_norm.weight"), hp->head_dim, err) ||
+		    bind_vec(&L->k_norm, g, NAME("attn_k_norm.weight"), hp->head_dim, err))
 			return -1;
 	}
 #undef NAME
@@ -516,7 +553,8 @@ static bool is_bound(const struct nx_model *m, const void *p)
 	for (int il = 0; il < m->hp.n_layer; il++) {
 		const struct nx_layer *L = &m->layers[il];
 		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
-					     L->wo.data, L->ffn_norm, L->w_gate.data, L->w_up.data, L->w_down.data };
+					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
+					     L->w_up.data, L->w_down.data };
 		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
 			if (p == ptrs[i])
 				return true;
@@ -564,10 +602,10 @@ int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *
 	} else {
 		m->output = m->tok_embd; /* tied embeddings */
 	}
-	if (hp->arch == NX_ARCH_LLAMA && bind_rope_freqs(m, g, err))
+	if (family_of(hp->arch)->rope_freqs && bind_rope_freqs(m, g, err))
 		return -1;
 	for (int il = 0; il < hp->n_layer; il++)
 		if (bind_layer(&m->layers[il], il, hp, g, err))
 			return -1;
-	return check_all_bound(m, g, hp->arch == NX_ARCH_QWEN2 ? "qwen2" : "llama", err);
+	return check_all_bound(m, g, nx_arch_name(hp->arch), err);
 }

@@ -1,4 +1,4 @@
-/* model.h - a llama / qwen2 model bound to the tensors of a parsed GGUF file.
+/* model.h - a llama / qwen2 / qwen3 model bound to the tensors of a parsed GGUF file.
  *
  * nx_model is plain data (no heap pointers of its own), so the daemon can copy
  * it into shared memory and swap one weight between steps (LoRA fold). */
@@ -14,7 +14,10 @@
 
 #define NX_MAX_LAYERS 128
 
-enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2 };
+enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3 };
+
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3"). */
+const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
 enum nx_rope_scaling {
@@ -42,7 +45,9 @@ struct nx_hparams {
 	float yarn_lo, yarn_hi;
 	float yarn_mscale;  /* YARN: 0.1 ln(rope_factor) + 1 */
 	float norm_eps;
-	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2) instead of (2i, 2i+1) (llama) */
+	/* What the family does besides llama's (model.c: families): */
+	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3) instead of (2i, 2i+1) (llama) */
+	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3) */
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -64,7 +69,8 @@ struct nx_layer {
 	struct nx_wt wq;            /* (n_head*head_dim, dim) */
 	struct nx_wt wk;            /* (n_head_kv*head_dim, dim) */
 	struct nx_wt wv;            /* (n_head_kv*head_dim, dim) */
-	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL for llama */
+	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL otherwise */
+	const float *q_norm, *k_norm; /* (head_dim) qwen3's per-head RMSNorm weights; NULL otherwise */
 	struct nx_wt wo;            /* (dim, n_head*head_dim) */
 	const float *ffn_norm;      /* (dim) */
 	struct nx_wt w_gate;        /* (n_ff, dim) */

@@ -1,4 +1,9 @@
-"""reference.py - an independent float64 llama / qwen2 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 forward pass in numpy, the ground truth for the engine.
+
+Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py): RMSNorm,
+SwiGLU, grouped-query attention; qwen2's Q/K/V biases; qwen3's RMSNorm of each head of Q and K before
+RoPE; RoPE on pairs (i, i + rope_dim/2) (rotate_half) for qwen2/qwen3, and on (2i, 2i+1) for llama,
+whose Q/K rows llama.cpp's converter permutes so that the two are the same computation.
 
 RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
 rope_scaling, not the GGUF keys nxd reads.
@@ -149,7 +154,7 @@ class Reference:
             raise ValueError(f"{path} scales RoPE: give the rope_scaling it was converted from")
         self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a == "qwen2"
+        self.neox = a in ("qwen2", "qwen3")
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -208,8 +213,12 @@ class Reference:
                 q = q + self._w(p + "attn_q.bias")
                 k = k + self._w(p + "attn_k.bias")
                 v = v + self._w(p + "attn_v.bias")
-            q = self._rope(q.reshape(T, H, hd), pos)
-            k = self._kv(self._rope(k.reshape(T, Hkv, hd), pos))
+            q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
+            if self.arch == "qwen3":  # Qwen3RMSNorm over each head's head_dim, before RoPE
+                q = self._rmsnorm(q, self._w(p + "attn_q_norm.weight"))
+                k = self._rmsnorm(k, self._w(p + "attn_k_norm.weight"))
+            q = self._rope(q, pos)
+            k = self._kv(self._rope(k, pos))
             v = self._kv(v.reshape(T, Hkv, hd))
             # Query head h reads kv head h // (H / Hkv).
             k = np.repeat(k, H // Hkv, axis=1)

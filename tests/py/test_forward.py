@@ -274,7 +274,7 @@ def test_long_context_spans(tiny, name, report):
     assert err.max() <= max_tol and err.mean() <= mean_tol, (err.max(), err.mean())
 
 
-@pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied"])
+@pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied", "qwen3-q4_k-tied"])
 def test_generate_matches_teacher_forcing(tiny, name):
     """--generate (prefill, then one-token decode steps) continues exactly as the
     argmax of teacher-forced logits over its own output, and each token is the

@@ -141,3 +141,17 @@ def test_rope_frequency_factors_are_checked(tmp_path):
     refused(tmp_path, short, "tensor 'rope_freqs.weight' has shape [16], expected [32]")
     # qwen2 has no place for them in llama.cpp either.
     refused(tmp_path, freqs, "tensor 'rope_freqs.weight' is not one nxd's qwen2 reads", arch="qwen2")
+
+
+def test_qwen3_needs_its_head_norms_and_has_no_biases(tmp_path):
+    def no_norm(meta, t):
+        del t["blk.1.attn_k_norm.weight"]
+    refused(tmp_path, no_norm, "tensor 'blk.1.attn_k_norm.weight' is missing", arch="qwen3")
+
+    def bias(meta, t):
+        t["blk.0.attn_q.bias"] = (np.zeros(256, np.float32), None)
+    refused(tmp_path, bias, "tensor 'blk.0.attn_q.bias' is not one nxd's qwen3 reads", arch="qwen3")
+
+    def wide(meta, t):
+        t["blk.0.attn_q_norm.weight"] = (np.ones(256, np.float32), None)  # over the whole row, not per head
+    refused(tmp_path, wide, "tensor 'blk.0.attn_q_norm.weight' has shape [256], expected [64]", arch="qwen3")
