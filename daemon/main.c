@@ -52,6 +52,10 @@ static const char usage[] =
 	"                       (one 8-bit part, as llama.cpp does: more tokens/s when several\n"
 	"                       clients share a step; logits ~0.16 off on SmolLM2, top-1 ~97%\n"
 	"                       the same)\n"
+	"  --chat-template NAME how chat requests (messages, or a prompt without \"raw\") become\n"
+	"                       the prompt: raw, chatml, llama2, llama3, llama3.1 or qwen3\n"
+	"                       (default: detected from the model's template; one nxd does not\n"
+	"                       know leaves chat requests refused until this option names one)\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
 	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
 	"  --max-clients N      connections at once before a refusal (default 128)\n"
@@ -124,7 +128,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -140,6 +144,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "max-adapter-mb", required_argument, 0, O_MAXADMB },
 		{ "no-prompt-cache", no_argument, 0, O_NOCACHE },
 		{ "activations", required_argument, 0, O_ACT },
+		{ "chat-template", required_argument, 0, O_CHAT },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -224,6 +229,13 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			if (!nx_act_mode_parse(optarg, &o->act_one_part))
 				return bad("--activations: '%s' is neither precise nor fast", optarg);
 			break;
+		case O_CHAT: {
+			enum nx_chat_tmpl t;
+			if (nx_chat_tmpl_parse(optarg, &t, NULL) < 0)
+				return bad("--chat-template: '%s' is not one of %s", optarg, nx_chat_tmpl_names());
+			o->chat_template = optarg;
+			break;
+		}
 		case O_HELP:
 			fputs(usage, stdout);
 			exit(0);

@@ -77,6 +77,7 @@ struct nxd_opts {
 	size_t max_adapter_mb; /* MiB of adapters in memory at once */
 	bool use_mmap;
 	int log_level;
+	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
 };
 
 /* ---------------------------------------------------------------- model */
