@@ -41,7 +41,8 @@ static const char usage[] =
 	"  --socket PATH        socket to listen on (default: $NXD_SOCKET, else /run/nxd/nxd.sock\n"
 	"                       for root, else $XDG_RUNTIME_DIR/nxd.sock)\n"
 	"  --workers N          worker processes, one per CPU (default: CPUs available)\n"
-	"  --ctx N              context length per sequence (default and maximum: the model's)\n"
+	"  --ctx N              context length per sequence (default: the model's, less where its KV\n"
+	"                       cache for --slots would not fit the memory available; at most the model's)\n"
 	"  --slots N            sequences generated at once (default 4, at most 256)\n"
 	"  --batch N            token budget of one forward step, >= --slots (default 32)\n"
 	"  --mmap               map the weights from the file instead of loading them into the arena\n"
@@ -393,7 +394,7 @@ static int start(struct nxd *d, struct nx_err *err)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;
 	if (d->o.n_ctx == 0)
-		d->o.n_ctx = n_ctx_train > 0 ? n_ctx_train : 2048;
+		nxd_mem_default_ctx(d);
 	else if (n_ctx_train > 0 && d->o.n_ctx > n_ctx_train)
 		return nx_errf(err, "--ctx %d is larger than the model's training context %d", d->o.n_ctx, n_ctx_train);
 	if (nxd_shm_setup(d, err) < 0)
