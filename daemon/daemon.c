@@ -50,9 +50,10 @@ static void starting(struct nxd *d, double now, bool ready)
 	if (!ready)
 		return;
 	d->phase = NXD_SERVING;
-	nxd_info("ready: listening on %s, %d workers, %d slots x %d positions, %d tokens per step, %s activations "
-		 "(started in %.2f s)", d->listen_activated ? "the socket from systemd" : d->o.socket_path, d->n_workers,
-		 d->o.n_slots, d->o.n_ctx, d->o.n_batch, nx_act_mode_name(d->o.act_one_part), now - d->t_start);
+	nxd_info("ready: listening on %s, %d workers, %d slots x %d positions%s%s%s, %d tokens per step, %s "
+		 "activations (started in %.2f s)", d->listen_activated ? "the socket from systemd" : d->o.socket_path,
+		 d->n_workers, d->o.n_slots, d->o.n_ctx, d->ctx_note[0] ? " (" : "", d->ctx_note, d->ctx_note[0] ? ")" : "",
+		 d->o.n_batch, nx_act_mode_name(d->o.act_one_part), now - d->t_start);
 	sd_notifyf(0, "READY=1\nSTATUS=serving %s with %d workers\nMAINPID=%d", d->model.name, d->n_workers,
 		   (int)d->pid);
 }

@@ -42,7 +42,8 @@ static const char usage[] =
 	"                       for root, else $XDG_RUNTIME_DIR/nxd.sock)\n"
 	"  -w, --workers N      worker processes, one per CPU (default: CPUs available; more\n"
 	"                       than that share CPUs and slow every step, with a warning)\n"
-	"  --ctx N              context length per sequence (default and maximum: the model's)\n"
+	"  --ctx N              context length per sequence (default: the model's, less where its KV\n"
+	"                       cache for --slots would not fit the memory available; at most the model's)\n"
 	"  --slots N            sequences generated at once (default 4, at most 256)\n"
 	"  --batch N            token budget of one forward step, >= --slots (default 32)\n"
 	"  --mmap               map the weights from the file instead of loading them into the arena\n"
@@ -53,6 +54,10 @@ static const char usage[] =
 	"                       (one 8-bit part, as llama.cpp does: more tokens/s when several\n"
 	"                       clients share a step; logits ~0.16 off on SmolLM2, top-1 ~97%\n"
 	"                       the same)\n"
+	"  --chat-template NAME how chat requests (messages, or a prompt without \"raw\") become\n"
+	"                       the prompt: raw, chatml, llama2, llama3, llama3.1 or qwen3\n"
+	"                       (default: detected from the model's template; one nxd does not\n"
+	"                       know leaves chat requests refused until this option names one)\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
 	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
 	"  --max-clients N      connections at once before a refusal (default 128)\n"
@@ -138,7 +143,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -154,6 +159,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "max-adapter-mb", required_argument, 0, O_MAXADMB },
 		{ "no-prompt-cache", no_argument, 0, O_NOCACHE },
 		{ "activations", required_argument, 0, O_ACT },
+		{ "chat-template", required_argument, 0, O_CHAT },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -242,6 +248,13 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			if (!nx_act_mode_parse(optarg, &o->act_one_part))
 				return bad("--activations: '%s' is neither precise nor fast", optarg);
 			break;
+		case O_CHAT: {
+			enum nx_chat_tmpl t;
+			if (nx_chat_tmpl_parse(optarg, &t, NULL) < 0)
+				return bad("--chat-template: '%s' is not one of %s", optarg, nx_chat_tmpl_names());
+			o->chat_template = optarg;
+			break;
+		}
 		case 'h':
 		case O_HELP:
 			fputs(usage, stdout);
@@ -407,7 +420,7 @@ static int start(struct nxd *d, struct nx_err *err)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;
 	if (d->o.n_ctx == 0)
-		d->o.n_ctx = n_ctx_train > 0 ? n_ctx_train : 2048;
+		nxd_mem_default_ctx(d);
 	else if (n_ctx_train > 0 && d->o.n_ctx > n_ctx_train)
 		return nx_errf(err, "--ctx %d is larger than the model's training context %d", d->o.n_ctx, n_ctx_train);
 	if (nxd_shm_setup(d, err) < 0)

@@ -279,11 +279,16 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	if (gguf_get_str(&mo->g, "tokenizer.chat_template", &mo->jinja, false, err) < 0)
 		mo->jinja = NULL;
 	mo->tmpl = nx_chat_detect(mo->jinja);
-	mo->arch = mo->m.hp.arch == NX_ARCH_QWEN2 ? "qwen2" : "llama";
+	if (d->o.chat_template)
+		nx_chat_tmpl_parse(d->o.chat_template, &mo->tmpl, NULL); /* checked by parse_args */
+	else if (mo->tmpl == NX_CHAT_UNKNOWN)
+		nxd_warn("model: tokenizer.chat_template is not one nxd can render (%s): chat requests (messages, a "
+			 "prompt without \"raw\") are refused; start nxd with --chat-template NAME", nx_chat_tmpl_names());
+	mo->arch = nx_arch_name(mo->m.hp.arch);
 	pick_type(mo);
-	nxd_info("model: %s (%s, %s), %d layers, dim %d, vocab %d, context %d, chat template %s", mo->name,
+	nxd_info("model: %s (%s, %s), %d layers, dim %d, vocab %d, context %d, chat template %s%s", mo->name,
 		 mo->arch, mo->type, mo->m.hp.n_layer, mo->m.hp.dim, mo->n_vocab, mo->m.hp.n_ctx_train,
-		 nx_chat_tmpl_name(mo->tmpl));
+		 nx_chat_tmpl_name(mo->tmpl), d->o.chat_template ? " (--chat-template)" : !mo->jinja ? " (none in the file)" : "");
 	return 0;
 }
 

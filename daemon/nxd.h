@@ -83,6 +83,7 @@ struct nxd_opts {
 	size_t max_adapter_mb; /* MiB of adapters in memory at once */
 	bool use_mmap;
 	int log_level;
+	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
 };
 
 /* ---------------------------------------------------------------- model */
@@ -263,6 +264,7 @@ struct nxd {
 	bool exit_now;
 	int exit_code;
 	char fatal[256];          /* why the workers are given up on, for status */
+	char ctx_note[256];       /* "" or why the default --ctx is below the model's (shmem.c), for the ready line */
 
 	/* workers */
 	struct nxd_proc *procs;   /* (n_workers) */
@@ -341,6 +343,10 @@ void nxd_model_free(struct nxd *d);
 /* Before the model file of size bytes is read: it must fit RLIMIT_AS and
  * the memory cgroup; else -1, err names the limit, the need and the way out. */
 int nxd_mem_check_model(struct nxd *d, size_t size, struct nx_err *err);
+/* The default --ctx: the model's training context, or the largest multiple
+ * of 256 below it whose KV cache for --slots fits MemAvailable and the
+ * cgroup's limit with headroom (why: d->ctx_note). */
+void nxd_mem_default_ctx(struct nxd *d);
 /* Sizes every region from the configuration, checks the total against
  * RLIMIT_AS and the memory cgroup (memory.max refuses, memory.high warns),
  * reserves the arena (with room for adapters and folds) and carves it. */

@@ -14,6 +14,7 @@
  * fit). Address space only: pages exist where written. */
 #include "daemon/nxd.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -294,23 +295,104 @@ static int carve(struct nxd *d, const struct plan *p, struct nx_err *err)
 	return 0;
 }
 
-int nxd_shm_setup(struct nxd *d, struct nx_err *err)
+static void set_cfg(struct nxd *d)
 {
-	struct nxd_shm *sh = &d->shm;
-	sh->cfg = (struct nx_state_cfg){
+	d->shm.cfg = (struct nx_state_cfg){
 		.max_batch = d->o.n_batch,
 		.max_logits = d->o.n_slots, /* one row per sequence per step at most */
 		.n_slots = d->o.n_slots,
 		.n_ctx = d->o.n_ctx,
 		.act_one_part = d->o.act_one_part,
 	};
+}
+
+/* Memory the configuration adds to what is resident once the model is
+ * loaded: the arena's fixed part (the KV cache page by page as contexts
+ * fill) and the processes' own. */
+static size_t to_come(const struct nxd *d, const struct plan *p)
+{
+	size_t n = p->fixed;
+	if (nx_size_add(&n, RSS_BASE) || nx_size_add(&n, RSS_WORKER * (size_t)d->n_workers))
+		return SIZE_MAX;
+	return n;
+}
+
+/* An explicit --ctx / --slots whose memory the system does not have now is
+ * refused, naming both: the kernel would kill a worker as the contexts fill. */
+static int check_available(const struct nxd *d, const struct plan *p, uint64_t avail, struct nx_err *err)
+{
+	if (avail == NX_NO_LIMIT || to_come(d, p) <= avail)
+		return 0;
+	return nx_errf(err,
+		       "memory: --slots %d x --ctx %d take %.1f MiB of KV cache (%.1f MiB with activations, scratch and "
+		       "the processes), more than the %.1f MiB the system has available (MemAvailable); %s",
+		       d->o.n_slots, d->o.n_ctx, MIB(p->kv), MIB(to_come(d, p)), MIB(avail), lower_fixed);
+}
+
+/* What the default context leaves free: a quarter of MemAvailable for the
+ * rest of the machine, an eighth of the cgroup's limit for what these
+ * counts miss (page cache and kernel memory charged to the cgroup). */
+#define AVAIL_USE(b) ((b) / 4 * 3)
+#define CGROUP_USE(b) ((b) / 8 * 7)
+
+/* Which limit --slots x n_ctx exceeds with the default's headroom: NULL when none. */
+static const char *over_limit(struct nxd *d, int n_ctx, const struct nx_memlimit *ml, uint64_t avail)
+{
+	struct plan p;
+	d->o.n_ctx = n_ctx;
+	set_cfg(d);
+	if (plan_fixed(d, &p, NULL) < 0)
+		return "the arena's size";
+	if (avail != NX_NO_LIMIT && to_come(d, &p) > AVAIL_USE(avail))
+		return "MemAvailable";
+	if (ml->max.bytes != NX_NO_LIMIT && touched(d, &p) > CGROUP_USE(ml->max.bytes))
+		return ml->max.file;
+	return NULL;
+}
+
+#define CTX_STEP 256 /* a capped context is a multiple of this (attention's span) */
+
+void nxd_mem_default_ctx(struct nxd *d)
+{
+	const int train = d->model.m.hp.n_ctx_train > 0 ? d->model.m.hp.n_ctx_train : 2048;
+	struct nx_memlimit ml;
+	nx_memlimit_read(&ml, "/proc/self");
+	const uint64_t avail = nx_mem_available("/proc/meminfo");
+	d->ctx_note[0] = '\0';
+	const char *over = over_limit(d, train, &ml, avail);
+	if (!over) {
+		d->o.n_ctx = train;
+		return;
+	}
+	/* the largest multiple of CTX_STEP that fits: the need grows with n_ctx */
+	int lo = 0, hi = train / CTX_STEP;
+	while (lo < hi) {
+		const int mid = (lo + hi + 1) / 2;
+		if (over_limit(d, mid * CTX_STEP, &ml, avail))
+			hi = mid - 1;
+		else
+			lo = mid;
+	}
+	/* nothing fits with headroom: the smallest, which nxd_shm_setup refuses if it cannot fit at all */
+	d->o.n_ctx = lo > 0 ? lo * CTX_STEP : train < CTX_STEP ? train : CTX_STEP;
+	const uint64_t limit = over == ml.max.file ? ml.max.bytes : avail;
+	snprintf(d->ctx_note, sizeof(d->ctx_note), "the model's context %d capped: %d slots of it would not fit %.160s "
+		 "(%.1f MiB) with headroom", train, d->o.n_slots, over, MIB(limit));
+	nxd_info("memory: --ctx %d by default, %s; --ctx or --slots set it", d->o.n_ctx, d->ctx_note);
+}
+
+int nxd_shm_setup(struct nxd *d, struct nx_err *err)
+{
+	struct nxd_shm *sh = &d->shm;
+	set_cfg(d);
 	/* Sizes first, so an impossible configuration fails before anything is mapped. */
 	struct plan p;
 	struct nx_memlimit ml;
 	if (plan_fixed(d, &p, err) < 0 || plan_lora(d, &p, err) < 0)
 		return -1;
 	nx_memlimit_read(&ml, "/proc/self");
-	if (check_cgroup(d, &p, &ml, err) < 0 || check_as(d, &p, &ml, err) < 0)
+	if (check_cgroup(d, &p, &ml, err) < 0 || check_available(d, &p, nx_mem_available("/proc/meminfo"), err) < 0 ||
+	    check_as(d, &p, &ml, err) < 0)
 		return -1;
 	size_t reserve = p.fixed;
 	if (nx_size_add(&reserve, p.optional))

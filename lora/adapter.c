@@ -62,10 +62,6 @@ const struct nx_lora_t *nx_lora_get(const struct nx_lora *l, int layer, enum nx_
 	return t->layer < 0 ? NULL : t;
 }
 
-static const char *arch_name(enum nx_arch a)
-{
-	return a == NX_ARCH_QWEN2 ? "qwen2" : "llama";
-}
 
 /* ---------------------------------------------------------------- candidates */
 
@@ -482,8 +478,8 @@ static int gguf_build(struct nx_lora_src *src, const struct gguf_file *g, const 
 	s = NULL;
 	if (gguf_get_str(g, "general.architecture", &s, true, err))
 		goto out;
-	if (strcmp(s, arch_name(m->hp.arch))) {
-		nx_errf(err, "lora: the adapter is for architecture '%.64s', the model is '%s'", s, arch_name(m->hp.arch));
+	if (strcmp(s, nx_arch_name(m->hp.arch))) {
+		nx_errf(err, "lora: the adapter is for architecture '%.64s', the model is '%s'", s, nx_arch_name(m->hp.arch));
 		goto out;
 	}
 	char key[96];

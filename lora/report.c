@@ -201,7 +201,9 @@ int nx_lora_probe(const struct nx_model *m, int layer, enum nx_lora_which which,
 		return nx_errf(err, "report: no matrix %d of layer %d", (int)which, layer);
 	const struct nx_layer *L = &m->layers[layer];
 	const int64_t dim = m->hp.dim, n_in = w->n_in;
-	const int64_t big = m->hp.n_ff > dim ? m->hp.n_ff : dim;
+	/* room for any matvec output here: gate / up (n_ff), V (kv heads of key_length, which can exceed both) */
+	const int64_t kv = (int64_t)m->hp.n_head_kv * m->hp.head_dim, big0 = m->hp.n_ff > dim ? m->hp.n_ff : dim;
+	const int64_t big = kv > big0 ? kv : big0;
 	float *emb = malloc(sizeof(float) * (size_t)dim), *xn = malloc(sizeof(float) * (size_t)dim);
 	float *g = malloc(sizeof(float) * (size_t)big), *u = malloc(sizeof(float) * (size_t)big);
 	float *tmp = malloc(sizeof(float) * (size_t)(big > n_in ? big : n_in));

@@ -1,4 +1,4 @@
-/* forward.c - the batched llama/qwen2 forward pass, SPMD over bands of rows and heads. */
+/* forward.c - the batched forward pass of every family (model.c: families), SPMD over bands of rows and heads. */
 #include "model/forward.h"
 
 #include "lora/delta.h"
@@ -616,11 +616,23 @@ static void rope_rows(float *y, size_t ld, int n, int r0, int r1, const float *r
 	}
 }
 
+/* Qwen3's RMSNorm of each head of Q or K (weight w, NULL: none), in place on
+ * rows [r0, r1) of n token rows, whole heads (rope_grain), before RoPE. */
+static void head_norm_rows(float *y, size_t ld, int n, int r0, int r1, const float *w, const struct nx_hparams *hp)
+{
+	if (!w)
+		return;
+	const int hd = hp->head_dim;
+	for (int t = 0; t < n; t++)
+		for (int h0 = r0; h0 < r1; h0 += hd)
+			nx_rmsnorm(y + (size_t)t * ld + h0, y + (size_t)t * ld + h0, w, hd, hp->norm_eps);
+}
+
 /* Band granularity of the Q and K rows: whole pairs (2i, 2i+1) for llama, whole
- * heads for NeoX (pairs i, i + rope_dim/2), and a multiple of ROW_GRAIN. */
+ * heads for NeoX (pairs i, i + rope_dim/2) and per-head norms, and a multiple of ROW_GRAIN. */
 static int rope_grain(const struct nx_hparams *hp)
 {
-	if (!hp->rope_neox)
+	if (!hp->rope_neox && !hp->qk_norm)
 		return ROW_GRAIN;
 	int g = hp->head_dim;
 	while (g % ROW_GRAIN)
@@ -1039,8 +1051,30 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 	}
 }
 
+/* Rotation pair i's angle per position: base^(-2i/rope_dim), divided by the
+ * file's divisor for it (rope_freqs, Llama 3.1+) or the linear factor; YaRN
+ * keeps the pairs below yarn_lo as they are, divides those above yarn_hi and
+ * ramps between (HF modeling_rope_utils.py; llama.cpp's rope_yarn). */
+static double rope_freq(const struct nx_model *m, int i)
+{
+	const struct nx_hparams *hp = &m->hp;
+	const double f = pow(hp->rope_base, -2.0 * i / hp->rope_dim);
+	switch (hp->rope_scaling) {
+	case NX_ROPE_LINEAR:
+		return f / hp->rope_factor;
+	case NX_ROPE_YARN: {
+		const double w = hp->yarn_hi > hp->yarn_lo ? hp->yarn_hi - hp->yarn_lo : 0.001;
+		const double r = (i - hp->yarn_lo) / w, ramp = r < 0 ? 0 : r > 1 ? 1 : r;
+		return f / hp->rope_factor * ramp + f * (1 - ramp);
+	}
+	default:
+		return m->rope_freqs ? f / m->rope_freqs[i] : f;
+	}
+}
+
 /* Embedding rows, one band per token; and (private, redundant) each token's
- * RoPE angles, shared by every layer: theta_i = pos * base^(-2i/rope_dim). */
+ * RoPE cos and sin, shared by every layer: of theta_i = pos * rope_freq(i),
+ * times YaRN's attention factor (1 otherwise). */
 static void embed(struct pass *pass)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1051,18 +1085,20 @@ static void embed(struct pass *pass)
 	for (int t = lo; t < hi; t++)
 		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
 			     pass->s->x + (size_t)t * hp->dim, hp->dim);
-	for (int t = 0; t < pass->n; t++) {
-		float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
-		for (int i = 0; i < hp->rope_dim / 2; i++) {
-			double th = pass->toks[t].pos * pow(hp->rope_base, -2.0 * i / hp->rope_dim);
-			cs[2 * i] = (float)cos(th);
-			cs[2 * i + 1] = (float)sin(th);
+	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale : 1.0;
+	for (int i = 0; i < hp->rope_dim / 2; i++) {
+		const double f = rope_freq(pass->m, i);
+		for (int t = 0; t < pass->n; t++) {
+			float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
+			const double th = pass->toks[t].pos * f;
+			cs[2 * i] = (float)(cos(th) * ms);
+			cs[2 * i + 1] = (float)(sin(th) * ms);
 		}
 	}
 }
 
-/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band, RoPE on
- * its Q and K rows; K and V rows to the cache. */
+/* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band (plus
+ * biases), the per-head norms and RoPE on its Q and K rows; K and V rows to the cache. */
 static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1083,6 +1119,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		       MM_STORE);
 		delta_add(pass, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
+		head_norm_rows(s->q, q_dim, n, lo, hi, L->q_norm, hp);
 		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
 		prof_to(sc, NX_PROF_MATMUL);
 	}
@@ -1099,6 +1136,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		delta_add(pass, il, NX_LORA_K, sc->xn, dim, s->k, kv_dim, lo, hi);
 		delta_add(pass, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
+		head_norm_rows(s->k, kv_dim, n, lo, hi, L->k_norm, hp);
 		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 		for (int t = 0; t < n; t++)
 			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */

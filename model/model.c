@@ -1,10 +1,40 @@
-/* model.c - binds a llama / qwen2 model to the tensors of a parsed GGUF file, checking every shape and type. */
+/* model.c - binds a llama / qwen2 / qwen3 model to the tensors of a parsed GGUF file, checking every key, shape and type. */
 #include "model/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---------------------------------------------------------------- families */
+
+/* What each family adds to llama's block (RMSNorm, SwiGLU, RoPE on pairs
+ * (2i, 2i+1)): the one forward pass reads these flags, never the name. */
+static const struct family {
+	const char *name; /* general.architecture */
+	enum nx_arch arch;
+	bool neox;        /* RoPE on pairs (i, i + rope_dim/2) */
+	bool qkv_bias;    /* attn_q.bias, attn_k.bias, attn_v.bias */
+	bool qk_norm;     /* attn_q_norm.weight, attn_k_norm.weight: RMSNorm of each head before RoPE */
+	bool rope_freqs;  /* rope_freqs.weight may divide the RoPE frequencies */
+} families[] = {
+	{ "llama", NX_ARCH_LLAMA, false, false, false, true },
+	{ "qwen2", NX_ARCH_QWEN2, true, true, false, false },
+	{ "qwen3", NX_ARCH_QWEN3, true, false, true, false },
+};
+
+static const struct family *family_of(enum nx_arch a)
+{
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (families[i].arch == a)
+			return &families[i];
+	return &families[0];
+}
+
+const char *nx_arch_name(enum nx_arch a)
+{
+	return family_of(a)->name;
+}
 
 /* ---------------------------------------------------------------- metadata */
 
@@ -24,6 +54,233 @@ static int arch_f32(const struct gguf_file *g, const char *arch, const char *nam
 	return gguf_get_f32(g, key, out, required, err);
 }
 
+/* A value as a message shows it: numbers, bools, strings (cut at 48 bytes), array shapes. */
+static void value_str(char *buf, size_t n, const struct gguf_value *v)
+{
+	switch (v->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64:
+		snprintf(buf, n, "%llu", (unsigned long long)v->u64);
+		break;
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		snprintf(buf, n, "%lld", (long long)v->i64);
+		break;
+	case GGUF_F32: case GGUF_F64:
+		snprintf(buf, n, "%g", v->f64);
+		break;
+	case GGUF_BOOL:
+		snprintf(buf, n, "%s", v->u64 ? "true" : "false");
+		break;
+	case GGUF_STRING:
+		snprintf(buf, n, "\"%.*s\"", (int)(v->str.len < 48 ? v->str.len : 48), v->str.p);
+		break;
+	default:
+		snprintf(buf, n, "an array of %llu %s", (unsigned long long)v->arr.n, gguf_vtype_name(v->arr.type));
+		break;
+	}
+}
+
+static bool is_number(const struct gguf_value *v, double *out)
+{
+	switch (v->type) {
+	case GGUF_U8: case GGUF_U16: case GGUF_U32: case GGUF_U64: case GGUF_BOOL:
+		*out = (double)v->u64;
+		return true;
+	case GGUF_I8: case GGUF_I16: case GGUF_I32: case GGUF_I64:
+		*out = (double)v->i64;
+		return true;
+	case GGUF_F32: case GGUF_F64:
+		*out = v->f64;
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The value with which a key nxd does not implement changes nothing. */
+enum neutral {
+	NEVER,     /* every value changes the arithmetic */
+	IF_ZERO,   /* 0 (a count of experts) */
+	IF_ONE,    /* 1 (a multiplier; true for a bool) */
+	IF_NONE,   /* the string "none" */
+	IF_CTX,    /* at least context_length: a sliding window no position can leave */
+};
+
+/* Every key of the family's namespace ({arch}.name) that nxd knows. Keys with
+ * why == NULL are read (read_hparams); the others change the arithmetic in a
+ * way nxd does not implement and are refused, naming key, value and why,
+ * unless they hold their neutral value. Any key of the namespace that is not
+ * here is refused too: nxd cannot tell what it would change. */
+static const struct key_rule {
+	const char *name;
+	const char *why;
+	enum neutral neutral;
+} key_rules[] = {
+	{ "block_count", NULL, NEVER },
+	{ "context_length", NULL, NEVER },
+	{ "embedding_length", NULL, NEVER },
+	{ "feed_forward_length", NULL, NEVER },
+	{ "vocab_size", NULL, NEVER },
+	{ "attention.head_count", NULL, NEVER },
+	{ "attention.head_count_kv", NULL, NEVER },
+	{ "attention.layer_norm_rms_epsilon", NULL, NEVER },
+	{ "attention.key_length", NULL, NEVER },
+	{ "attention.value_length", NULL, NEVER },
+	{ "rope.dimension_count", NULL, NEVER },
+	{ "rope.freq_base", NULL, NEVER },
+	/* no arithmetic: whether the model was fine-tuned on the scaled context */
+	{ "rope.scaling.finetuned", NULL, NEVER },
+	{ "rope.scaling.type", NULL, NEVER },
+	{ "rope.scaling.factor", NULL, NEVER },
+	{ "rope.scale_linear", NULL, NEVER },
+	{ "rope.scaling.original_context_length", NULL, NEVER },
+	{ "rope.scaling.yarn_beta_fast", NULL, NEVER },
+	{ "rope.scaling.yarn_beta_slow", NULL, NEVER },
+	{ "rope.scaling.attn_factor", "a RoPE attention factor is not implemented", IF_ONE },
+	{ "rope.scaling.yarn_ext_factor", "YaRN with a partial extrapolation mix is not implemented", IF_ONE },
+	/* HF's attention_factor replaces YaRN's 0.1 ln(s) + 1, llama.cpp's
+	 * multiplies it: the two disagree, so neither is guessed */
+	{ "rope.scaling.yarn_attn_factor", "YaRN with an explicit attention factor is not implemented", NEVER },
+	{ "rope.scaling.yarn_log_multiplier", "YaRN's log multiplier is not implemented", NEVER },
+	{ "rope.freq_base_swa", "sliding-window layers' own RoPE base is not implemented", NEVER },
+	{ "rope.dimension_sections", "multimodal RoPE sections are not implemented", NEVER },
+	{ "attention.sliding_window", "sliding-window attention is not implemented", IF_CTX },
+	{ "attention.sliding_window_pattern", "sliding-window attention is not implemented", NEVER },
+	{ "attn_logit_softcapping", "soft-capping of the attention scores is not implemented", NEVER },
+	{ "final_logit_softcapping", "soft-capping of the logits is not implemented", NEVER },
+	{ "logit_scale", "a logit scale is not implemented", IF_ONE },
+	{ "embedding_scale", "an embedding scale is not implemented", IF_ONE },
+	{ "residual_scale", "a residual scale is not implemented", IF_ONE },
+	{ "attention.scale", "an attention scale other than 1/sqrt(head dimension) is not implemented", NEVER },
+	{ "attention.causal", "non-causal attention is not implemented", IF_ONE },
+	{ "attention.layer_norm_epsilon", "LayerNorm (not RMSNorm) is not implemented", NEVER },
+	{ "attention.clamp_kqv", "clamping Q, K and V is not implemented", NEVER },
+	{ "attention.max_alibi_bias", "ALiBi is not implemented", IF_ZERO },
+	{ "expert_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_used_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_shared_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_feed_forward_length", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "leading_dense_block_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "use_parallel_residual", "parallel residual blocks are not implemented", NEVER },
+	{ "pooling_type", "embedding models (pooling) are not implemented", IF_ZERO },
+};
+
+static const struct key_rule *key_rule(const char *name, size_t len)
+{
+	for (size_t i = 0; i < sizeof(key_rules) / sizeof(key_rules[0]); i++)
+		if (strlen(key_rules[i].name) == len && !memcmp(key_rules[i].name, name, len))
+			return &key_rules[i];
+	return NULL;
+}
+
+static bool is_neutral(const struct key_rule *r, const struct gguf_value *v, uint32_t n_ctx)
+{
+	double x;
+	switch (r->neutral) {
+	case IF_ZERO:
+		return is_number(v, &x) && x == 0;
+	case IF_ONE:
+		return is_number(v, &x) && x == 1;
+	case IF_NONE:
+		return v->type == GGUF_STRING && v->str.len == 4 && !memcmp(v->str.p, "none", 4);
+	case IF_CTX:
+		return is_number(v, &x) && x >= n_ctx;
+	default:
+		return false;
+	}
+}
+
+/* Every key of the {arch}. namespace is one nxd reads, or one holding its
+ * neutral value: anything else is refused by name (DESIGN.md "Model families"). */
+static int check_keys(const struct gguf_file *g, const char *arch, uint32_t n_ctx, struct nx_err *err)
+{
+	const size_t al = strlen(arch);
+	for (uint64_t i = 0; i < g->n_kv; i++) {
+		const struct gguf_str *k = &g->kv[i].key;
+		if (k->len <= al + 1 || memcmp(k->p, arch, al) || k->p[al] != '.')
+			continue;
+		const struct key_rule *r = key_rule(k->p + al + 1, (size_t)k->len - al - 1);
+		if (r && (!r->why || is_neutral(r, &g->kv[i].val, n_ctx)))
+			continue;
+		char val[80];
+		value_str(val, sizeof(val), &g->kv[i].val);
+		return nx_errf(err, "model: key '%.*s' = %s: %s; refused", (int)(k->len < 96 ? k->len : 96), k->p, val,
+			       r ? r->why : "not a key nxd knows, so it may change the arithmetic");
+	}
+	return 0;
+}
+
+/* RoPE scaling as llama.cpp's loader reads it: rope.scaling.type (none,
+ * linear, yarn; absent: linear, with rope.scaling.factor or the older
+ * rope.scale_linear, 1 by default), and for YaRN the original context
+ * (default: context_length) and beta_fast / beta_slow (32, 1). YaRN's ramp
+ * and attention factor are Hugging Face's (modeling_rope_utils.py:
+ * _compute_yarn_parameters), which llama.cpp's rope_yarn computes alike. */
+static int read_rope_scaling(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, struct nx_err *err)
+{
+	char key[128], *type = NULL;
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+	float factor = 0;
+	if (gguf_get_str(g, key, &type, false, err) || arch_f32(g, arch, "rope.scaling.factor", &factor, false, err) ||
+	    (factor == 0 && arch_f32(g, arch, "rope.scale_linear", &factor, false, err)))
+		goto err;
+	const bool given = factor != 0;
+	if (!given)
+		factor = 1;
+	if (!(factor > 0 && isfinite(factor))) {
+		nx_errf(err, "model: key '%s.rope.scaling.factor' = %g: expected a positive number", arch, factor);
+		goto err;
+	}
+	hp->rope_scaling = NX_ROPE_NONE;
+	hp->rope_factor = factor;
+	hp->yarn_mscale = 1;
+	if (!type || !strcmp(type, "linear")) {
+		if (factor != 1)
+			hp->rope_scaling = NX_ROPE_LINEAR;
+	} else if (!strcmp(type, "none")) {
+		if (factor != 1) { /* llama.cpp would still scale by it */
+			nx_errf(err, "model: key '%s.rope.scaling.type' = \"none\" with factor %g: contradictory; refused", arch, factor);
+			goto err;
+		}
+	} else if (!strcmp(type, "yarn")) {
+		uint32_t orig = (uint32_t)hp->n_ctx_train;
+		float fast = 32, slow = 1;
+		if (arch_u32(g, arch, "rope.scaling.original_context_length", &orig, false, err) ||
+		    arch_f32(g, arch, "rope.scaling.yarn_beta_fast", &fast, false, err) ||
+		    arch_f32(g, arch, "rope.scaling.yarn_beta_slow", &slow, false, err))
+			goto err;
+		/* below 1, HF's attention factor is 1 and llama.cpp's 0.1 ln(s) + 1 */
+		if (!given || factor < 1 || orig < 1 || !(fast > 0 && slow > 0 && isfinite(fast) && isfinite(slow))) {
+			nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\" with factor %g, original_context_length %u, "
+				"yarn_beta_fast %g, yarn_beta_slow %g: expected a factor >= 1, a context and positive betas; refused",
+				arch, given ? factor : 0.0, orig, fast, slow);
+			goto err;
+		}
+		/* the pair whose wavelength makes `rot` turns over the original context */
+		const double d = hp->rope_dim, lb = 2 * log(hp->rope_base), two_pi = 6.283185307179586;
+		double lo = floor(d * log(orig / (fast * two_pi)) / lb), hi = ceil(d * log(orig / (slow * two_pi)) / lb);
+		lo = lo > 0 ? lo : 0;
+		hi = hi < d - 1 ? hi : d - 1;
+		if (hi < lo) { /* HF's ramp would run backwards, llama.cpp's not */
+			nx_errf(err, "model: %s.rope.scaling: YaRN's correction dimensions %g > %g (original_context_length %u, "
+				"betas %g, %g); refused", arch, lo, hi, orig, fast, slow);
+			goto err;
+		}
+		hp->rope_scaling = NX_ROPE_YARN;
+		hp->yarn_lo = (float)lo;
+		hp->yarn_hi = (float)hi;
+		hp->yarn_mscale = (float)(0.1 * log(factor) + 1);
+	} else {
+		nx_errf(err, "model: key '%s.rope.scaling.type' = \"%.32s\": only none, linear and yarn are implemented; refused",
+			arch, type);
+		goto err;
+	}
+	free(type);
+	return 0;
+err:
+	free(type);
+	return -1;
+}
+
 /* Upper bound on any single dimension: keeps products of a few of them far
  * from overflowing int64 / size_t and rejects absurd headers early. */
 #define NX_MAX_DIM (1 << 24)
@@ -33,22 +290,23 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	char *arch = NULL;
 	if (gguf_get_str(g, "general.architecture", &arch, true, err))
 		return -1;
-	if (strcmp(arch, "llama") == 0) {
-		hp->arch = NX_ARCH_LLAMA;
-	} else if (strcmp(arch, "qwen2") == 0) {
-		hp->arch = NX_ARCH_QWEN2;
-	} else {
-		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2)", arch);
+	const struct family *fam = NULL;
+	for (size_t i = 0; i < sizeof(families) / sizeof(families[0]); i++)
+		if (!strcmp(arch, families[i].name))
+			fam = &families[i];
+	if (!fam) {
+		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3)", arch);
 		free(arch);
 		return -1;
 	}
+	hp->arch = fam->arch;
 
 	uint32_t n_layer = 0, dim = 0, n_ff = 0, n_head = 0, n_ctx = 0;
 	if (arch_u32(g, arch, "block_count", &n_layer, true, err) ||
 	    arch_u32(g, arch, "embedding_length", &dim, true, err) ||
 	    arch_u32(g, arch, "feed_forward_length", &n_ff, true, err) ||
 	    arch_u32(g, arch, "attention.head_count", &n_head, true, err) ||
-	    arch_u32(g, arch, "context_length", &n_ctx, true, err))
+	    arch_u32(g, arch, "context_length", &n_ctx, true, err) || check_keys(g, arch, n_ctx, err))
 		goto err;
 	uint32_t n_head_kv = n_head;
 	if (arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))
@@ -74,18 +332,22 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 			arch, n_head, n_head_kv);
 		goto err;
 	}
-	/* head_dim is dim / n_head unless the file says otherwise (key_length). */
-	uint32_t head_dim = dim / n_head;
-	if (dim % n_head != 0)
-		head_dim = 0;
+	/* head_dim is dim / n_head unless the file says otherwise (key_length);
+	 * Q has n_head of them, Wo maps them back to dim. */
+	uint32_t head_dim = dim % n_head ? 0 : dim / n_head;
 	if (arch_u32(g, arch, "attention.key_length", &head_dim, false, err))
 		goto err;
 	uint32_t v_dim = head_dim;
 	if (arch_u32(g, arch, "attention.value_length", &v_dim, false, err))
 		goto err;
-	if (head_dim < 2 || head_dim > 4096 || head_dim % 2 != 0 || v_dim != head_dim) {
-		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u, value_length %u) is not supported",
-			head_dim, dim, n_head, v_dim);
+	if (v_dim != head_dim) {
+		nx_errf(err, "model: %s.attention.value_length = %u, key_length = %u: value heads of another size "
+			"than key heads are not supported; refused", arch, v_dim, head_dim);
+		goto err;
+	}
+	if (head_dim < 2 || head_dim > 4096 || head_dim % 2 != 0) {
+		nx_errf(err, "model: head dimension %u (embedding_length %u / head_count %u, key_length) is not supported",
+			head_dim, dim, n_head);
 		goto err;
 	}
 	uint32_t rope_dim = head_dim;
@@ -119,7 +381,10 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->n_ctx_train = n_ctx > INT32_MAX ? INT32_MAX : (int)n_ctx;
 	hp->rope_base = base;
 	hp->norm_eps = eps;
-	hp->rope_neox = hp->arch == NX_ARCH_QWEN2;
+	hp->rope_neox = fam->neox;
+	hp->qk_norm = fam->qk_norm;
+	if (read_rope_scaling(hp, g, arch, err))
+		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
 	uint32_t n_vocab = 0;
@@ -243,13 +508,72 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 	    bind_wt(&L->w_up, g, NAME("ffn_up.weight"), dim, n_ff, err) ||
 	    bind_wt(&L->w_down, g, NAME("ffn_down.weight"), n_ff, dim, err))
 		return -1;
-	if (hp->arch == NX_ARCH_QWEN2) {
+	if (family_of(hp->arch)->qkv_bias) {
 		if (bind_vec(&L->bq, g, NAME("attn_q.bias"), q_dim, err) ||
 		    bind_vec(&L->bk, g, NAME("attn_k.bias"), kv_dim, err) ||
 		    bind_vec(&L->bv, g, NAME("attn_v.bias"), kv_dim, err))
 			return -1;
 	}
+	if (hp->qk_norm) {
+		if (bind_vec(&L->q_norm, g, NAME("attn_q_norm.weight"), hp->head_dim, err) ||
+		    bind_vec(&L->k_norm, g, NAME("attn_k_norm.weight"), hp->head_dim, err))
+			return -1;
+	}
 #undef NAME
+	return 0;
+}
+
+/* rope_freqs.weight (llama, optional): each rotation pair's frequency
+ * divisor, as llama.cpp applies it (Llama 3.1+'s converter writes HF's
+ * "llama3" rope type this way). Not graded together with a scaling type. */
+static int bind_rope_freqs(struct nx_model *m, const struct gguf_file *g, struct nx_err *err)
+{
+	const char *name = "rope_freqs.weight";
+	const int half = m->hp.rope_dim / 2;
+	if (!gguf_find_tensor(g, name))
+		return 0;
+	if (m->hp.rope_scaling != NX_ROPE_NONE)
+		return nx_errf(err, "model: tensor '%s' together with RoPE scaling (rope.scaling.type, factor %g) is not "
+			       "implemented; refused", name, m->hp.rope_factor);
+	if (bind_vec(&m->rope_freqs, g, name, half, err))
+		return -1;
+	for (int i = 0; i < half; i++)
+		if (!(m->rope_freqs[i] > 0 && isfinite(m->rope_freqs[i])))
+			return nx_errf(err, "model: tensor '%s': element %d is %g, expected a positive number", name, i,
+				       m->rope_freqs[i]);
+	return 0;
+}
+
+/* Whether the model reads the tensor data at p (tensors never overlap: gguf_parse). */
+static bool is_bound(const struct nx_model *m, const void *p)
+{
+	if (p == m->tok_embd.data || p == m->output.data || p == (const void *)m->out_norm ||
+	    p == (const void *)m->rope_freqs)
+		return true;
+	for (int il = 0; il < m->hp.n_layer; il++) {
+		const struct nx_layer *L = &m->layers[il];
+		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
+					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
+					     L->w_up.data, L->w_down.data };
+		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
+			if (p == ptrs[i])
+				return true;
+	}
+	return false;
+}
+
+/* A tensor the forward pass would not read is refused by name: it is there
+ * because the architecture uses it (a norm, a bias, RoPE factors, experts),
+ * and computing without it would be silently wrong. */
+static int check_all_bound(const struct nx_model *m, const struct gguf_file *g, const char *arch, struct nx_err *err)
+{
+	for (uint64_t i = 0; i < g->n_tensors; i++) {
+		const struct gguf_tensor *t = &g->tensors[i];
+		if (!is_bound(m, t->data))
+			return nx_errf(err, "model: tensor '%.*s' is not one nxd's %s reads; computing without it "
+				       "would be wrong, so the file is refused", (int)(t->name.len < 96 ? t->name.len : 96),
+				       t->name.p, arch);
+	}
 	return 0;
 }
 
@@ -278,8 +602,10 @@ int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *
 	} else {
 		m->output = m->tok_embd; /* tied embeddings */
 	}
+	if (family_of(hp->arch)->rope_freqs && bind_rope_freqs(m, g, err))
+		return -1;
 	for (int il = 0; il < hp->n_layer; il++)
 		if (bind_layer(&m->layers[il], il, hp, g, err))
 			return -1;
-	return 0;
+	return check_all_bound(m, g, nx_arch_name(hp->arch), err);
 }

@@ -1,4 +1,4 @@
-/* model.h - a llama / qwen2 model bound to the tensors of a parsed GGUF file.
+/* model.h - a llama / qwen2 / qwen3 model bound to the tensors of a parsed GGUF file.
  *
  * nx_model is plain data (no heap pointers of its own), so the daemon can copy
  * it into shared memory and swap one weight between steps (LoRA fold). */
@@ -14,7 +14,17 @@
 
 #define NX_MAX_LAYERS 128
 
-enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2 };
+enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3 };
+
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3"). */
+const char *nx_arch_name(enum nx_arch a);
+
+/* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
+enum nx_rope_scaling {
+	NX_ROPE_NONE,
+	NX_ROPE_LINEAR, /* every frequency / rope_factor */
+	NX_ROPE_YARN,   /* frequencies blended between / rope_factor and as they are, cos and sin x yarn_mscale */
+};
 
 struct nx_hparams {
 	enum nx_arch arch;
@@ -23,13 +33,21 @@ struct nx_hparams {
 	int n_ff;       /* feed-forward length */
 	int n_head;
 	int n_head_kv;
-	int head_dim;   /* dim / n_head */
+	int head_dim;   /* attention.key_length, else dim / n_head */
 	int rope_dim;   /* rotated dims per head (<= head_dim) */
 	int n_vocab;
 	int n_ctx_train;
 	float rope_base;
+	enum nx_rope_scaling rope_scaling;
+	float rope_factor;  /* LINEAR, YARN: the context's scaling factor (>= 1 for YARN) */
+	/* YARN: pairs below yarn_lo keep their frequency, pairs above yarn_hi
+	 * take it / rope_factor, a linear ramp between (forward.c: rope_freq) */
+	float yarn_lo, yarn_hi;
+	float yarn_mscale;  /* YARN: 0.1 ln(rope_factor) + 1 */
 	float norm_eps;
-	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2) instead of (2i, 2i+1) (llama) */
+	/* What the family does besides llama's (model.c: families): */
+	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3) instead of (2i, 2i+1) (llama) */
+	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3) */
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -51,7 +69,8 @@ struct nx_layer {
 	struct nx_wt wq;            /* (n_head*head_dim, dim) */
 	struct nx_wt wk;            /* (n_head_kv*head_dim, dim) */
 	struct nx_wt wv;            /* (n_head_kv*head_dim, dim) */
-	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL for llama */
+	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL otherwise */
+	const float *q_norm, *k_norm; /* (head_dim) qwen3's per-head RMSNorm weights; NULL otherwise */
 	struct nx_wt wo;            /* (dim, n_head*head_dim) */
 	const float *ffn_norm;      /* (dim) */
 	struct nx_wt w_gate;        /* (n_ff, dim) */
@@ -64,6 +83,8 @@ struct nx_model {
 	struct nx_wt tok_embd;      /* (n_vocab, dim), rows looked up by token id */
 	const float *out_norm;      /* (dim) */
 	struct nx_wt output;        /* (n_vocab, dim); tok_embd when the file ties them */
+	const float *rope_freqs;    /* (rope_dim/2) each rotation pair's frequency divisor (llama: rope_freqs.weight,
+				     * Llama 3.1+), or NULL */
 	struct nx_layer layers[NX_MAX_LAYERS];
 };
 

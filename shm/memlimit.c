@@ -176,3 +176,17 @@ uint64_t nx_vm_size(void)
 	fclose(f);
 	return kb * 1024;
 }
+
+uint64_t nx_mem_available(const char *meminfo)
+{
+	FILE *f = fopen(meminfo, "re");
+	if (!f)
+		return NX_NO_LIMIT;
+	char line[256];
+	uint64_t kb = 0;
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1;
+	fclose(f);
+	return found ? kb * 1024 : NX_NO_LIMIT;
+}

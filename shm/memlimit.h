@@ -1,4 +1,4 @@
-/* memlimit.h - the memory this process may use: RLIMIT_AS, and the memory cgroup limits from its cgroup up to the root.
+/* memlimit.h - the memory this process may use: RLIMIT_AS, the memory cgroup limits from its cgroup up to the root, and what the system has available.
  *
  * cgroup v2: memory.max (above it the kernel OOM-kills) and memory.high
  * (above it the kernel throttles and reclaims); v1: memory.limit_in_bytes.
@@ -31,6 +31,10 @@ struct nx_memlimit {
  * of its own). What cannot be read counts as no limit: a machine without a
  * memory controller has none. */
 void nx_memlimit_read(struct nx_memlimit *ml, const char *proc_dir);
+
+/* Memory the system can give without swapping now (MemAvailable of a
+ * /proc/meminfo file, "/proc/meminfo"), in bytes; NX_NO_LIMIT if unknown. */
+uint64_t nx_mem_available(const char *meminfo);
 
 /* Bytes of address space this process has mapped now (VmSize in
  * /proc/self/status; what RLIMIT_AS is compared with), or 0 if unknown. */

@@ -2,46 +2,71 @@
 #include "tok/chat.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static bool has_literal(const char *jinja, const char *want);
+
+/* ChatML with Qwen3's handling of "<think>"; other "<think>" handling (a
+ * generation prompt that opens "<think>" itself: QwQ, Qwen3's thinking-only
+ * releases) is not guessed at. */
+static enum nx_chat_tmpl detect_chatml(const char *jinja)
+{
+	if (!strstr(jinja, "<think>"))
+		return NX_CHAT_CHATML;
+	if (strstr(jinja, "reasoning_content") && strstr(jinja, "last_query_index") &&
+	    !has_literal(jinja, "<|im_start|>assistant\n<think>\n"))
+		return NX_CHAT_QWEN3;
+	return NX_CHAT_UNKNOWN;
+}
 
 enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 {
 	if (!jinja || !*jinja)
 		return NX_CHAT_RAW;
 	if (strstr(jinja, "<|im_start|>"))
-		return NX_CHAT_CHATML;
+		return detect_chatml(jinja);
 	if (strstr(jinja, "<|start_header_id|>"))
-		return NX_CHAT_LLAMA3;
-	if (strstr(jinja, "[INST]"))
+		return strstr(jinja, "Cutting Knowledge Date") ? NX_CHAT_LLAMA31 : NX_CHAT_LLAMA3;
+	/* Mistral's [INST] templates have no <<SYS>> and put no space or <s> where Llama 2's do */
+	if (strstr(jinja, "[INST]") && strstr(jinja, "<<SYS>>"))
 		return NX_CHAT_LLAMA2;
-	return NX_CHAT_RAW;
+	return NX_CHAT_UNKNOWN;
 }
 
-static const char *const tmpl_names[] = {
+static const char *const tmpl_names[NX_CHAT_N_KNOWN] = {
 	[NX_CHAT_RAW] = "raw",
 	[NX_CHAT_CHATML] = "chatml",
 	[NX_CHAT_LLAMA2] = "llama2",
 	[NX_CHAT_LLAMA3] = "llama3",
+	[NX_CHAT_LLAMA31] = "llama3.1",
+	[NX_CHAT_QWEN3] = "qwen3",
 };
 
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
 {
-	if ((unsigned)t < sizeof(tmpl_names) / sizeof(tmpl_names[0]))
+	if ((unsigned)t < NX_CHAT_N_KNOWN)
 		return tmpl_names[t];
 	return "unknown";
 }
 
+const char *nx_chat_tmpl_names(void)
+{
+	return "raw, chatml, llama2, llama3, llama3.1, qwen3";
+}
+
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
 {
-	for (size_t i = 0; name && i < sizeof(tmpl_names) / sizeof(tmpl_names[0]); i++) {
+	for (int i = 0; name && i < NX_CHAT_N_KNOWN; i++) {
 		if (strcmp(name, tmpl_names[i]) == 0) {
 			*out = (enum nx_chat_tmpl)i;
 			return 0;
 		}
 	}
-	return nx_errf(err, "chat: unknown template \"%.64s\"; expected raw, chatml, llama2 or llama3",
-		       name ? name : "(null)");
+	return nx_errf(err, "chat: unknown template \"%.64s\"; expected one of %s", name ? name : "(null)",
+		       nx_chat_tmpl_names());
 }
 
 /* --- a growable string (prompt rendering only, never per token) ---------- */
@@ -268,6 +293,82 @@ static int each_literal(const char *src, char *scratch, int (*fn)(const struct l
 	return 0;
 }
 
+struct lit_eq {
+	const char *want;
+};
+
+static int lit_eq_cb(const struct lit *l, void *ctx)
+{
+	const struct lit_eq *q = ctx;
+	return l->len == strlen(q->want) && !memcmp(l->val, q->want, l->len);
+}
+
+/* Whether a string literal of the template's tags decodes to exactly want. */
+static bool has_literal(const char *jinja, const char *want)
+{
+	char *scratch = malloc(strlen(jinja) + 1);
+	struct lit_eq q = { want };
+	if (!scratch)
+		return false;
+	int hit = each_literal(jinja, scratch, lit_eq_cb, &q);
+	free(scratch);
+	return hit != 0;
+}
+
+static const char *skip_ws_back(const char *p, const char *start)
+{
+	while (p > start && (p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n'))
+		p--;
+	return p;
+}
+
+/* Whether literal l is the whole right side of `{% set var = '...' %}`. */
+static bool is_assignment(const char *src, const struct lit *l, const char *var)
+{
+	const char *b = skip_ws_back(l->open, src);
+	if (b == src || b[-1] != '=')
+		return false;
+	b = skip_ws_back(b - 1, src);
+	size_t vl = strlen(var);
+	if ((size_t)(b - src) < vl || memcmp(b - vl, var, vl) != 0)
+		return false;
+	const char *a = l->close;
+	while (*a == ' ' || *a == '\t' || *a == '\n')
+		a++;
+	return strncmp(a, "%}", 2) == 0 || strncmp(a, "-%}", 3) == 0; /* not an expression such as '...' + x */
+}
+
+struct assigned {
+	const char *src, *var;
+	char *val; /* malloc'd */
+	bool oom;
+};
+
+static int assigned_cb(const struct lit *l, void *ctx)
+{
+	struct assigned *a = ctx;
+	if (!is_assignment(a->src, l, a->var))
+		return 0;
+	a->val = malloc(l->len + 1);
+	if (!a->val)
+		a->oom = true;
+	else
+		memcpy(a->val, l->val, l->len + 1);
+	return 1;
+}
+
+/* The first literal the template assigns to var, malloc'd, or NULL. */
+static char *assigned_literal(const char *jinja, const char *var)
+{
+	char *scratch = malloc(strlen(jinja) + 1);
+	struct assigned a = { jinja, var, NULL, false };
+	if (!scratch)
+		return NULL;
+	each_literal(jinja, scratch, assigned_cb, &a);
+	free(scratch);
+	return a.val;
+}
+
 struct find_default {
 	enum nx_chat_tmpl t;
 	const char *src;
@@ -305,24 +406,7 @@ static int default_cb(const struct lit *l, void *ctx)
 		f->body_len = (size_t)(t - (l->val + hl));
 	} else {
 		/* Llama 2: {% set system_message = '...' %} */
-		const char *b = l->open;
-		while (b > f->src && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
-			b--;
-		if (b == f->src || b[-1] != '=')
-			return 0;
-		b--;
-		while (b > f->src && (b[-1] == ' ' || b[-1] == '\t' || b[-1] == '\n'))
-			b--;
-		static const char var[] = "system_message";
-		size_t vl = sizeof(var) - 1;
-		if ((size_t)(b - f->src) < vl || memcmp(b - vl, var, vl) != 0)
-			return 0;
-		const char *a = l->close;
-		while (*a == ' ' || *a == '\t' || *a == '\n')
-			a++;
-		if (strncmp(a, "%}", 2) != 0 && strncmp(a, "-%}", 3) != 0)
-			return 0; /* an expression such as '<<SYS>>\n' + messages[0]... */
-		if (l->len == 0)
+		if (!is_assignment(f->src, l, "system_message") || l->len == 0)
 			return 0;
 		f->body_off = 0;
 		f->body_len = l->len;
@@ -342,7 +426,8 @@ static int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_defa
 	memset(f, 0, sizeof(*f));
 	f->t = t;
 	f->src = jinja;
-	if (!jinja || t == NX_CHAT_RAW)
+	/* Llama 3.1 and Qwen3 insert no default system message */
+	if (!jinja || (t != NX_CHAT_CHATML && t != NX_CHAT_LLAMA2 && t != NX_CHAT_LLAMA3))
 		return 0;
 	/* Llama 2 templates that gate the default on USE_DEFAULT_PROMPT never
 	 * insert it under HF (the variable is undefined there). */
@@ -428,6 +513,136 @@ static void render_llama3(struct sbuf *b, const struct find_default *f, const st
 		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* Llama 3.1's date line: the template's date_string, or today's when it asks strftime_now. */
+static void llama31_date(char *buf, size_t n, const char *jinja)
+{
+	char *lit = jinja && !strstr(jinja, "strftime_now") ? assigned_literal(jinja, "date_string") : NULL;
+	time_t now = time(NULL);
+	struct tm tm;
+	if (lit)
+		snprintf(buf, n, "%s", lit);
+	else if (jinja && strstr(jinja, "strftime_now") && localtime_r(&now, &tm) && strftime(buf, n, "%d %b %Y", &tm))
+		;
+	else
+		snprintf(buf, n, "26 Jul 2024");
+	free(lit);
+}
+
+static void render_llama31(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+{
+	char date[64];
+	llama31_date(date, sizeof(date), jinja);
+	sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+		  "Today Date: ");
+	sb_str(b, date);
+	sb_str(b, "\n\n");
+	int first = 0;
+	if (strcmp(m[0].role, "system") == 0) {
+		sb_stripped(b, m[0].content);
+		first = 1;
+	}
+	sb_str(b, "<|eot_id|>");
+	for (int i = first; i < n; i++) {
+		sb_str(b, "<|start_header_id|>");
+		sb_str(b, m[i].role);
+		sb_str(b, "<|end_header_id|>\n\n");
+		sb_stripped(b, m[i].content);
+		sb_str(b, "<|eot_id|>");
+	}
+	if (gen)
+		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* [s, e) without leading (lead) or trailing (trail) newlines: Python's lstrip / rstrip('\n'). */
+static void strip_nl(const char **s, const char **e, bool lead, bool trail)
+{
+	while (lead && *s < *e && **s == '\n')
+		(*s)++;
+	while (trail && *e > *s && (*e)[-1] == '\n')
+		(*e)--;
+}
+
+static const char *last_of(const char *s, const char *e, const char *pat)
+{
+	const size_t pl = strlen(pat);
+	const char *hit = NULL;
+	for (const char *p = s; p + pl <= e; p++)
+		if (!memcmp(p, pat, pl))
+			hit = p;
+	return hit;
+}
+
+/* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
+static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+{
+	const char *c = content, *ce = content + strlen(content), *r = "", *re = r;
+	const char *close = strstr(content, "</think>");
+	if (close) {
+		/* reasoning: before the first </think>, rstrip \n, after its last <think>, lstrip \n */
+		const char *rs = content, *rend = close;
+		strip_nl(&rs, &rend, false, true);
+		const char *open = last_of(rs, rend, "<think>");
+		r = open ? open + strlen("<think>") : rs;
+		re = rend;
+		strip_nl(&r, &re, true, false);
+		/* content: after the last </think>, lstrip \n */
+		c = last_of(content, ce, "</think>") + strlen("</think>");
+		strip_nl(&c, &ce, true, false);
+	}
+	sb_str(b, "<|im_start|>assistant\n");
+	if (think) {
+		strip_nl(&r, &re, true, true);
+		sb_str(b, "<think>\n");
+		sb_add(b, r, (size_t)(re - r));
+		sb_str(b, "\n</think>\n\n");
+		strip_nl(&c, &ce, true, false);
+	}
+	sb_add(b, c, (size_t)(ce - c));
+	sb_str(b, "<|im_end|>\n");
+}
+
+static bool is_tool_response(const char *s)
+{
+	size_t n = strlen(s), a = strlen("<tool_response>"), z = strlen("</tool_response>");
+	return n >= a && n >= z && !memcmp(s, "<tool_response>", a) && !memcmp(s + n - z, "</tool_response>", z);
+}
+
+/* Whether an assistant turn has reasoning (a non-empty part before </think>, as qwen3_assistant cuts it). */
+static bool has_reasoning(const char *content)
+{
+	const char *close = strstr(content, "</think>");
+	if (!close)
+		return false;
+	const char *rs = content, *rend = close;
+	strip_nl(&rs, &rend, false, true);
+	const char *open = last_of(rs, rend, "<think>"), *r = open ? open + strlen("<think>") : rs;
+	strip_nl(&r, &rend, true, false);
+	return rend > r;
+}
+
+static void render_qwen3(struct sbuf *b, const struct nx_chat_msg *m, int n, bool gen)
+{
+	int last_query = n - 1; /* the last user message that is not a tool's response */
+	for (int i = n - 1; i >= 0; i--)
+		if (!strcmp(m[i].role, "user") && !is_tool_response(m[i].content)) {
+			last_query = i;
+			break;
+		}
+	for (int i = 0; i < n; i++) {
+		if (!strcmp(m[i].role, "assistant")) {
+			qwen3_assistant(b, m[i].content, i > last_query && (i == n - 1 || has_reasoning(m[i].content)));
+			continue;
+		}
+		sb_str(b, "<|im_start|>");
+		sb_str(b, m[i].role);
+		sb_str(b, "\n");
+		sb_str(b, m[i].content);
+		sb_str(b, "<|im_end|>\n");
+	}
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
+}
+
 static int render_llama2(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
 			 int n, struct nx_err *err)
 {
@@ -480,8 +695,9 @@ int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_
 		   bool add_generation_prompt, char **out, struct nx_err *err)
 {
 	*out = NULL;
-	if ((unsigned)t > NX_CHAT_LLAMA3)
-		return nx_errf(err, "chat: unknown template %d", (int)t);
+	if ((unsigned)t >= NX_CHAT_N_KNOWN)
+		return nx_errf(err, "chat: the model's chat template is not one nxd can render (it renders %s): start nxd "
+			       "with --chat-template NAME, or send a prompt with \"raw\": true", nx_chat_tmpl_names());
 	if (check_msgs(msgs, n, err))
 		return -1;
 	struct find_default f;
@@ -504,6 +720,14 @@ int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_
 		break;
 	case NX_CHAT_LLAMA3:
 		render_llama3(&b, &f, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_LLAMA31:
+		render_llama31(&b, jinja, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_QWEN3:
+		render_qwen3(&b, msgs, n, add_generation_prompt);
+		break;
+	default:
 		break;
 	}
 	free(f.lit);

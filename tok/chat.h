@@ -23,10 +23,26 @@
  *   Llama 3 (Meta-Llama-3-*-Instruct):
  *     <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|> ...
  *     + "<|start_header_id|>assistant<|end_header_id|>\n\n" with
- *     add_generation_prompt. Content is trimmed (`| trim`). Llama 3.1+'s
- *     tool / "Cutting Knowledge Date" system header is not reproduced.
- *   Raw (no or unknown template): the contents one after another, nothing
+ *     add_generation_prompt. Content is trimmed (`| trim`).
+ *   Llama 3.1 (Llama-3.1/3.2/3.3-*-Instruct: "Cutting Knowledge Date" in the
+ *     template): as Llama 3, but the system turn always comes first and
+ *     begins "Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n"
+ *     before the (trimmed) system message, if any. {date} is the template's
+ *     `set date_string = "..."` (26 Jul 2024 in Meta's), or today's
+ *     ("%d %b %Y", as Hugging Face's strftime_now gives it) when the
+ *     template asks strftime_now (Llama 3.2's). No tools.
+ *   Qwen3 (ChatML with reasoning_content and last_query_index): ChatML
+ *     without a default system, and an assistant turn's "<think>...</think>"
+ *     reasoning dropped (what follows "</think>", its leading newlines
+ *     stripped), except an assistant turn after the last user message that
+ *     is the last message or had reasoning: "<think>\n{reasoning}\n</think>\n\n"
+ *     then the content. The generation prompt is "<|im_start|>assistant\n"
+ *     (thinking on, enable_thinking undefined). No tools.
+ *   Raw (no template in the file): the contents one after another, nothing
  *     added, for base models that just continue text.
+ *   Unknown: a template that is none of these (a ChatML one that opens
+ *     "<think>" itself, Mistral's [INST] without <<SYS>>, ...). Rendering it
+ *     is an error naming nxd --chat-template: never a guess.
  *
  * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>"): the
  * tokenizer must be run with special-token parsing on the rendered prompt,
@@ -41,7 +57,16 @@
 
 #include "common/err.h"
 
-enum nx_chat_tmpl { NX_CHAT_RAW, NX_CHAT_CHATML, NX_CHAT_LLAMA2, NX_CHAT_LLAMA3 };
+enum nx_chat_tmpl {
+	NX_CHAT_RAW,
+	NX_CHAT_CHATML,
+	NX_CHAT_LLAMA2,
+	NX_CHAT_LLAMA3,
+	NX_CHAT_LLAMA31,
+	NX_CHAT_QWEN3,
+	NX_CHAT_N_KNOWN, /* the templates above can be rendered and named */
+	NX_CHAT_UNKNOWN = NX_CHAT_N_KNOWN,
+};
 
 struct nx_chat_msg {
 	const char *role;
@@ -49,22 +74,29 @@ struct nx_chat_msg {
 };
 
 /* From the tokenizer.chat_template source (NULL or empty: RAW):
- * "<|im_start|>" -> ChatML, "<|start_header_id|>" -> Llama 3,
- * "[INST]" -> Llama 2, anything else -> RAW. */
+ * "<|im_start|>" -> ChatML, or Qwen3 (with "<think>", reasoning_content and
+ * last_query_index, and no "<|im_start|>assistant\n<think>\n" literal),
+ * "<|start_header_id|>" -> Llama 3, or Llama 3.1 (with "Cutting Knowledge
+ * Date"), "[INST]" with "<<SYS>>" -> Llama 2; anything else (ChatML with
+ * other "<think>" handling too) -> UNKNOWN. */
 enum nx_chat_tmpl nx_chat_detect(const char *jinja);
 
-/* "raw", "chatml", "llama2", "llama3". */
+/* "raw", "chatml", "llama2", "llama3", "llama3.1", "qwen3"; "unknown". */
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
 
-/* The inverse of nx_chat_tmpl_name (a client forcing a template). */
+/* The inverse of nx_chat_tmpl_name for the known ones (nxd --chat-template). */
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err);
+
+/* The known names, comma-separated ("raw, chatml, ..."), for messages. */
+const char *nx_chat_tmpl_names(void);
 
 /* The default system prompt text the template inserts when a conversation
  * has none: *out is a malloc'd string, or NULL when the template has none. */
 int nx_chat_default_system(enum nx_chat_tmpl t, const char *jinja, char **out, struct nx_err *err);
 
 /* Renders n messages; *out is a malloc'd NUL-terminated string the caller
- * frees. jinja (may be NULL) is only read for the default system prompt. */
+ * frees. jinja (may be NULL) is only read for the default system prompt and
+ * Llama 3.1's date. UNKNOWN is an error naming nxd --chat-template. */
 int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
 		   bool add_generation_prompt, char **out, struct nx_err *err);
 

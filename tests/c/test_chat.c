@@ -70,9 +70,14 @@ static void test_detect(void **state)
 	assert_int_equal(nx_chat_detect(LLAMA2_DEF_TMPL), NX_CHAT_LLAMA2);
 	assert_int_equal(nx_chat_detect(NULL), NX_CHAT_RAW);
 	assert_int_equal(nx_chat_detect(""), NX_CHAT_RAW);
-	assert_int_equal(nx_chat_detect("{% for m in messages %}{{ m['content'] }}{% endfor %}"), NX_CHAT_RAW);
+	/* a template of no family nxd renders is unknown, not raw: rendering it is an error */
+	assert_int_equal(nx_chat_detect("{% for m in messages %}{{ m['content'] }}{% endfor %}"), NX_CHAT_UNKNOWN);
+	assert_int_equal(nx_chat_detect("[INST] {{ m }} [/INST]"), NX_CHAT_UNKNOWN); /* Mistral's: no <<SYS>> */
+	assert_int_equal(nx_chat_detect("{{ '<|im_start|>assistant\\n<think>\\n' }} reasoning_content last_query_index"),
+			 NX_CHAT_UNKNOWN);
+	assert_string_equal(nx_chat_tmpl_name(NX_CHAT_UNKNOWN), "unknown");
 
-	for (int t = NX_CHAT_RAW; t <= NX_CHAT_LLAMA3; t++) {
+	for (int t = NX_CHAT_RAW; t < NX_CHAT_N_KNOWN; t++) {
 		enum nx_chat_tmpl back = NX_CHAT_RAW;
 		assert_int_equal(nx_chat_tmpl_parse(nx_chat_tmpl_name((enum nx_chat_tmpl)t), &back, NULL), 0);
 		assert_int_equal(back, t);
@@ -82,6 +87,7 @@ static void test_detect(void **state)
 	enum nx_chat_tmpl t;
 	assert_int_equal(nx_chat_tmpl_parse("vicuna", &t, &err), -1);
 	assert_non_null(strstr(err.msg, "\"vicuna\""));
+	assert_int_equal(nx_chat_tmpl_parse("unknown", &t, &err), -1);
 }
 
 static void expect_default(enum nx_chat_tmpl t, const char *jinja, const char *want)
@@ -219,8 +225,9 @@ static void test_bad_messages(void **state)
 {
 	(void)state;
 	const struct nx_chat_msg tool[] = { { "user", "hi" }, { "tool", "42" } };
-	for (int t = NX_CHAT_RAW; t <= NX_CHAT_LLAMA3; t++)
+	for (int t = NX_CHAT_RAW; t < NX_CHAT_N_KNOWN; t++)
 		expect_error((enum nx_chat_tmpl)t, tool, 2, "message 1", "\"tool\"");
+	expect_error(NX_CHAT_UNKNOWN, conv_a, 1, "not one nxd can render", "--chat-template NAME");
 	const struct nx_chat_msg late_sys[] = { { "user", "hi" }, { "assistant", "yo" }, { "system", "be nice" } };
 	expect_error(NX_CHAT_CHATML, late_sys, 3, "message 2", "system message may only come first");
 	const struct nx_chat_msg no_content[] = { { "user", NULL } };
@@ -245,11 +252,11 @@ static void test_bad_messages(void **state)
 	big[sizeof(big) - 1] = '\0';
 	const struct nx_chat_msg huge[] = { { big, "x" } };
 	expect_error(NX_CHAT_CHATML, huge, 1, "message 0", "rrrr");
-	/* an out-of-range template value */
+	/* an out-of-range template value is refused like an unknown one */
 	struct nx_err err = { { 0 } };
 	char *out;
 	assert_int_equal(nx_chat_render((enum nx_chat_tmpl)42, NULL, conv_a, 1, true, &out, &err), -1);
-	assert_non_null(strstr(err.msg, "42"));
+	assert_non_null(strstr(err.msg, "not one nxd can render"));
 }
 
 /* tokenizer.chat_template comes from an untrusted file: junk made of the
@@ -285,7 +292,7 @@ static void test_junk_templates(void **state)
 		assert_non_null(t);
 		memcpy(t, tmpl, len + 1);
 		enum nx_chat_tmpl kind = nx_chat_detect(t);
-		for (int k = NX_CHAT_RAW; k <= NX_CHAT_LLAMA3; k++) {
+		for (int k = NX_CHAT_RAW; k < NX_CHAT_N_KNOWN; k++) {
 			char *def = NULL;
 			assert_int_equal(nx_chat_default_system((enum nx_chat_tmpl)k, t, &def, NULL), 0);
 			if (def)
@@ -293,8 +300,8 @@ static void test_junk_templates(void **state)
 			free(def);
 		}
 		char *out = NULL;
-		assert_int_equal(nx_chat_render(kind, t, conv_a, 1, true, &out, NULL), 0);
-		assert_non_null(out);
+		assert_int_equal(nx_chat_render(kind, t, conv_a, 1, true, &out, NULL), kind == NX_CHAT_UNKNOWN ? -1 : 0);
+		assert_true(kind == NX_CHAT_UNKNOWN ? out == NULL : out != NULL);
 		free(out);
 		free(t);
 	}

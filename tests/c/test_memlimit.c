@@ -181,6 +181,22 @@ static void test_rlimit_as_and_vm_size(void **state)
 	free(p);
 }
 
+/* MemAvailable in bytes, from a meminfo file; none readable or no such line: no limit. */
+static void test_mem_available(void **state)
+{
+	(void)state;
+	char path[400];
+	snprintf(path, sizeof(path), "%s/meminfo", T);
+	put("meminfo", "MemTotal:       24683584 kB\nMemFree:         1000 kB\nMemAvailable:   22975416 kB\n");
+	assert_true(nx_mem_available(path) == 22975416ull * 1024);
+	put("meminfo", "MemTotal:       24683584 kB\n");
+	assert_true(nx_mem_available(path) == NX_NO_LIMIT);
+	snprintf(path, sizeof(path), "%s/absent", T);
+	assert_true(nx_mem_available(path) == NX_NO_LIMIT);
+	uint64_t real = nx_mem_available("/proc/meminfo");
+	assert_true(real > 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -189,6 +205,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_subtree_mount_and_escapes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_nothing_readable, setup, teardown),
 		cmocka_unit_test(test_rlimit_as_and_vm_size),
+		cmocka_unit_test_setup_teardown(test_mem_available, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

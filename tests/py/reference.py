@@ -1,4 +1,12 @@
-"""reference.py - an independent float64 llama / qwen2 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 forward pass in numpy, the ground truth for the engine.
+
+Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py): RMSNorm,
+SwiGLU, grouped-query attention; qwen2's Q/K/V biases; qwen3's RMSNorm of each head of Q and K before
+RoPE; RoPE on pairs (i, i + rope_dim/2) (rotate_half) for qwen2/qwen3, and on (2i, 2i+1) for llama,
+whose Q/K rows llama.cpp's converter permutes so that the two are the same computation.
+
+RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
+rope_scaling, not the GGUF keys nxd reads.
 
 Reads the GGUF with gguf.GGUFReader and dequantizes every tensor with
 gguf.quants.dequantize (never with the engine's code), then computes in float64:
@@ -88,8 +96,46 @@ def _field(reader, key, default=None):
     return f.contents()
 
 
+def hf_rope(base, dim, rope_scaling=None):
+    """(inverse frequencies (dim/2,), attention factor) of RoPE over dim dimensions, as Hugging Face's
+    modeling_rope_utils.py defines them for rope_scaling (the config's dict; None: unscaled): linear,
+    llama3 (Llama 3.1's smooth blend) and yarn (in float64 here)."""
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    rs = rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "default":
+        return inv, 1.0
+    factor = rs["factor"]
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "llama3":
+        old = rs["original_max_position_embeddings"]
+        low_wl, high_wl = old / rs["low_freq_factor"], old / rs["high_freq_factor"]
+        wl = 2 * np.pi / inv
+        out = np.where(wl > low_wl, inv / factor, inv)
+        smooth = (old / wl - rs["low_freq_factor"]) / (rs["high_freq_factor"] - rs["low_freq_factor"])
+        medium = ~(wl < high_wl) & ~(wl > low_wl)
+        return np.where(medium, (1 - smooth) * out / factor + smooth * out, out), 1.0
+    if kind == "yarn":
+        orig = rs["original_max_position_embeddings"]
+        att = rs.get("attention_factor") or (0.1 * np.log(factor) + 1.0 if factor > 1 else 1.0)
+        beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return dim * np.log(orig / (rot * 2 * np.pi)) / (2 * np.log(base))
+        low, high = max(np.floor(corr_dim(beta_fast)), 0), min(np.ceil(corr_dim(beta_slow)), dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrap = 1 - ramp
+        return (inv / factor) * (1 - extrap) + inv * extrap, att
+    raise ValueError(f"rope type {kind!r}")
+
+
 class Reference:
-    def __init__(self, path, emulate=False, packed=(), one_part=False):
+    def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None):
+        """rope_scaling: the Hugging Face config's rope_scaling the file was converted from (the GGUF
+        keeps only what llama.cpp's converter writes: for llama3, per-dimension factors)."""
         self.emulate = emulate
         self.one_part = one_part
         self.packed = set(packed)
@@ -100,11 +146,15 @@ class Reference:
         self.dim = int(_field(r, f"{a}.embedding_length"))
         self.n_head = int(_field(r, f"{a}.attention.head_count"))
         self.n_head_kv = int(_field(r, f"{a}.attention.head_count_kv", self.n_head))
-        self.head_dim = self.dim // self.n_head
+        self.head_dim = int(_field(r, f"{a}.attention.key_length", self.dim // self.n_head))
         self.rope_dim = int(_field(r, f"{a}.rope.dimension_count", self.head_dim))
         self.rope_base = float(_field(r, f"{a}.rope.freq_base", 10000.0))
+        scaled = f"{a}.rope.scaling.type" in r.fields or any(t.name == "rope_freqs.weight" for t in r.tensors)
+        if scaled and rope_scaling is None:
+            raise ValueError(f"{path} scales RoPE: give the rope_scaling it was converted from")
+        self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a == "qwen2"
+        self.neox = a in ("qwen2", "qwen3")
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -132,10 +182,11 @@ class Reference:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
     def _rope(self, x, pos):
-        """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * base^(-2i/rope_dim)."""
+        """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * inv_freq[i]
+        (base^(-2i/rope_dim) unscaled), cos and sin times the attention factor (YaRN's; else 1)."""
         half = self.rope_dim // 2
-        theta = pos[:, None] * self.rope_base ** (-2.0 * np.arange(half) / self.rope_dim)  # (T, half)
-        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        theta = pos[:, None] * self.inv_freq[None, :]  # (T, half)
+        c, s = self.rope_att * np.cos(theta)[:, None, :], self.rope_att * np.sin(theta)[:, None, :]
         x = x.copy()
         if self.neox:
             a, b = x[..., :half].copy(), x[..., half:self.rope_dim].copy()
@@ -162,8 +213,12 @@ class Reference:
                 q = q + self._w(p + "attn_q.bias")
                 k = k + self._w(p + "attn_k.bias")
                 v = v + self._w(p + "attn_v.bias")
-            q = self._rope(q.reshape(T, H, hd), pos)
-            k = self._kv(self._rope(k.reshape(T, Hkv, hd), pos))
+            q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
+            if self.arch == "qwen3":  # Qwen3RMSNorm over each head's head_dim, before RoPE
+                q = self._rmsnorm(q, self._w(p + "attn_q_norm.weight"))
+                k = self._rmsnorm(k, self._w(p + "attn_k_norm.weight"))
+            q = self._rope(q, pos)
+            k = self._kv(self._rope(k, pos))
             v = self._kv(v.reshape(T, Hkv, hd))
             # Query head h reads kv head h // (H / Hkv).
             k = np.repeat(k, H // Hkv, axis=1)

@@ -1,7 +1,8 @@
 """test_forward.py - the batched forward pass (through tools/nx-eval) against the float64 reference on tiny random models.
 
 Every supported weight type, llama and qwen2, tied and untied output, GQA,
-partial RoPE and files mixing types. Each model runs four batching plans (each
+partial RoPE, RoPE scaling (llama3 frequency factors, linear, YaRN), heads of
+another size than dim / n_head and files mixing types. Each model runs four batching plans (each
 sequence alone; three sequences in one step; chunked prefill 5+3+1 interleaved
 with other sequences; decode steps mixing sequences at different positions) on
 1, 2 and 3 threads:
@@ -102,6 +103,11 @@ def eval_error(model, args=(), stdin=""):
     return p.stderr.decode()
 
 
+def reference(name, model, **kw):
+    """The float64 reference of variant `name`, given the Hugging Face rope_scaling it was written from."""
+    return Reference(model, rope_scaling=VARIANTS[name].get("rope_scaling"), **kw)
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
@@ -143,7 +149,7 @@ def family(kw):
 def test_logits_match_reference(tiny, name, report):
     model = tiny[name]
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    ref = Reference(model)
+    ref = reference(name, model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
 
     # Bit-identical under every batching plan and thread count.
@@ -156,7 +162,7 @@ def test_logits_match_reference(tiny, name, report):
 
     # Against the float64 reference, and the one emulating our rounding points.
     ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
-    emu = Reference(model, emulate=True, packed=packed_matrices(ref))
+    emu = reference(name, model, emulate=True, packed=packed_matrices(ref))
     errs, close, top1, n_pos = [], [], 0, 0
     for (s, toks), got in zip(seqs.items(), ours):
         want = ref.logits(toks)
@@ -199,7 +205,7 @@ TOL_ONE = (0.2, 0.03)
 def test_fast_activations_match_one_part_reference(tiny, name, report):
     model = tiny[name]
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    ref = Reference(model)
+    ref = reference(name, model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
     fast = ("--activations", "fast")
     runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
@@ -208,7 +214,7 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     for key, logits in runs.items():
         assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
     ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
-    emu = Reference(model, emulate=True, packed=packed_matrices(ref), one_part=True)
+    emu = reference(name, model, emulate=True, packed=packed_matrices(ref), one_part=True)
     close, errs = [], []
     for (s, toks), got in zip(seqs.items(), ours):
         e = emu.logits(toks)
@@ -248,13 +254,13 @@ def long_plans():
     return {"whole": whole, "mixed": mixed}
 
 
-@pytest.mark.parametrize("name", ["llama-f32-rope32", "llama-mixed"])
+@pytest.mark.parametrize("name", ["llama-f32-rope32", "llama-mixed", "llama-f16-yarn"])
 def test_long_context_spans(tiny, name, report):
     """Past one span of positions: the same logits under every plan and thread
     count, bit for bit, and the float64 reference's within the usual bounds."""
     model = tiny[name]
     rng = np.random.default_rng(7)
-    ref = Reference(model)
+    ref = reference(name, model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in LONG_LENS.items()}
     runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in long_plans().items() for th in (1, 2)}
     base = runs[("whole", 1)]
@@ -268,7 +274,7 @@ def test_long_context_spans(tiny, name, report):
     assert err.max() <= max_tol and err.mean() <= mean_tol, (err.max(), err.mean())
 
 
-@pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied"])
+@pytest.mark.parametrize("name", ["llama-f32-tied", "llama-q4_k-tied", "qwen2-q5_1-tied", "qwen3-q4_k-tied"])
 def test_generate_matches_teacher_forcing(tiny, name):
     """--generate (prefill, then one-token decode steps) continues exactly as the
     argmax of teacher-forced logits over its own output, and each token is the
@@ -282,9 +288,25 @@ def test_generate_matches_teacher_forcing(tiny, name):
     full = prompt + gen
     logits = run_eval(model, {0: full}, [f"step 0:0:{len(full)}"], 1)
     assert list(logits[len(prompt) - 1:-1].argmax(1)) == gen
-    ref = Reference(model).logits(full)[len(prompt) - 1:-1]
+    ref = reference(name, model).logits(full)[len(prompt) - 1:-1]
     slack = TOL[family(VARIANTS[name])][0] * ref.std()
     assert np.all(ref[np.arange(n), gen] >= ref.max(axis=1) - slack)
+
+
+@pytest.mark.parametrize("name", [n for n, kw in VARIANTS.items() if kw.get("rope_scaling")])
+def test_rope_scaling_is_not_ignored(tiny, name, report):
+    """Against the reference without the scaling (what a file's rope scaling read as nothing would
+    give), every scaled model is far outside the bounds it meets with it: the test above has the power
+    to tell RoPE scaling from none."""
+    model = tiny[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    plain = Reference(model, rope_scaling={"rope_type": "default"})
+    seqs = {s: rng.integers(0, plain.n_vocab, n) for s, n in SEQ_LENS.items()}
+    ours = np.split(run_eval(model, seqs, plans()["batched"], 1), np.cumsum([len(t) for t in seqs.values()])[:-1])
+    err = max((np.abs(got - plain.logits(toks)) / plain.logits(toks).std()).max()
+              for toks, got in zip(seqs.values(), ours))
+    report(f"forward {name:22s} against unscaled RoPE: max|d|/std {err:.2e}")
+    assert err > 10 * TOL[family(VARIANTS[name])][0]
 
 
 def _bad(tmp_path, name="bad", **kw):

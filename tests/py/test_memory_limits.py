@@ -254,11 +254,15 @@ def test_cgroup_too_small_for_the_model_is_refused_before_reading_it(model_path,
 
 def test_cgroup_too_small_for_the_kv_cache_names_the_options(model_path, tmp_path, memcg):
     wrap, name = memcg(400 * MIB)
-    log = refused(Daemon(model_path, tmp_path, name="default", wrapper=wrap))
+    log = refused(Daemon(model_path, tmp_path, name="explicit", args=["--ctx", "8192"], wrapper=wrap))
     m = re.search(rf"{re.escape(name)} is 400.0 MiB, and this configuration needs ([\d.]+) MiB", log)
     assert m and float(m[1]) > 400, log
     for what in ("the KV cache", "--slots 4 x --ctx 8192", "lower --ctx or --slots"):
         assert what in log, (what, log)
+    # By default the context is cut to what fits instead, and the ready line says so.
+    with Daemon(model_path, tmp_path, name="default", wrapper=wrap) as d:
+        greet(d.sock)
+        assert re.search(rf"4 slots x \d+ positions \(the model's context 8192 capped: .*{re.escape(name)}", d.log())
     # What the message says lowers it does: the same cgroup serves a smaller context.
     with Daemon(model_path, tmp_path, name="small", args=["--ctx", "512", "--slots", "1"], wrapper=wrap) as d:
         greet(d.sock)

@@ -1,0 +1,96 @@
+"""test_chat_templates.py - nxd's chat templates (tok/chat.c, through libnx.so) against real templates rendered by jinja2 as Hugging Face's apply_chat_template does.
+
+The templates and their renderings are in tests/fixtures/chat_templates
+(render.py writes expected.json; see its README.md). nxd has no Jinja
+interpreter: it tells a template's family by its markers and renders the
+family by hand, so each family is checked on conversations that walk its
+branches (system or not, trimmed content, Qwen3's reasoning turns, a
+conversation that ends on an assistant turn). A template nxd does not know is
+"unknown", and rendering it is an error naming --chat-template, never a guess.
+"""
+import ctypes
+import importlib.util
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from conftest import build_dir
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+sys.path.insert(0, str(TEMPLATES))
+import render  # noqa: E402  (tests/fixtures/chat_templates/render.py)
+
+EXPECTED = json.loads((TEMPLATES / "expected.json").read_text())
+
+
+class _Msg(ctypes.Structure):  # struct nx_chat_msg (tok/chat.h)
+    _fields_ = [("role", ctypes.c_char_p), ("content", ctypes.c_char_p)]
+
+
+class _Err(ctypes.Structure):  # struct nx_err (common/err.h)
+    _fields_ = [("msg", ctypes.c_char * 512)]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    so = ctypes.CDLL(str(build_dir() / "libnx.so"))
+    so.nx_chat_detect.restype = ctypes.c_int
+    so.nx_chat_detect.argtypes = [ctypes.c_char_p]
+    so.nx_chat_tmpl_name.restype = ctypes.c_char_p
+    so.nx_chat_tmpl_name.argtypes = [ctypes.c_int]
+    so.nx_chat_render.restype = ctypes.c_int
+    so.nx_chat_render.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Msg), ctypes.c_int, ctypes.c_bool,
+                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Err)]
+    return so
+
+
+def detect(lib, src):
+    return lib.nx_chat_tmpl_name(lib.nx_chat_detect(src.encode())).decode()
+
+
+def nxd_render(lib, src, msgs):
+    """(rendered text or None, error message) of the template nxd detects in src."""
+    arr = (_Msg * len(msgs))(*[_Msg(m["role"].encode(), m["content"].encode()) for m in msgs])
+    out, err = ctypes.c_void_p(), _Err()
+    rc = lib.nx_chat_render(lib.nx_chat_detect(src.encode()), src.encode(), arr, len(msgs), True, ctypes.byref(out),
+                            ctypes.byref(err))
+    if rc != 0:
+        return None, err.msg.decode()
+    text = ctypes.string_at(out.value).decode()
+    ctypes.CDLL(None).free(out)
+    return text, ""
+
+
+@pytest.mark.parametrize("case", EXPECTED, ids=[f"{c['template']}-{i % len(render.CONVERSATIONS)}"
+                                                for i, c in enumerate(EXPECTED)])
+def test_render_matches_the_template(lib, case):
+    src = render.source(case["template"])
+    assert detect(lib, src) == case["family"]
+    got, err = nxd_render(lib, src, case["messages"])
+    assert got is not None, err
+    want = case["text"]
+    if "strftime_now" in src:  # Llama 3.2: today's date, as Hugging Face's strftime_now gives it
+        want = want.replace(f"Today Date: {render.DATE}", "Today Date: " + datetime.now().strftime("%d %b %Y"))
+    assert got == want
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jinja2") is None, reason="no jinja2 here to render the templates anew")
+def test_expected_renderings_are_the_templates_own():
+    assert render.expected() == EXPECTED
+
+
+@pytest.mark.parametrize("name", ["qwen3-thinking.jinja", "mistral.jinja"])
+def test_templates_nxd_cannot_render_are_refused(lib, name):
+    src = render.source(name)
+    assert detect(lib, src) == "unknown"
+    got, err = nxd_render(lib, src, render.CONVERSATIONS[0])
+    assert got is None
+    assert "--chat-template NAME" in err and "\"raw\": true" in err
+
+
+def test_a_template_of_no_family_is_unknown_not_raw(lib):
+    assert detect(lib, "{% for m in messages %}{{ m['content'] }}{% endfor %}") == "unknown"
+    assert detect(lib, "") == "raw"
