@@ -1,6 +1,6 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
-    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen]
+    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,chat,http]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -18,6 +18,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
               long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
               client with the same long instruction as one that is decoding; and 4 clients that send
               the same long instruction at once (the last one's first token)
+  http        the OpenAI API: nxd through nxd-http against llama-server, both on POST /v1/chat/completions
+              (streamed, greedy, ignore_eos), 1 client and 4 at once; and nxd over HTTP against nxd over its
+              socket, turn about on one daemon, so the gateway's own cost shows
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -38,11 +41,12 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import bwprobe  # noqa: E402
+import http_side  # noqa: E402
 import models  # noqa: E402
 import nxd_side  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "chat"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "chat", "http"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -654,6 +658,102 @@ def main():
 
     if "chat" in cases:
         chat_case("chat", "smollm2-135m Q4_1", q41, a.reps)
+
+    # -------------------------------------------------------- http: the OpenAI API over HTTP
+    def http_case(case, key, path, reps):
+        """Streamed greedy chat completions of DECODE_N tokens on POST /v1/chat/completions: nxd through
+        nxd-http against llama-server, 1 client and SLOTS at once. And nxd over HTTP against nxd over its
+        socket: the same requests, turn about (which goes first alternates) on one daemon with the
+        gateway in front, so the host's drift falls on both alike and the ratio is the gateway's cost."""
+        qs = [http_side.messages(QUESTIONS[i % len(QUESTIONS)]) for i in range(SLOTS)]
+        reps_many = min(reps, MIN_REPS)
+        log(f"bench: {case}: {key}: chat over HTTP, 1 client x {reps}, {SLOTS} clients x {reps_many}")
+        gw_bin = os.path.join(build, "nxd-http")
+
+        def single(res):
+            return {"tok_s": http_side.rate(res), "ttft_s": res["times"][0] - res["t_send"],
+                    "n": res["n"], "text_chunks": len(res["times"])}
+
+        def many(rr):
+            return {"total_tok_s": http_side.total_rate(rr), "per_client_tok_s": [http_side.rate(r) for r in rr],
+                    "n": [r["n"] for r in rr]}
+
+        def turns(fns, summarize, n):
+            """n rounds of every fn in fns, the order turned each round; stops after MIN_REPS once the next
+            round would pass BUDGET_S per side. {index: [summaries]}."""
+            out, spent = {i: [] for i in range(len(fns))}, 0.0
+            for k in range(n):
+                for i in (range(len(fns)) if k % 2 == 0 else reversed(range(len(fns)))):
+                    t0 = time.perf_counter()
+                    out[i].append(summarize(fns[i]()))
+                    spent += time.perf_counter() - t0
+                if k + 1 >= MIN_REPS and spent / len(fns) * (k + 2) / (k + 1) > BUDGET_S:
+                    break
+            return out
+
+        def chat_clients(port):
+            # A connection per request (llama-server closes a kept-alive one after a stream): the connect
+            # falls outside the decode span, inside the time to the first token, alike for both.
+            mid = http_side.model_id(port)
+            one = lambda: http_side.chat(port, qs[0], DECODE_N, mid)  # noqa: E731
+            all_ = lambda: http_side.together([lambda i=i: http_side.chat(port, qs[i], DECODE_N, mid)  # noqa: E731
+                                               for i in range(SLOTS)])
+            return one, all_
+
+        def http_ours():
+            if not os.access(gw_bin, os.X_OK):
+                raise RuntimeError(f"{gw_bin} is not built")
+            with ours.daemon(path) as d, http_side.Gateway(gw_bin, d.sock) as g:
+                socks = [nxd_side.Conn(d.sock) for _ in range(SLOTS)]
+                h1, hn = chat_clients(g.port)
+                s1 = lambda: http_side.socket_chat(socks[0], qs[0], DECODE_N)  # noqa: E731
+                sn = lambda: http_side.together([lambda i=i: http_side.socket_chat(socks[i], qs[i], DECODE_N, rid=i + 1)  # noqa: E731
+                                                 for i in range(SLOTS)])
+                try:
+                    s1(), h1()  # warm-up
+                    one = turns([s1, h1], single, reps)
+                    all_ = turns([sn, hn], many, reps_many)
+                finally:
+                    for c in socks:
+                        c.close()
+            return {"socket_1": one[0], "http_1": one[1], "socket_n": all_[0], "http_n": all_[1]}
+
+        def http_llama():
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            with llama_server.Server(srv_bin, path, THREADS, SLOTS, CTX, N_BATCH) as s:
+                h1, hn = chat_clients(s.port)
+                h1()  # warm-up
+                return {"http_1": turns([h1], single, reps)[0], "http_n": turns([hn], many, reps_many)[0]}
+
+        o, l = both(case, http_ours, http_llama)
+        res["raw"][f"{case}/{key}/chat"] = {"ours": o, "llama": l}
+        pick = lambda r, side, f: med([x[f] for x in r[side]]) if r else None  # noqa: E731
+        per = lambda r, side: med([v for x in r[side] for v in x["per_client_tok_s"]]) if r else None  # noqa: E731
+        ms = lambda v: v * 1e3 if v is not None else None  # noqa: E731
+        req = "POST /v1/chat/completions, streamed, greedy, ignore_eos"
+        table.add(case, f"{key} chat 1 client tok/s", "tok/s", pick(o, "http_1", "tok_s"), pick(l, "http_1", "tok_s"),
+                  note=f"nxd-http vs llama-server; {req}")
+        table.add(case, f"{key} chat 1 client first token", "ms", ms(pick(o, "http_1", "ttft_s")),
+                  ms(pick(l, "http_1", "ttft_s")), lower_better=True,
+                  note="send to the first text chunk; the same prompt each time, in both prompt caches")
+        table.add(case, f"{key} chat total tok/s ({SLOTS} clients)", "tok/s", pick(o, "http_n", "total_tok_s"),
+                  pick(l, "http_n", "total_tok_s"))
+        table.add(case, f"{key} chat per client ({SLOTS} at once)", "tok/s", per(o, "http_n"), per(l, "http_n"))
+        for n, side, f in ((1, "1", "tok_s"), (SLOTS, "n", "total_tok_s")):
+            sk, hp = pick(o, f"socket_{side}", f), pick(o, f"http_{side}", f)
+            table.add(case, f"{key} nxd HTTP / socket, {n} client{'s' if n > 1 else ''}", "x",
+                      hp / sk if sk and hp else None, None,
+                      note=(f"the gateway's cost: socket {sk:.1f}, HTTP {hp:.1f} tok/s, turn about on one nxd; "
+                            "the bar: >= 0.95") if sk and hp else "")
+        if o:
+            sk, hp = pick(o, "socket_1", "ttft_s"), pick(o, "http_1", "ttft_s")
+            table.add(case, f"{key} nxd first token, HTTP", "ms", ms(hp), None, lower_better=True,
+                      note=f"over the socket {ms(sk):.1f} ms; HTTP adds the client's TCP connection, the gateway's "
+                           "own to nxd and its hello, per request")
+
+    if "http" in cases:
+        http_case("http", "smollm2-135m Q4_1", q41, a.reps)
 
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:

@@ -71,6 +71,11 @@ static int sampling(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
 		return -1;
 	if (has)
 		json_object_set_new(q, "repeat_last_n", json_integer(n));
+	bool ignore = false;
+	if (nxh_get_bool(r, b, "ignore_eos", NULL, &ignore, &has))
+		return -1;
+	if (has && ignore) /* vLLM's and llama-server's name: generate max_tokens whatever comes */
+		json_object_set_new(q, "ignore_eos", json_true());
 	if (nxh_get_int(r, b, "seed", NULL, INT64_MIN, INT64_MAX, &n, &has))
 		return -1;
 	if (has) {
@@ -283,7 +288,7 @@ static const char *const chat_known[] = {
 	"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
 	"logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "stream", "stream_options",
 	/* nxd's own */
-	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "lora", NULL
+	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", NULL
 };
 
 int nxh_chat_begin(struct nxh_req *r)
@@ -319,7 +324,7 @@ int nxh_chat_begin(struct nxh_req *r)
 static const char *const completion_known[] = {
 	"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs",
 	"presence_penalty", "frequency_penalty", "stream", "stream_options", "echo", "best_of",
-	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "lora", NULL
+	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", NULL
 };
 
 /* One prompt: a string, an array of token ids, or an array holding one of those. */

@@ -131,6 +131,23 @@ def test_length_and_max_completion_tokens(client, model_id):
     assert r.usage.completion_tokens == 3 and r.choices[0].finish_reason == "length"
 
 
+def test_ignore_eos(client, model_id):
+    """vLLM's and llama-server's ignore_eos: exactly max_tokens, past the end-of-sequence token (benchmarks
+    and load tests need answers of one length)."""
+    msgs = [{"role": "user", "content": "Say hi."}]
+    short = chat(client, model_id, messages=msgs, max_tokens=64)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 64
+    r = chat(client, model_id, messages=msgs, max_tokens=64, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 64 and r.choices[0].finish_reason == "length"
+    assert r.choices[0].message.content.startswith(short.choices[0].message.content)
+    s = client.completions.create(model=model_id, prompt="Hi", max_tokens=40, temperature=0, stream=True,
+                                  stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    assert stream_text(s)[2].completion_tokens == 40
+    with pytest.raises(openai.BadRequestError) as ei:
+        chat(client, model_id, messages=msgs, extra_body={"ignore_eos": "yes"})
+    assert ei.value.body["param"] == "ignore_eos"
+
+
 def test_stop(client, model_id):
     full = chat(client, model_id, max_tokens=40).choices[0].message.content
     word = full.split()[3]
