@@ -10,6 +10,10 @@
 
 #include "http/nxh.h"
 
+/* A declared body up to this many times --max-body is read and dropped
+ * before its 413; a larger one is refused at once. */
+#define DRAIN_FACTOR 8
+
 // --- answers
 
 static json_t *error_body(const char *type, const char *param, const char *code, const char *msg)
@@ -354,11 +358,16 @@ static int check_headers(struct nxh_req *r, const char *method, const char *url)
 		char *end;
 		errno = 0;
 		unsigned long long n = strtoull(cl, &end, 10);
-		if (errno || *end || end == cl || n > nxh.o.max_body) {
+		if (errno || *end || end == cl || n > nxh.o.max_body * DRAIN_FACTOR) {
 			nxh_req_fail(r, 413, "invalid_request_error", NULL, "body_too_large",
 				     "the request body of %s bytes is over the limit of %zu bytes", cl, nxh.o.max_body);
 			return -1;
 		}
+		/* Somewhat over the limit: read and drop the body, then answer. An
+		 * answer while the client is still sending would be lost to the
+		 * reset that closing a socket with unread bytes sends. */
+		if (n > nxh.o.max_body)
+			r->body_too_large = true;
 	}
 	return 0;
 }
