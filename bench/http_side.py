@@ -63,14 +63,24 @@ class Gateway:
             return ""
 
     def stop(self):
-        if self.proc.poll() is None:
+        """Stops the gateway; returns the CPU seconds it used in all (user + system, from wait4), or None."""
+        cpu = None
+        if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            t_end = time.time() + 15
+            while True:
+                pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
+                if pid:
+                    self.proc.returncode = os.waitstatus_to_exitcode(status)
+                    cpu = ru.ru_utime + ru.ru_stime
+                    break
+                if time.time() > t_end:
+                    self.proc.kill()
+                    self.proc.wait()
+                    break
+                time.sleep(0.02)
         self.log.close()
+        return cpu
 
     def __enter__(self):
         return self
