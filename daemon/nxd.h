@@ -427,6 +427,8 @@ struct nxd_prepared {
 	int n_toks;
 	char *text;               /* detokenize (text_len) */
 	size_t text_len;
+	char *answer;             /* tokenize, detokenize: the encoded answer line (answer_len), NULL when out of memory */
+	size_t answer_len;
 };
 struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);

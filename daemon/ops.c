@@ -167,6 +167,8 @@ static void prep_tokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
 	bool bos = t->add_bos < 0 ? nx_tok_add_bos(x->tok) : t->add_bos == 1;
 	if (encode(x->tok, t->text, strlen(t->text), t->special, bos, &p->toks, &p->n_toks, &err) < 0)
 		prep_fail(p, NXP_E_BAD_REQUEST, "tokenize", &err);
+	else /* the answer depends on nothing the loop holds: a megabyte of JSON is encoded here too */
+		p->answer = nxp_enc_tokens_alloc(p->q.id, p->toks, p->n_toks, &p->answer_len);
 }
 
 static void prep_detokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
@@ -197,6 +199,7 @@ static void prep_detokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p
 	}
 	p->text = text;
 	p->text_len = n;
+	p->answer = nxp_enc_text_alloc(p->q.id, p->text, p->text_len, &p->answer_len);
 }
 
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len)
@@ -219,6 +222,15 @@ void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const cha
 	case NXP_OP_DETOKENIZE: prep_detokenize(x, p); break;
 	default: break;
 	}
+	/* Their answers depend on nothing the loop holds: encoded here too, a
+	 * megabyte of JSON for a megabyte of text. */
+	if (p->prep_rc < 0)
+		return;
+	switch (p->q.op) {
+	case NXP_OP_TOKENIZE: p->answer = nxp_enc_tokens_alloc(p->q.id, p->toks, p->n_toks, &p->answer_len); break;
+	case NXP_OP_DETOKENIZE: p->answer = nxp_enc_text_alloc(p->q.id, p->text, p->text_len, &p->answer_len); break;
+	default: break;
+	}
 }
 
 void nxd_prepared_free(struct nxd_prepared *p)
@@ -226,8 +238,10 @@ void nxd_prepared_free(struct nxd_prepared *p)
 	nxp_request_free(&p->q);
 	free(p->toks);
 	free(p->text);
+	free(p->answer);
 	p->toks = NULL;
 	p->text = NULL;
+	p->answer = NULL;
 }
 
 /* ---------------------------------------------------------------- answering (the loop) */
@@ -309,9 +323,8 @@ static void op_tokenize(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 		nxd_send_error(d, c, p->q.id, p->prep_err.code, "%s", p->prep_err.msg);
 		return;
 	}
-	size_t len;
-	char *line = nxp_enc_tokens_alloc(p->q.id, p->toks, p->n_toks, &len);
-	queue_alloc(d, c, p->q.id, line, len);
+	queue_alloc(d, c, p->q.id, p->answer, p->answer_len);
+	p->answer = NULL; /* freed by queue_alloc */
 }
 
 static void op_detokenize(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *p)
@@ -320,9 +333,8 @@ static void op_detokenize(struct nxd *d, struct nxd_conn *c, struct nxd_prepared
 		nxd_send_error(d, c, p->q.id, p->prep_err.code, "%s", p->prep_err.msg);
 		return;
 	}
-	size_t len;
-	char *line = nxp_enc_text_alloc(p->q.id, p->text, p->text_len, &len);
-	queue_alloc(d, c, p->q.id, line, len);
+	queue_alloc(d, c, p->q.id, p->answer, p->answer_len);
+	p->answer = NULL; /* freed by queue_alloc */
 }
 
 static void op_status(struct nxd *d, struct nxd_conn *c, struct nxp_request *q)

@@ -9,7 +9,11 @@
  * another connection's line waits for at most the one in progress. The
  * thread runs under SCHED_IDLE: it gets a CPU only when nothing else wants
  * it, so a worker that yields while it waits at a barrier gets its CPU back
- * at once (a merely niced thread would take a slice of it at every yield). Finished jobs come back through an eventfd the loop reads
+ * at once (a merely niced thread would take a slice of it at every yield).
+ * Even so, the gaps between a busy daemon's steps are many, and a tokenizer
+ * filling them all crowds the workers' caches: after a job during which
+ * steps ran, the thread rests as long as the job took, so it uses at most
+ * half a CPU while the daemon serves and all it can get while it is idle. Finished jobs come back through an eventfd the loop reads
  * (nxd_prep_collect); a job whose connection has gone meanwhile (its gen
  * moved on) is dropped. nxd_prepare reads only what is fixed for the
  * daemon's life (tokenizer, template, limits), never the loop's state. */
@@ -18,6 +22,8 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -45,9 +51,22 @@ struct nxd_prep_pool {
 	struct nxd_prep_job *todo, **todo_tail; /* arrival order */
 	struct nxd_prep_job *done, **done_tail;
 	int efd;                  /* eventfd: counts finished jobs; the loop reads it */
+	_Atomic uint32_t *step_gen; /* the control block's: moves while the daemon serves */
 	uint64_t efd_val;         /* the loop's read buffer */
 	struct nxd_prep_ctx ctx;  /* a copy: the thread reads nothing of struct nxd */
 };
+
+/* Sleeps as long as the CPU time from t0 to t1. */
+static void rest(const struct timespec *t0, const struct timespec *t1)
+{
+	struct timespec d = { t1->tv_sec - t0->tv_sec, t1->tv_nsec - t0->tv_nsec };
+	if (d.tv_nsec < 0) {
+		d.tv_sec--;
+		d.tv_nsec += 1000000000L;
+	}
+	while (clock_nanosleep(CLOCK_MONOTONIC, 0, &d, &d) == EINTR)
+		;
+}
 
 static void *prep_main(void *arg)
 {
@@ -67,9 +86,14 @@ static void *prep_main(void *arg)
 			p->todo_tail = &p->todo;
 		pthread_mutex_unlock(&p->mu);
 
+		uint32_t gen0 = atomic_load(p->step_gen);
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
 		nxd_prepare(&p->ctx, &j->p, j->line, j->len);
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
 		free(j->line);
 		j->line = NULL;
+		bool busy = atomic_load(p->step_gen) != gen0;
 
 		pthread_mutex_lock(&p->mu);
 		j->next = NULL;
@@ -80,6 +104,11 @@ static void *prep_main(void *arg)
 		uint64_t one = 1;
 		if (write(p->efd, &one, sizeof(one)) < 0)
 			nxd_debug("prep: eventfd write failed: %s", strerror(errno));
+		if (busy) {
+			pthread_mutex_unlock(&p->mu);
+			rest(&t0, &t1);
+			pthread_mutex_lock(&p->mu);
+		}
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
@@ -94,6 +123,7 @@ int nxd_prep_init(struct nxd *d, struct nx_err *err)
 	p->todo_tail = &p->todo;
 	p->done_tail = &p->done;
 	p->ctx = nxd_prep_ctx_of(d);
+	p->step_gen = &d->shm.ctl->step_gen;
 	p->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (p->efd < 0)
 		return nx_errf(err, "prep: eventfd failed: %s", strerror(errno));
