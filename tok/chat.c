@@ -496,13 +496,10 @@ static void render_chatml(struct sbuf *b, const struct find_default *f, const st
 		sb_str(b, "<|im_start|>assistant\n");
 }
 
-static void render_llama3(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
-			  int n, bool gen)
+/* Llama 3's turns from m[first] on, and the assistant header that asks for the answer. */
+static void llama3_turns(struct sbuf *b, const struct nx_chat_msg *m, int first, int n, bool gen)
 {
-	sb_str(b, "<|begin_of_text|>");
-	if (f->lit && strcmp(m[0].role, "system") != 0)
-		sb_str(b, f->lit);
-	for (int i = 0; i < n; i++) {
+	for (int i = first; i < n; i++) {
 		sb_str(b, "<|start_header_id|>");
 		sb_str(b, m[i].role);
 		sb_str(b, "<|end_header_id|>\n\n");
@@ -511,6 +508,15 @@ static void render_llama3(struct sbuf *b, const struct find_default *f, const st
 	}
 	if (gen)
 		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void render_llama3(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+			  int n, bool gen)
+{
+	sb_str(b, "<|begin_of_text|>");
+	if (f->lit && strcmp(m[0].role, "system") != 0)
+		sb_str(b, f->lit);
+	llama3_turns(b, m, 0, n, gen);
 }
 
 /* Llama 3.1's date line: the template's date_string, or today's when it asks strftime_now. */
@@ -542,15 +548,7 @@ static void render_llama31(struct sbuf *b, const char *jinja, const struct nx_ch
 		first = 1;
 	}
 	sb_str(b, "<|eot_id|>");
-	for (int i = first; i < n; i++) {
-		sb_str(b, "<|start_header_id|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "<|end_header_id|>\n\n");
-		sb_stripped(b, m[i].content);
-		sb_str(b, "<|eot_id|>");
-	}
-	if (gen)
-		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	llama3_turns(b, m, first, n, gen);
 }
 
 /* [s, e) without leading (lead) or trailing (trail) newlines: Python's lstrip / rstrip('\n'). */
