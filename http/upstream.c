@@ -30,6 +30,17 @@ static void set_events(struct nxh_up *u)
 	u->events = ev;
 }
 
+/* Hands the route an "unavailable" error event for r, as if nxd had sent it. */
+static void answer_unavailable(struct nxh_req *r, const char *msg)
+{
+	nxh_metrics_upstream_error();
+	json_t *ev = json_pack("{s:I, s:s, s:s, s:s}", "id", (json_int_t)r->up_id, "event", "error", "code",
+			       "unavailable", "message", msg);
+	if (ev)
+		r->route->event(r, ev);
+	json_decref(ev);
+}
+
 /* A made-up error event: the request ends as if nxd had answered it. */
 static void lost(struct nxh_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void lost(struct nxh_req *r, const char *fmt, ...)
@@ -40,12 +51,7 @@ static void lost(struct nxh_req *r, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	nxh_up_close(&r->up);
-	nxh_metrics_upstream_error();
-	json_t *ev = json_pack("{s:I, s:s, s:s, s:s}", "id", (json_int_t)r->up_id, "event", "error", "code",
-			       "unavailable", "message", msg);
-	if (ev)
-		r->route->event(r, ev);
-	json_decref(ev);
+	answer_unavailable(r, msg);
 }
 
 /* Before anything was sent: the same made-up error, so every route answers
@@ -63,12 +69,7 @@ static int unreachable(struct nxh_req *r, const char *fmt, ...)
 	r->up.fd = -1;
 	r->up.state = NXH_UP_CLOSED;
 	nxh_buf_free(&r->up.out);
-	nxh_metrics_upstream_error();
-	json_t *ev = json_pack("{s:I, s:s, s:s, s:s}", "id", (json_int_t)r->up_id, "event", "error", "code",
-			       "unavailable", "message", msg);
-	if (ev)
-		r->route->event(r, ev);
-	json_decref(ev);
+	answer_unavailable(r, msg);
 	return -1;
 }
 
