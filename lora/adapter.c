@@ -427,7 +427,8 @@ static int peft_build(struct nx_lora_src *src, const struct nx_st_file *f, const
 		goto out;
 	src->alpha = (float)pc.alpha;
 	src->rslora = pc.rslora;
-	src->permute_qk = m->hp.arch == NX_ARCH_LLAMA;
+	/* the GGUF's Q/K rows are permuted from Hugging Face's for llama's RoPE pairs (smollm3's too) */
+	src->permute_qk = m->hp.arch == NX_ARCH_LLAMA || m->hp.arch == NX_ARCH_SMOLLM3;
 	src->n_head = m->hp.n_head;
 	src->n_head_kv = m->hp.n_head_kv;
 	rc = 0;
