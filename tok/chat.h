@@ -38,10 +38,18 @@
  *     is the last message or had reasoning: "<think>\n{reasoning}\n</think>\n\n"
  *     then the content. The generation prompt is "<|im_start|>assistant\n"
  *     (thinking on, enable_thinking undefined). No tools.
+ *   Phi-3 (Phi-3-mini/-medium-*-instruct, Phi-3.5-mini-instruct: one of
+ *     their templates, told apart from any other by its whole text, spelling
+ *     of literals and spaces in tags aside):
+ *     <|{role}|>\n{content}<|end|>\n ... + "<|assistant|>\n" with
+ *     add_generation_prompt, else the eos_token "<|endoftext|>". Content is
+ *     not trimmed; Phi-3.5's template leaves out an empty system message.
  *   Raw (no template in the file): the contents one after another, nothing
  *     added, for base models that just continue text.
  *   Unknown: a template that is none of these (a ChatML one that opens
- *     "<think>" itself, Mistral's [INST] without <<SYS>>, ...). Rendering it
+ *     "<think>" itself, Phi-4's <|im_sep|> turns, SmolLM3's (its system turn
+ *     built from metadata, a /think or /no_think switch and a default
+ *     instruction), Mistral's [INST] without <<SYS>>, ...). Rendering it
  *     is an error naming nxd --chat-template: never a guess.
  *
  * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>"): the
@@ -64,6 +72,7 @@ enum nx_chat_tmpl {
 	NX_CHAT_LLAMA3,
 	NX_CHAT_LLAMA31,
 	NX_CHAT_QWEN3,
+	NX_CHAT_PHI3,
 	NX_CHAT_N_KNOWN, /* the templates above can be rendered and named */
 	NX_CHAT_UNKNOWN = NX_CHAT_N_KNOWN,
 };
@@ -77,11 +86,12 @@ struct nx_chat_msg {
  * "<|im_start|>" -> ChatML, or Qwen3 (with "<think>", reasoning_content and
  * last_query_index, and no "<|im_start|>assistant\n<think>\n" literal),
  * "<|start_header_id|>" -> Llama 3, or Llama 3.1 (with "Cutting Knowledge
- * Date"), "[INST]" with "<<SYS>>" -> Llama 2; anything else (ChatML with
- * other "<think>" handling too) -> UNKNOWN. */
+ * Date"), "[INST]" with "<<SYS>>" -> Llama 2, Phi-3's or Phi-3.5's template
+ * -> Phi-3; anything else (ChatML with other "<think>" handling, or with
+ * "<|im_sep|>", too) -> UNKNOWN. */
 enum nx_chat_tmpl nx_chat_detect(const char *jinja);
 
-/* "raw", "chatml", "llama2", "llama3", "llama3.1", "qwen3"; "unknown". */
+/* "raw", "chatml", "llama2", "llama3", "llama3.1", "qwen3", "phi3"; "unknown". */
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
 
 /* The inverse of nx_chat_tmpl_name for the known ones (nxd --chat-template). */
