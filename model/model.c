@@ -310,12 +310,19 @@ err:
 
 /* {arch}.attention.sliding_window (phi3): attention keeps the last W
  * positions, the token's own among them (Hugging Face's sliding-window mask,
- * kv > q - W); 0 (what the converter writes for none: Phi-4) is none. llama.cpp ignores phi3's window;
+ * kv > q - W); 0 (what the converter writes for none: Phi-4) is none.
+ * Required, as llama.cpp's loader has it. llama.cpp ignores phi3's window;
  * Hugging Face applies it, and nxd is graded against Hugging Face. */
 static int read_window(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, struct nx_err *err)
 {
 	uint32_t w = 0;
-	if (arch_u32(g, arch, "attention.sliding_window", &w, false, err))
+	char key[128];
+	snprintf(key, sizeof(key), "%s.attention.sliding_window", arch);
+	/* files from converters that did not write it do not say their window
+	 * (Phi-3-mini-4k's is 2047: llama.cpp guesses it from the shapes) */
+	if (!gguf_get(g, key))
+		return nx_errf(err, "model: key '%s' is missing: the file does not say its sliding window; refused", key);
+	if (arch_u32(g, arch, "attention.sliding_window", &w, true, err))
 		return -1;
 	hp->n_swa = w > INT32_MAX ? INT32_MAX : (int)w;
 	return 0;

@@ -124,6 +124,12 @@ def test_a_window_of_zero_is_none_and_any_other_is_read(tmp_path):
     accepted(phi3(tmp_path, window=3))
 
 
+def test_a_phi3_file_that_does_not_say_its_window_is_refused(tmp_path):
+    def no_window(meta, t):  # what converters before the key wrote (Phi-3-mini-4k's window is 2047)
+        del meta["phi3.attention.sliding_window"]
+    refused(phi3(tmp_path, no_window), "key 'phi3.attention.sliding_window' is missing")
+
+
 def test_unknown_phi3_key_is_refused(tmp_path):
     def key(meta, t):
         meta["phi3.attention.sliding_window_pattern"] = ("u32", 2)
