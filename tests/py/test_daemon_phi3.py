@@ -34,6 +34,8 @@ def test_greedy_answers_are_nx_evals(tmp_path, arch, ctx):
     with Daemon(model, tmp_path, workers=2, args=["--slots", "2", "--ctx", str(ctx)]) as d:
         if arch == "phi3":
             assert "chat template phi3" in d.log(), d.log()
+            which = "long" if ctx > 64 else "short"
+            assert f"rope: LongRoPE's {which} factors ({ctx} positions per slot, original context 64)" in d.log()
         with Client(d.sock) as c:
             if arch == "phi3":
                 if ctx > 64:
