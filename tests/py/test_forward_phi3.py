@@ -29,7 +29,8 @@ import pytest
 import make_tiny_phi3
 from conftest import tool
 from reference import Reference
-from test_forward import EMULATED, FAMILY, ORDER, SEQ_LENS, TOL, packed_matrices, plans, run_eval
+from test_forward import (EMULATED, EMULATED_ONE, FAMILY, ORDER, SEQ_LENS, TOL, TOL_ONE, packed_matrices, plans,
+                          run_eval)
 
 VARIANTS = {name: (builder, kw) for name, builder, kw in make_tiny_phi3.VARIANTS}
 LONG_CTX = 256  # --ctx past the LongRoPE models' original context (64)
@@ -96,10 +97,7 @@ def test_logits_match_reference(tiny, name, ctx, report):
         assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by {np.abs(logits - base).max()}"
     assert np.isfinite(base).all()
 
-    # The fused matrices are packed as their parts (model/model.c: wt_rows): the emulation's choice by the
-    # whole tensor holds when every part is packable alike, as in these shapes.
-    packed = packed_matrices(ref)
-    emu = reference(tiny, name, ctx, emulate=True, packed=packed)
+    emu = reference(tiny, name, ctx, emulate=True, packed=packed_parts(ref))
     errs, close, top1, n_pos = [], [], 0, 0
     for (s, toks), got in zip(seqs.items(), split(base, seqs)):
         want = ref.logits(toks)
@@ -120,6 +118,62 @@ def test_logits_match_reference(tiny, name, ctx, report):
     assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
     assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
                                        f"within {emu_close:.1e}"
+
+
+def packed_parts(ref):
+    """The matrices nx-eval packs (test_forward.packed_matrices), phi3's fused ones judged by their parts, as
+    model/model.c binds them (wt_rows): Q, K, V of attn_qkv, gate and up of ffn_up. The emulation takes a
+    tensor's activation type from the whole tensor, so its parts must be packed alike (they are in these
+    shapes: each a multiple of 16 rows)."""
+    packed = packed_matrices(ref)
+    q, kv, ff = ref.n_head * ref.head_dim, ref.n_head_kv * ref.head_dim, None
+    for name, w in ref.t.items():
+        if name.endswith("attn_qkv.weight"):
+            parts = (q, kv, kv)
+        elif ref.arch == "phi3" and name.endswith("ffn_up.weight"):
+            ff = w.shape[0] // 2
+            parts = (ff, ff)
+        else:
+            continue
+        alike = {name in packed_matrices(_Rows(ref, name, n)) for n in parts}
+        assert len(alike) == 1, f"{name}: its parts {parts} are not all packed alike"
+        if alike.pop():
+            packed.add(name)
+        else:
+            packed.discard(name)
+    return packed
+
+
+class _Rows:
+    """A reference-like view holding tensor name cut to its first n rows (for packed_matrices)."""
+    def __init__(self, ref, name, n):
+        self.t, self.types = {name: ref.t[name][:n]}, {name: ref.types[name]}
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if family(n) != "float"])
+def test_fast_activations_match_one_part_reference(tiny, name, report):
+    """--activations fast (one-part activations): as test_forward.py holds llama / qwen to it."""
+    path = tiny[name][0]
+    ref = reference(tiny, name)
+    seqs = seqs_for(name, ref.n_vocab)
+    fast = ("--activations", "fast")
+    runs = {(plan, th): run_eval(path, seqs, plans()[plan], th, fast) for plan in ("alone", "decode") for th in (1, 2)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    emu = reference(tiny, name, emulate=True, packed=packed_parts(ref), one_part=True)
+    close, errs = [], []
+    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+    close, err = np.concatenate(close), np.concatenate(errs)
+    frac_close = np.mean(close <= EMULATED_ONE[0])
+    report(f"fast activations {name:34s} max|d|/std {err.max():.2e} mean {err.mean():.2e} one-part emulated: "
+           f"{frac_close:.2f} within {EMULATED_ONE[0]:.1e}")
+    assert frac_close >= EMULATED_ONE[1], f"only {frac_close:.2f} of positions match the one-part reference"
+    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
 
 
 def _without(tiny, name, ctx, what):
