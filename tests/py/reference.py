@@ -217,7 +217,8 @@ class Reference:
         (base^(-2i/rope_dim) unscaled), cos and sin times the attention factor (YaRN's, LongRoPE's; else 1)."""
         half = self.rope_dim // 2
         inv, att = self.inv_freq, self.rope_att
-        if self.rope_seq_len is None and self.rope_scaling:  # longrope: by the sequence's own length
+        if self.rope_seq_len is None and (self.rope_scaling or {}).get("rope_type") == "longrope":
+            # longrope: the factor set of the sequence's own length
             inv, att = hf_rope(self.rope_base, self.rope_dim, self.rope_scaling, len(pos))
         theta = pos[:, None] * inv[None, :]  # (T, half)
         c, s = att * np.cos(theta)[:, None, :], att * np.sin(theta)[:, None, :]

@@ -53,7 +53,7 @@ def reference(tiny, name, ctx=None, **kw):
     path, hf = tiny[name]
     rs = hf.get("rope_scaling")
     args = dict(rope_scaling=rs, sliding_window=hf.get("sliding_window"))
-    if rs:  # nxd's one choice for the context: HF's for a sequence of ctx positions
+    if rs and rs.get("rope_type") == "longrope":  # nxd's one choice for the context: HF's for ctx positions
         args["rope_seq_len"] = ctx or max(SEQ_LENS.values())
     args.update(kw)
     return Reference(path, **args)
@@ -194,7 +194,7 @@ def _without(tiny, name, ctx, what):
 WITHOUT = {"window": "no window", "nope": "RoPE in every layer", "other factors": "the other LongRoPE factors",
            "attention factor": "attention factor 1"}
 FEATURES = [("phi3-f32-window", None, "window"), ("phi3-q4_k-longrope-nokey", None, "window"),
-            ("smollm3-f32", None, "nope"), ("smollm3-q4_k", None, "nope"),
+            ("smollm3-f32", None, "nope"), ("smollm3-q4_k", None, "nope"), ("smollm3-q8_0-yarn", None, "nope"),
             ("phi3-f16-longrope", None, "other factors"), ("phi3-f16-longrope", LONG_CTX, "other factors"),
             ("phi3-f16-longrope", None, "attention factor"), ("phi3-q4_k-longrope-nokey", LONG_CTX, "attention factor"),
             ("phi3-q6_k-longrope-factor", LONG_CTX, "attention factor")]
