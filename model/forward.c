@@ -1101,7 +1101,8 @@ static void embed(struct pass *pass)
 	for (int t = lo; t < hi; t++)
 		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
 			     pass->s->x + (size_t)t * hp->dim, hp->dim);
-	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale : pass->m->rope_long ? hp->rope_attn_factor : 1.0;
+	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale
+			  : pass->m->rope_long ? hp->rope_attn_factor : 1.0;
 	const float *div = nx_model_rope_factors(pass->m, pass->s->cfg.n_ctx);
 	for (int i = 0; i < hp->rope_dim / 2; i++) {
 		const double f = rope_freq(pass->m, div, i);
