@@ -1,6 +1,7 @@
 /* chat.c - chat template detection, default system prompt extraction and rendering (see chat.h). */
 #include "tok/chat.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +109,46 @@ int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *
 	}
 	return nx_errf(err, "chat: unknown template \"%.64s\"; expected one of %s", name ? name : "(null)",
 		       nx_chat_tmpl_names());
+}
+
+int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, struct nx_err *err)
+{
+	enum { MAX_TEMPLATE = 1 << 20 };
+	*src = NULL;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return nx_errf(err, "chat: cannot read the template file %s: %s", path, strerror(errno));
+	char *buf = malloc(MAX_TEMPLATE + 1);
+	size_t n = buf ? fread(buf, 1, MAX_TEMPLATE + 1, f) : 0;
+	bool failed = !buf || ferror(f);
+	fclose(f);
+	if (failed) {
+		free(buf);
+		return nx_errf(err, "chat: cannot read the template file %s", path);
+	}
+	if (n > MAX_TEMPLATE) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s is over %d bytes", path, MAX_TEMPLATE);
+	}
+	if (memchr(buf, '\0', n)) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s holds a NUL byte: not a Jinja template", path);
+	}
+	if (n > 0 && buf[n - 1] == '\n')
+		n--;
+	buf[n] = '\0';
+	*t = nx_chat_detect(buf);
+	if (*t == NX_CHAT_RAW) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s is empty (for no template, --chat-template raw)", path);
+	}
+	if (*t == NX_CHAT_UNKNOWN) {
+		free(buf);
+		return nx_errf(err, "chat: the template in %s is not one nxd can render (it renders %s)", path,
+			       nx_chat_tmpl_names());
+	}
+	*src = buf;
+	return 0;
 }
 
 /* --- a growable string (prompt rendering only, never per token) ---------- */

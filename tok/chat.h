@@ -121,6 +121,12 @@ const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
 /* The inverse of nx_chat_tmpl_name for the known ones (nxd --chat-template). */
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err);
 
+/* Reads a Jinja chat template from a file (nxd --chat-template FILE) and
+ * tells its family as nx_chat_detect does; *src is its malloc'd text (one
+ * trailing newline dropped, as Jinja drops it). A template of no family nxd
+ * renders, an empty or unreadable file, is an error naming the file. */
+int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, struct nx_err *err);
+
 /* The known names, comma-separated ("raw, chatml, ..."), for messages. */
 const char *nx_chat_tmpl_names(void);
 
