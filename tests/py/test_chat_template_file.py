@@ -67,3 +67,35 @@ def test_empty_template_file_stops_nxd(tmp_path):
     d.spawn()
     assert d.proc.wait(10) == 2
     assert "is empty (for no template, --chat-template raw)" in d.log()
+
+
+# ---------------------------------------------------------------- "think": the template's thinking switch
+
+def test_think_false_opens_qwen3s_answer_with_an_empty_think_block(tmp_path):
+    model = make_tiny.build(tmp_path / "q.gguf", wtype="Q8_0", vocab=True,
+                            chat_template=(TEMPLATES / "qwen3.jinja").read_text().removesuffix("\n"))
+    msgs = [{"role": "user", "content": "hi"}]
+    with Daemon(model, tmp_path, workers=1, args=["--slots", "1", "--ctx", "256"]) as d:
+        assert "chat template qwen3" in d.log()
+        plain = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        with Client(d.sock) as c:
+            for think, text in [(None, plain), (True, plain), (False, plain + "<think>\n\n</think>\n\n")]:
+                kw = {} if think is None else {"think": think}
+                _, _, ev = c.generate(rid="g", messages=msgs, max_tokens=1, temperature=0, **kw)
+                assert ev["event"] == "done", ev
+                assert ev["usage"]["prompt_tokens"] == tokens_of(d, text), think
+            # the same through a prompt
+            _, _, ev = c.generate(rid="p", prompt="hi", think=False, max_tokens=1, temperature=0)
+            assert ev["usage"]["prompt_tokens"] == tokens_of(d, plain + "<think>\n\n</think>\n\n")
+
+
+def test_think_is_refused_where_the_template_has_no_switch(tmp_path):
+    with Daemon(tiny(tmp_path), tmp_path, workers=1, args=["--slots", "1", "--ctx", "256", "--chat-template",
+                                                           "chatml"]) as d:
+        with Client(d.sock) as c:
+            _, _, ev = c.generate(rid="g", messages=[{"role": "user", "content": "hi"}], think=False, max_tokens=1)
+            assert ev["event"] == "error" and ev["code"] == "bad_request", ev
+            assert '"think": false' in ev["message"] and "chatml" in ev["message"], ev
+            for bad in ({"prompt": "hi", "raw": True}, {"tokens": [1, 2]}):
+                _, _, ev = c.generate(rid="b", think=True, max_tokens=1, **bad)
+                assert ev["event"] == "error" and "field 'think' applies only to" in ev["message"], ev
