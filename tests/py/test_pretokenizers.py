@@ -356,3 +356,32 @@ def test_ggml_vocab_vectors(lib, name):
             assert t.encode(s) == want, f"{name} pair {i}: {s!r}"
     finally:
         t.close()
+
+
+# --- a real vocabulary: Qwen2's 151936 tokens and merges, under the pre-tokenizers of today's models
+
+REAL_VOCAB_PRES = ["llama3", "qwen35", "tekken", "gpt-4o", "deepseek-v3", "kimi-k2"]
+
+
+@pytest.fixture(scope="module")
+def qwen2_vocab():
+    path = VOCAB_DIR / "ggml-vocab-qwen2.gguf"
+    if not path.exists():
+        pytest.skip(f"{path} absent (../shared/data/vocab is not here)")
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    return r.fields["tokenizer.ggml.tokens"].contents(), r.fields["tokenizer.ggml.merges"].contents()
+
+
+@pytest.mark.parametrize("pre", REAL_VOCAB_PRES)
+def test_real_vocabulary_matches_hf_tokenizers(lib, qwen2_vocab, tmp_path, pre):
+    names, patterns, ignore_merges, _ = PRE[pre]
+    tokens, merges = qwen2_vocab
+    ref = hf_tokenizer(tokens, merges, patterns, ignore_merges)
+    t = Tok(lib, write_vocab(tmp_path / "q.gguf", names[0], tokens, merges))
+    try:
+        bad = [s for s in STRINGS if t.encode(s) != ref.encode(s, add_special_tokens=False).ids]
+        assert not bad, f"{pre}: {len(bad)}/{len(STRINGS)} differ; first: {bad[0]!r}"
+    finally:
+        t.close()
