@@ -19,7 +19,7 @@
 #define RE_QWEN2                                                                         \
 	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
 			"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-/* Words of an upper-case run then lower case, or of upper case then lower (tiktoken's o200k). */
+/* o200k's words (tiktoken): upper case then lower ("Hello"), or an upper-case run ("HTML" of "HTMLParser"). */
 #define RE_UPPER "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
 #define RE_LOWER "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
 #define RE_GPT4O                                                                                              \
@@ -31,7 +31,7 @@
 /* Kimi K2 (tokenization_kimi.py): as gpt-4o with Han runs split out and kept
  * out of the letter classes ([...&&[^\p{Han}]] written as a lookahead).
  * sc:Han is the Script property, as Oniguruma's \p{Han}: PCRE2's plain
- * \p{Han} also takes the characters whose Script_Extensions name Han (〝). */
+ * \p{Han} also takes the characters whose Script_Extensions name Han (U+301D). */
 #define RE_K2_UPPER "(?:(?!\\p{sc:Han})" RE_UPPER ")"
 #define RE_K2_LOWER "(?:(?!\\p{sc:Han})" RE_LOWER ")"
 #define RE_KIMI_K2                                                                                              \
