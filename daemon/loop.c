@@ -317,9 +317,12 @@ static struct nxd_conn *conn_get(struct nxd *d, uint64_t u)
 	return c->gen == ud_gen(u) && c->fd >= 0 ? c : NULL;
 }
 
+/* A connection paused for the prep thread has no recv in flight: its
+ * buffer is moved when it resumes, under a recv the kernel would write into
+ * the old place. */
 static void conn_arm_recv(struct nxd *d, struct nxd_conn *c)
 {
-	if (c->recv_armed || c->closing || c->linger > 0)
+	if (c->recv_armed || c->prep_busy || c->closing || c->linger > 0)
 		return;
 	size_t max = d->o.max_line + 2; /* the line and its "\r\n" */
 	if (c->in_len == c->in_cap && c->in_cap < max) {
@@ -536,8 +539,10 @@ static void on_recv(struct nxd *d, struct nxd_conn *c, int res)
 			nxd_debug("client %d: recv failed: %s", c->idx, strerror(-res));
 		/* EOF may be a half-close after the last request: answers still go
 		 * out. A full close shows up as a hang-up (or a failed send). */
-		if (res < 0 || (c->n_reqs == 0 && !c->prep_busy))
-			nxd_conn_close(d, c, res < 0 ? "recv error" : "end of input");
+		if (res < 0)
+			nxd_conn_close(d, c, "recv error");
+		else if (c->n_reqs == 0 && !c->prep_busy)
+			nxd_conn_close_after_flush(d, c, "end of input"); /* answers already queued still go */
 		else
 			c->t_rx = -1; /* no more input: only waits for its answers */
 		return;

@@ -84,6 +84,7 @@ struct nxd_opts {
 	bool use_mmap;
 	int log_level;
 	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
+	const char *chat_template_file; /* --chat-template FILE: a Jinja template read in place of the model's, or NULL */
 };
 
 /* ---------------------------------------------------------------- model */
