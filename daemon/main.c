@@ -471,7 +471,7 @@ int main(int argc, char **argv)
 	d->pid = getpid();
 	d->t_start = nxd_now();
 	d->n_workers = d->o.n_workers;
-	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
+	d->listen_fd = d->sock_lock_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
 	d->phase = NXD_STARTING;
 	nxw_hooks_announce(warn_test_hook);
 	/* Spin a little before a futex sleep: a sleep/wake round trip costs

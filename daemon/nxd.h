@@ -279,6 +279,7 @@ struct nxd {
 	/* io_uring loop */
 	struct io_uring ring;
 	int listen_fd;
+	int sock_lock_fd;       /* the socket path's lock (loop.c lock_socket_path), -1 when activated */
 	bool listen_activated;    /* from systemd: not ours to unlink */
 	bool socket_created;
 	bool accept_multishot, accept_armed;
