@@ -300,3 +300,34 @@ def test_sampling_distribution_unchanged(tiny_models, tmp_path, report):
                f"{accepted}/{drafted} drafts accepted")
         assert df >= 3, (pos, h)
         assert chi2 < crit, (pos, chi2, crit, rows)
+
+
+# ---------------------------------------------------------------- through the HTTP gateway
+
+def test_http_gateway_passes_speculate_and_counts_it(nxd2, tmp_path):
+    import re
+
+    from http_helpers import Gateway, request
+
+    def metric(text, name):
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    with Gateway(nxd2.sock, tmp_path) as g:
+        _, _, models = request(g, "GET", "/v1/models")
+        body = {"model": models["data"][0]["id"], "messages": [{"role": "user", "content": LIST}], "max_tokens": 64,
+                "temperature": 0}
+        st, _, want = request(g, "POST", "/v1/chat/completions", body)
+        assert st == 200, want
+        _, _, before = request(g, "GET", "/metrics")
+        st, _, got = request(g, "POST", "/v1/chat/completions", dict(body, speculate={"mode": "prompt", "k": 8}))
+        assert st == 200, got
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        _, _, after = request(g, "GET", "/metrics")
+        a = metric(after.decode(), "nxd_speculative_accepted_total")
+        b = metric(before.decode(), "nxd_speculative_accepted_total")
+        assert a is not None and a > b, (a, b)
+        assert metric(after.decode(), "nxd_speculative_drafted_total") >= a
+        for bad, field in (({"mode": "draft"}, "speculate.mode"), ("on", "speculate"), ({"k": 99}, "speculate.k")):
+            st, _, err = request(g, "POST", "/v1/chat/completions", dict(body, speculate=bad))
+            assert st == 400 and err["error"]["param"] == field and field in err["error"]["message"], (bad, err)
