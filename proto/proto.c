@@ -940,11 +940,12 @@ static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *
 				    "field 'speculate.mode' must be \"off\" or \"prompt\", got \"%.64s\"",
 				    json_string_value(mode));
 	}
-	if (opt_int(v, "k", 1, NXP_MAX_SPEC_K, &g->spec_k, e)) {
-		if (e)
-			snprintf(e->msg, sizeof(e->msg), "field 'speculate.k' must be an integer in 1..%d",
-				 NXP_MAX_SPEC_K);
-		return -1;
+	json_t *k = field(v, "k");
+	long long kk;
+	if (k) {
+		if (get_int(k, "speculate.k", 1, NXP_MAX_SPEC_K, &kk, e))
+			return -1;
+		g->spec_k = (int)kk;
 	}
 	return 0;
 }
