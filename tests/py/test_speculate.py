@@ -331,3 +331,30 @@ def test_http_gateway_passes_speculate_and_counts_it(nxd2, tmp_path):
         for bad, field in (({"mode": "draft"}, "speculate.mode"), ("on", "speculate"), ({"k": 99}, "speculate.k")):
             st, _, err = request(g, "POST", "/v1/chat/completions", dict(body, speculate=bad))
             assert st == 400 and err["error"]["param"] == field and field in err["error"]["message"], (bad, err)
+
+
+# ---------------------------------------------------------------- with a runtime LoRA delta
+
+def test_lora_runtime_delta_identical_with_speculation(tmp_path):
+    """Drafts carry their sequence's adapters: with a runtime delta, speculation changes nothing either."""
+    import make_lora
+    from test_lora_daemon import with_tokenizer
+
+    make_lora.build_tiny(tmp_path)
+    model = with_tokenizer(tmp_path / "tiny-q4_1.gguf", tmp_path / "tiny-q4_1-tok.gguf") or \
+        tmp_path / "tiny-q4_1-tok.gguf"
+    with Daemon(model, tmp_path, workers=2, args=["--ctx", "512", "--slots", "3"], name="lora") as d:
+        with Client(d.sock) as c:
+            ev = c.request({"id": "l", "op": "lora_load", "name": "r4", "path": str(tmp_path / "tiny-r4.gguf")})
+            assert ev["event"] == "lora_loaded", ev
+            accepted = 0
+            for j, prompt in enumerate((tiny_prompt(), tiny_prompt(60, 3))):
+                base = dict(op="generate", tokens=prompt, temperature=0, logprobs=3, max_tokens=80, ignore_eos=True)
+                plain = run_tokens(c, f"p{j}", base)
+                lora = dict(base, lora=[{"name": "r4", "scale": 2.0}])
+                want = run_tokens(c, f"w{j}", lora)
+                assert want[1] != plain[1]  # the adapter is applied
+                got = run_tokens(c, f"g{j}", dict(lora, speculate={"mode": "prompt", "k": 6}))
+                assert got[:2] == want[:2], j
+                accepted += got[2]["speculate"]["accepted"]
+            assert accepted > 0
