@@ -358,3 +358,31 @@ def test_lora_runtime_delta_identical_with_speculation(tmp_path):
                 assert got[:2] == want[:2], j
                 accepted += got[2]["speculate"]["accepted"]
             assert accepted > 0
+
+
+# ---------------------------------------------------------------- a worker's death
+
+def test_worker_killed_while_speculating(model_path, tmp_path, plain):
+    """kill -9 a worker while a speculating request decodes: the step (drafts and all) is planned again from
+    the unchanged slot, and the answer is the one without speculation."""
+    import os
+    import signal
+
+    with Daemon(model_path, tmp_path, workers=2, args=ARGS) as d:
+        pids = d.worker_pids()
+        with Client(d.sock) as c:
+            c.send(dict(op="generate", id="k", prompt=CODE, raw=True, temperature=0, logprobs=2, max_tokens=96,
+                        speculate={"mode": "prompt", "k": 8}))
+            toks, lps, done = [], [], None
+            for ev in c.events("k"):
+                if ev["event"] == "token":
+                    toks.append(ev["token"])
+                    lps.append((ev["logprob"], [(a["token"], a["logprob"]) for a in ev["logprobs"]]))
+                    if len(toks) == 5:
+                        os.kill(pids[1], signal.SIGKILL)
+                else:
+                    done = ev
+        assert done["event"] == "done", done
+        assert toks == plain[CODE][0] and lps == plain[CODE][1]
+        assert done["speculate"]["accepted"] > 0, done
+        d.wait_log("killed by signal 9")
