@@ -226,6 +226,29 @@ def test_tiny_models_greedy_identical(tiny_models, tmp_path, workers):
                 assert accepted > 0, m.name
 
 
+def test_tiny_context_end_and_back_off(tiny_models, tmp_path):
+    """A speculating request that runs into the end of the context stops where it does without; one whose
+    drafts keep being rejected drafts less and less (k shrinks, then pauses that double)."""
+    with Daemon(tiny_models[0], tmp_path, workers=2, args=["--ctx", "256", "--slots", "2"], name="end") as d:
+        with Client(d.sock) as c:
+            base = dict(op="generate", tokens=tiny_prompt(200, 7), temperature=0, logprobs=1, max_tokens=200,
+                        ignore_eos=True)
+            want = run_tokens(c, "w", base)
+            assert want[2]["reason"] == "length" and len(want[0]) == 256 - 201 + 1, want[2]
+            got = run_tokens(c, "g", dict(base, speculate={"mode": "prompt", "k": 16}))
+            assert got[:2] == want[:2] and got[2]["reason"] == "length"
+            assert got[2]["speculate"]["accepted"] > 0
+            # sampled far from the model's preferences: nearly every draft is wrong
+            hot = dict(op="generate", tokens=tiny_prompt(20, 7), temperature=5.0, top_k=0, top_p=1.0, min_p=0.0,
+                       max_tokens=200, ignore_eos=True, seed=1, stream=False, speculate={"mode": "prompt", "k": 8})
+            c.send(dict(hot, id="hot"))
+            ev = c.recv()
+            assert ev["event"] == "done" and ev["usage"]["completion_tokens"] == 200, ev
+            sp = ev["speculate"]
+            assert sp["accepted"] < 0.2 * sp["drafted"], sp
+            assert sp["drafted"] < 40, sp  # without the back-off: ~8 a step, 200 steps
+
+
 def run_tokens(c, rid, req):
     c.send(dict(req, id=rid))
     toks, lps, done = [], [], None
