@@ -258,13 +258,18 @@ struct nxd_slot {
 
 #define NXD_STATS_WINDOW 256
 
+/* Step seconds t against tokens n and logits rows r, t = a + b n + c r, for
+ * what drafts cost the sequences beside them (spec.c): decayed sums of
+ * x x^T and x t, x = (1, n, r). */
+struct nxd_spec_fit {
+	double xx[3][3], xt[3];
+};
+
 struct nxd_stats {
 	uint64_t steps, steps_retried, tokens_served, completion_tokens;
 	uint64_t prompt_cached;   /* prompt tokens taken from the prompt cache instead of computed */
 	uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and accepted */
-	/* step seconds against tokens, t = a + b n, for what drafts cost the
-	 * sequences beside them (spec.c): decayed sums of 1, n, n^2, t, n t */
-	double fit_w, fit_n, fit_nn, fit_t, fit_nt;
+	struct nxd_spec_fit spec_fit;
 	/* recent steps: sequences in the step, completion tokens, end time */
 	int seqs[NXD_STATS_WINDOW];
 	int ntok[NXD_STATS_WINDOW];
@@ -343,6 +348,7 @@ struct nxd {
 	struct nx_logprob *top;   /* (NX_SAMPLE_MAX_LOGPROBS) */
 	struct nxp_logprob *lp;
 	struct nxd_stats stats;
+	int step_rows;            /* logits rows of the running step (sched.c plan) */
 	/* NXD_PROFILE: the workers' wait from one step's end to the next one's
 	 * start when the next follows without a pause (the supervisor's turn:
 	 * sampling, streaming, planning, waking them; sched.c prof_turn) */
@@ -518,12 +524,12 @@ int nxd_spec_draft(struct nxd_slot *s, int max);
  * tokens drawn (fewer than n_draft when the request ended first), accepted
  * of those kept. s->req is NULL when the request ended. */
 void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted);
-/* Draft tokens a step of n tokens with other sequences in it may carry:
- * what adds at most NXD_SPEC_SHARED_COST of the step's time (0 until the
- * step times tell). */
-int nxd_spec_shared_budget(const struct nxd *d, int n);
-/* A finished step of n tokens took dt seconds. */
-void nxd_spec_fit_step(struct nxd *d, int n, double dt);
+/* Draft tokens a step of n tokens and rows logits rows with other
+ * sequences in it may carry: what adds at most NXD_SPEC_SHARED_COST of the
+ * step's time (0 until the step times tell). */
+int nxd_spec_shared_budget(const struct nxd *d, int n, int rows);
+/* A finished step of n tokens and rows logits rows took dt seconds. */
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt);
 
 /* access.c - who may do what (docs/reliability.md 17, 24, 25).
  *

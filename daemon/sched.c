@@ -539,7 +539,7 @@ static void catch_up(struct nxd *d, struct nxd_slot *s)
 	}
 }
 
-static int plan(struct nxd *d)
+static int plan(struct nxd *d, int *n_rows)
 {
 	struct nx_tok_in *t = d->shm.toks;
 	int n = 0, rows = 0, budget = d->o.n_batch;
@@ -593,7 +593,7 @@ static int plan(struct nxd *d)
 	/* Last, drafts of the speculating decoders in what is left: never in
 	 * place of another sequence's tokens, and in a step shared with other
 	 * sequences only as many as cost them little. */
-	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n) : budget;
+	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n, rows) : budget;
 	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits && shared > 0; k++) {
 		struct nxd_slot *s = spec[k];
 		const struct nxd_req *r = s->req;
@@ -614,6 +614,7 @@ static int plan(struct nxd *d)
 		if (n_spec < n_seqs)
 			shared -= s->spec.n_draft;
 	}
+	*n_rows = rows;
 	return n;
 }
 
@@ -626,7 +627,7 @@ void nxd_sched_pump(struct nxd *d)
 	admit_queued(d);
 	if (!nxd_step_can_launch(d))
 		return;
-	int n = plan(d);
+	int n = plan(d, &d->step_rows);
 	if (n == 0)
 		return;
 	d->step_follows = d->in_step_done;
@@ -831,7 +832,7 @@ void nxd_sched_step_done(struct nxd *d)
 			nxd_spec_learn(d, s, seen, acc);
 	}
 	stats_step(d, seqs, ntok, n_prompt, d->step.t0, t1);
-	nxd_spec_fit_step(d, d->step.n, t1 - d->step.t0);
+	nxd_spec_fit_step(d, d->step.n, d->step_rows, t1 - d->step.t0);
 	d->in_step_done = true;
 	nxd_sched_pump(d);
 	d->in_step_done = false;

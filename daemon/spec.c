@@ -23,10 +23,12 @@
  * doubling up to NXD_SPEC_MAX_BACKOFF steps). Drafts never displace another
  * sequence's tokens (they are planned last), and in a step shared with other
  * sequences they may add at most NXD_SPEC_SHARED_COST of its time, by the
- * step-time fit t = a + b n over recent steps. */
+ * step-time fit t = a + b n + c r (tokens n, logits rows r) over recent
+ * steps. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
+#include <math.h>
 #include <string.h>
 
 #define NXD_SPEC_NGRAM 3            /* longest suffix looked up */
@@ -100,28 +102,63 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	sp->n_draft = 0;
 }
 
-void nxd_spec_fit_step(struct nxd *d, int n, double dt)
+/* The fit t = a + b n + c r of step seconds against its tokens n and its
+ * logits rows r (a row costs the output head besides its token): decayed
+ * least squares, the normal equations solved by Cramer's rule. */
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
 {
-	struct nxd_stats *st = &d->stats;
-	const double c = NXD_SPEC_FIT_DECAY;
-	st->fit_w = c * st->fit_w + 1;
-	st->fit_n = c * st->fit_n + n;
-	st->fit_nn = c * st->fit_nn + (double)n * n;
-	st->fit_t = c * st->fit_t + dt;
-	st->fit_nt = c * st->fit_nt + n * dt;
+	struct nxd_spec_fit *f = &d->stats.spec_fit;
+	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
+	for (int i = 0; i < 3; i++) {
+		for (int j = 0; j < 3; j++)
+			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
+		f->xt[i] = c * f->xt[i] + x[i] * dt;
+	}
 }
 
-int nxd_spec_shared_budget(const struct nxd *d, int n)
+static double det3(const double m[3][3])
 {
-	const struct nxd_stats *st = &d->stats;
-	const double w = st->fit_w, var = st->fit_nn * w - st->fit_n * st->fit_n;
-	/* steps of too few different sizes tell nothing of a token's cost */
-	if (w < 8 || var < 0.5 * w * w)
+	return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+	       m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+}
+
+/* coef: a, b, c; false while the steps seen do not tell them apart. When
+ * every step had a row per token (decoders only), n and r cannot be told
+ * apart, and need not: a draft adds one of each, so t = a + b n is solved
+ * alone (c = 0). */
+static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
+{
+	const double w = f->xx[0][0], det = det3(f->xx);
+	if (w < 8)
+		return false;
+	/* relative to the scale of the sums: steps of too few different shapes */
+	if (fabs(det) > 1e-6 * f->xx[1][1] * f->xx[2][2] * w) {
+		for (int k = 0; k < 3; k++) {
+			double m[3][3];
+			memcpy(m, f->xx, sizeof(m));
+			for (int i = 0; i < 3; i++)
+				m[i][k] = f->xt[i];
+			coef[k] = det3(m) / det;
+		}
+		return true;
+	}
+	const double det2 = f->xx[0][0] * f->xx[1][1] - f->xx[0][1] * f->xx[1][0];
+	if (!(det2 > 1e-3 * f->xx[1][1] * w))
+		return false;
+	coef[0] = (f->xt[0] * f->xx[1][1] - f->xx[0][1] * f->xt[1]) / det2;
+	coef[1] = (f->xx[0][0] * f->xt[1] - f->xx[1][0] * f->xt[0]) / det2;
+	coef[2] = 0;
+	return true;
+}
+
+int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
+{
+	double k[3];
+	if (!fit_solve(&d->stats.spec_fit, k))
 		return 0;
-	const double b = (st->fit_nt * w - st->fit_n * st->fit_t) / var;
-	const double a = (st->fit_t - b * st->fit_n) / w;
-	if (!(b > 0) || !(a + b * n > 0))
+	const double step = k[0] + k[1] * n + k[2] * rows, draft = k[1] + k[2];
+	if (!(step > 0) || !(draft > 0))
 		return 0;
-	const double extra = NXD_SPEC_SHARED_COST * (a + b * n) / b;
+	const double extra = NXD_SPEC_SHARED_COST * step / draft;
 	return extra < 1 ? 0 : extra > NXP_MAX_SPEC_K ? NXP_MAX_SPEC_K : (int)extra;
 }
