@@ -335,13 +335,15 @@ def test_tokenize_detokenize_status(nxd):
                           {"pid": 12, "cpu": 1, "state": "busy", "restarts": 2}],
               "slots": {"total": 8, "used": 3, "queued": 1}, "tokens_served": 12345,
               "sequences_per_step": {"mean": 2.5, "max": 4}, "tokens_per_s": 42.25,
-              "uptime_s": 3725.0, "steps": 99, "steps_retried": 1}
+              "uptime_s": 3725.0, "steps": 99, "steps_retried": 1,
+              "speculate": {"default": "prompt", "k": 6, "drafted": 200, "accepted": 150, "acceptance": 0.75}}
     nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
     r = run(["status"], sock=nxd.path)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
     for want in ["SmolLM2", "llama", "Q4_1", "8192", "pid 12", "busy", "restarts 2",
-                 "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s"]:
+                 "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s",
+                 "prompt by default (k 6), 150 of 200 drafted tokens accepted (75.0%)"]:
         assert want in out, (want, out)
     r = run(["status", "--json"], sock=nxd.path)
     assert r.returncode == 0
