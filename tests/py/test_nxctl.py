@@ -180,6 +180,18 @@ def test_generate_streams(nxd):
     assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in nxd.raw)
 
 
+def test_generate_speculate(nxd):
+    nxd.handlers["generate"] = stream_pieces(["ok"])
+    r = run(["generate", "--speculate", "prompt:6", "hi"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    assert nxd.requests[-1]["speculate"] == {"mode": "prompt", "k": 6}
+    r = run(["generate", "--speculate", "off", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and nxd.requests[-1]["speculate"] == {"mode": "off"}
+    for bad in ("draft", "prompt:0", "prompt:17", "prompt:x"):
+        r = run(["generate", "--speculate", bad, "hi"], sock=nxd.path)
+        assert r.returncode == 2 and b"--speculate" in r.stderr, (bad, r.stderr)
+
+
 def test_generate_stdin_raw_tokens(nxd):
     nxd.handlers["generate"] = stream_pieces(["ok"])
     r = run(["generate", "--raw", "-"], sock=nxd.path, stdin="line one\nline two\n".encode())
