@@ -33,7 +33,7 @@
 
 #define NXD_SPEC_NGRAM 3            /* longest suffix looked up */
 #define NXD_SPEC_MISSES 2           /* fully rejected drafts in a row before a back-off */
-#define NXD_SPEC_MAX_BACKOFF 64     /* decode steps */
+#define NXD_SPEC_MAX_BACKOFF 16     /* decode steps */
 #define NXD_SPEC_SHARED_COST 0.05   /* of a shared step's time */
 #define NXD_SPEC_FIT_DECAY 0.98     /* per step: the fit follows the last ~50 steps */
 
@@ -87,9 +87,9 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	if (s->req) {
 		const int k = s->req->spec_k;
 		if (accepted == sp->n_draft)
-			sp->k_cur = sp->k_cur + 2 < k ? sp->k_cur + 2 : k;
+			sp->k_cur = 2 * sp->k_cur < k ? 2 * sp->k_cur : k;
 		else
-			sp->k_cur = accepted + 1;
+			sp->k_cur = accepted + 1 > sp->k_cur / 2 ? accepted + 1 : sp->k_cur / 2;
 		if (accepted > 0) {
 			sp->misses = 0;
 			sp->backoff = 1;
