@@ -89,6 +89,7 @@ struct nxd_opts {
 	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
 	enum nxp_spec_mode spec_mode; /* --speculate: a request's mode when it gives none (off or prompt) */
 	int spec_k;           /* --speculate MODE:K: drafted tokens per step at most, when a request gives none */
+	const char *chat_template_file; /* --chat-template FILE: a Jinja template read in place of the model's, or NULL */
 };
 
 /* ---------------------------------------------------------------- model */
@@ -308,6 +309,7 @@ struct nxd {
 	/* io_uring loop */
 	struct io_uring ring;
 	int listen_fd;
+	int sock_lock_fd;       /* the socket path's lock (loop.c lock_socket_path), -1 when activated */
 	bool listen_activated;    /* from systemd: not ours to unlink */
 	bool socket_created;
 	bool accept_multishot, accept_armed;
