@@ -46,6 +46,7 @@ void nxd_req_free(struct nxd_req *r)
 		free(r->stop[i]);
 	free(r->gen_toks);
 	free(r->text);
+	nx_gmatch_free(r->gm);
 	free(r);
 }
 
@@ -140,6 +141,9 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
 			.has_seed = true,
 			.seed = r->sp.seed,
+			/* a document cut by a stop string, the length limit or a cancel is no document */
+			.constrained = r->gm != NULL,
+			.incomplete = r->gm && (reason == NXP_DONE_STOP || !nx_gmatch_accepting(r->gm)),
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -757,9 +761,30 @@ void nxd_sched_step_done(struct nxd *d)
 		 * and inf as the workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
-		int32_t tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
+		int32_t tok;
+		if (r->gm) {
+			/* constrained: only tokens that keep the output a prefix of the grammar */
+			struct nx_err err = {{0}};
+			int n_allowed = 0;
+			const uint64_t *allowed = nx_gmatch_mask(r->gm, &n_allowed, &err);
+			if (!allowed || n_allowed == 0) {
+				slot_release(d, s, false);
+				fail_req(d, r, allowed ? NXP_E_BAD_REQUEST : NXP_E_INTERNAL,
+					 allowed ? "the grammar allows no token of this model's vocabulary here" : err.msg);
+				continue;
+			}
+			tok = nx_sample_masked(&s->smp, logits + (size_t)row * (size_t)n_vocab, allowed, s->hist, s->n_hist,
+					       r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
+			if (tok >= 0 && tok < n_vocab && nx_gmatch_accept_token(r->gm, tok) < 0) {
+				slot_release(d, s, false);
+				fail_req(d, r, NXP_E_INTERNAL, "the grammar's matcher failed (out of memory, or its state grew past its bounds)");
+				continue;
+			}
+		} else {
+			tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
 						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
 						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
+		}
 		if (tok < 0 || tok >= n_vocab) {
 			slot_release(d, s, false);
 			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");

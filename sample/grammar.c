@@ -894,9 +894,9 @@ oom:
 	return nx_errf(err, "grammar: out of memory for the vocabulary trie of %d tokens", n);
 }
 
-int nx_vocab_trie_build(const struct nx_tok *tok, struct nx_vocab_trie **out, struct nx_err *err)
+int nx_vocab_trie_build(const struct nx_tok *tok, int n_logits, struct nx_vocab_trie **out, struct nx_err *err)
 {
-	const int n = nx_tok_n_vocab(tok);
+	const int nt = nx_tok_n_vocab(tok), n = n_logits > nt ? n_logits : nt;
 	const char **pieces = calloc((size_t)n + 1, sizeof(*pieces));
 	size_t *lens = calloc((size_t)n + 1, sizeof(*lens));
 	bool *eog = calloc((size_t)n + 1, sizeof(*eog));
@@ -904,7 +904,7 @@ int nx_vocab_trie_build(const struct nx_tok *tok, struct nx_vocab_trie **out, st
 	if (!pieces || !lens || !eog) {
 		rc = nx_errf(err, "grammar: out of memory for the vocabulary trie of %d tokens", n);
 	} else {
-		for (int32_t i = 0; i < n; i++) {
+		for (int32_t i = 0; i < nt; i++) {
 			eog[i] = nx_tok_is_eog(tok, i);
 			if (!eog[i] && !nx_tok_is_control(tok, i))
 				pieces[i] = nx_tok_piece(tok, i, false, &lens[i]);

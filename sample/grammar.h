@@ -68,8 +68,10 @@ int nx_schema_to_gbnf(const char *schema_json, size_t len, char **gbnf, struct n
 /* --- the vocabulary trie ------------------------------------------------------ */
 
 /* Over the pieces (nx_tok_piece, no specials) of every token but control
- * ones; end-of-generation ids are kept aside. */
-int nx_vocab_trie_build(const struct nx_tok *tok, struct nx_vocab_trie **out, struct nx_err *err);
+ * ones; end-of-generation ids are kept aside. Masks cover n_logits ids (the
+ * output layer may have more rows than the tokenizer has tokens: those are
+ * never allowed). */
+int nx_vocab_trie_build(const struct nx_tok *tok, int n_logits, struct nx_vocab_trie **out, struct nx_err *err);
 /* The same over given pieces (tests, fuzzing): pieces[i] (lens[i] bytes, NULL
  * or 0: never text) must outlive the trie; is_eog may be NULL. */
 int nx_vocab_trie_from_pieces(int n, const char *const *pieces, const size_t *lens, const bool *is_eog,
