@@ -246,7 +246,7 @@ def test_errors_are_openai_errors(client, model_id, stack):
         (dict(messages=[]), "messages"),
         (dict(seed=-1), "seed"),
         (dict(logit_bias={"1": 5}), "logit_bias"),
-        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(response_format={"type": "xml"}), "response_format"),
         (dict(user="bob"), "user"),
     ]
     for kw, param in cases:
