@@ -151,7 +151,8 @@ static int cmp_rng(const void *a, const void *b)
 static int32_t end_class(struct parser *p, int32_t first, bool neg)
 {
 	int32_t n = p->n_rng - first;
-	qsort(p->rng + first, (size_t)n, sizeof(*p->rng), cmp_rng);
+	if (n > 1)
+		qsort(p->rng + first, (size_t)n, sizeof(*p->rng), cmp_rng);
 	int32_t m = 0;
 	for (int32_t i = 0; i < n; i++) {
 		uint32_t *r = p->rng[first + i];
@@ -1173,6 +1174,8 @@ static void expand(struct nx_gmatch *m, int32_t pos, int32_t parent, int depth)
 static bool cls_meets(const struct nx_grammar *g, int32_t c, uint32_t lo, uint32_t hi)
 {
 	const struct cclass *k = &g->cls[c];
+	if (k->n == 0)
+		return k->neg; /* [^] is any character */
 	const uint32_t(*r)[2] = g->rng + k->first;
 	if (!k->neg) {
 		for (int32_t i = 0; i < k->n; i++)

@@ -344,7 +344,8 @@ static int cmp_r(const void *a, const void *b)
 
 static void cs_norm(struct cset *s)
 {
-	qsort(s->r, (size_t)s->n, sizeof(*s->r), cmp_r);
+	if (s->n > 1)
+		qsort(s->r, (size_t)s->n, sizeof(*s->r), cmp_r);
 	int m = 0;
 	for (int i = 0; i < s->n; i++) {
 		if (m && s->r[i][0] <= s->r[m - 1][1] + 1) {

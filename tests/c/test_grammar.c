@@ -154,6 +154,9 @@ static void test_gbnf_constructs(void **state)
 	assert_true(fulls(cl, "é\xE6\x97\xA5\xC3\xA9y"));
 	assert_false(fulls(cl, "\"aAx"));
 	assert_false(fulls(cl, "qqDx"));
+
+	/* an empty negated class is any character (a fuzzer's find: it once read a NULL range list) */
+	assert_true(fulls("root ::= [^]+\n", "a\xC3\xA9"));
 }
 
 static void test_gbnf_utf8(void **state)
