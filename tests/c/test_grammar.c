@@ -10,6 +10,9 @@
 #include <cmocka.h>
 
 #include "sample/grammar.h"
+#include "sample/sampler.h"
+
+#include <math.h>
 
 /* --- a vocabulary: every byte, some longer pieces, and an end token ------- */
 
@@ -418,6 +421,55 @@ static void test_schema_refusals(void **state)
 	schema_fails("{", "not JSON");
 }
 
+/* --- the sampler under a mask ---------------------------------------------------- */
+
+static void test_masked_sampler_renormalises(void **state)
+{
+	enum { N = 100 };
+	float logits[N];
+	for (int i = 0; i < N; i++)
+		logits[i] = (float)((i * 37) % 17) / 4.0f;
+	uint64_t allowed[2] = { 0, 0 };
+	const int ids[] = { 3, 10, 64, 65, 99 };
+	double z = 0;
+	for (int k = 0; k < 5; k++) {
+		allowed[ids[k] >> 6] |= 1ull << (ids[k] & 63);
+		z += exp(logits[ids[k]]);
+	}
+	struct nx_sample_params p = nx_sample_params_default();
+	p.temperature = 1.0f;
+	p.top_k = 0;
+	p.top_p = 1.0f;
+	p.min_p = 0.0f;
+	p.n_logprobs = 20;
+	p.seed = 42;
+	struct nx_sampler s;
+	struct nx_err err = { { 0 } };
+	assert_int_equal(nx_sampler_init(&s, N, &p, &err), 0);
+	int count[N] = { 0 };
+	const int draws = 20000;
+	for (int d = 0; d < draws; d++) {
+		struct nx_logprob top[20];
+		int n_top = 0;
+		int32_t t = nx_sample_masked(&s, logits, allowed, NULL, 0, top, &n_top);
+		assert_true((allowed[t >> 6] >> (t & 63)) & 1);
+		count[t]++;
+		if (d == 0) {
+			/* log-probabilities of the allowed tokens only, renormalised over them */
+			assert_int_equal(n_top, 5);
+			for (int k = 0; k < n_top; k++)
+				assert_true(fabs(top[k].logprob - (logits[top[k].id] - log(z))) < 1e-4);
+			assert_true(fabs(nx_sampler_last_logprob(&s) - (logits[t] - log(z))) < 1e-4);
+		}
+	}
+	for (int k = 0; k < 5; k++) {
+		double want = exp(logits[ids[k]]) / z, got = (double)count[ids[k]] / draws;
+		if (fabs(got - want) > 4 * sqrt(want * (1 - want) / draws) + 1e-3)
+			fail_msg("token %d drawn %.4f of the time, want %.4f", ids[k], got, want);
+	}
+	nx_sampler_free(&s);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -432,6 +484,7 @@ int main(void)
 		cmocka_unit_test(test_schema_strings),
 		cmocka_unit_test(test_schema_objects_arrays),
 		cmocka_unit_test(test_schema_refusals),
+		cmocka_unit_test(test_masked_sampler_renormalises),
 	};
 	return cmocka_run_group_tests(tests, setup_vocab, teardown_vocab);
 }
