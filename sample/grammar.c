@@ -923,12 +923,13 @@ int nx_vocab_trie_build(const struct nx_tok *tok, int n_logits, struct nx_vocab_
 #define FRAME_EMPTY 0           /* the empty stack: the grammar may end here */
 #define MAX_EXPAND_DEPTH 4096   /* rule references expanded inside one another */
 #define MAX_SET 65536           /* stacks in one state */
+#define EXPAND_BUDGET (1 << 20) /* expansion calls for one character: an ambiguous grammar's paths are bounded */
 #define MASK_CACHE 32           /* masks kept, by state */
 /* Past these between two tokens the tables are flushed (the current state kept). */
-#define FLUSH_FRAMES (1 << 20)
-#define FLUSH_STATES (1 << 17)
-#define FLUSH_TRANS (1 << 20)
-#define FLUSH_POOL (1 << 22)
+#define FLUSH_FRAMES (1 << 18)
+#define FLUSH_STATES (1 << 16)
+#define FLUSH_TRANS (1 << 19)
+#define FLUSH_POOL (1 << 21)
 
 struct frame {
 	int32_t pos, parent;
@@ -977,6 +978,7 @@ struct nx_gmatch {
 	int32_t n_buf, cap_buf;
 	int32_t *walk;      /* (max_depth + 1) states of the trie walk */
 	int32_t cur;
+	int32_t budget;     /* expand calls left for the character being matched */
 	bool overflow, oom;
 	struct mask_ent mc[MASK_CACHE];
 	int mc_next;
@@ -1140,7 +1142,7 @@ static void buf_push(struct nx_gmatch *m, int32_t f)
  * character, into buf. */
 static void expand(struct nx_gmatch *m, int32_t pos, int32_t parent, int depth)
 {
-	if (depth > MAX_EXPAND_DEPTH) {
+	if (depth > MAX_EXPAND_DEPTH || --m->budget < 0) {
 		m->overflow = true;
 		return;
 	}
@@ -1194,6 +1196,7 @@ static int32_t advance(struct nx_gmatch *m, int32_t set, uint32_t cp)
 {
 	const struct gset s = m->sets[set];
 	m->n_buf = 0;
+	m->budget = EXPAND_BUDGET;
 	for (int32_t i = 0; i < s.n; i++) {
 		const int32_t f = m->pool[s.off + i];
 		if (f == FRAME_EMPTY)
@@ -1441,11 +1444,13 @@ int nx_gmatch_new(struct nx_grammar *g, const struct nx_vocab_trie *t, struct nx
 	m->alt_off[g->n_rules] = k;
 	reset_tables(m);
 	m->n_buf = 0;
+	m->budget = EXPAND_BUDGET;
 	for (int32_t a = m->alt_off[g->root]; a < m->alt_off[g->root + 1]; a++)
 		expand(m, m->alt_pos[a], FRAME_EMPTY, 0);
 	if (m->overflow) {
 		nx_gmatch_free(m);
-		return nx_errf(err, "grammar: the start of the grammar expands to more than %d stacks", MAX_SET);
+		return nx_errf(err, "grammar: the start of the grammar expands to more than %d stacks, or nests rules more "
+				    "than %d deep (an ambiguous grammar)", MAX_SET, MAX_EXPAND_DEPTH);
 	}
 	struct gstate s0 = { intern_buf(m), 0, 0, 0 };
 	if (m->oom || s0.set < 0 || (m->cur = intern_state(m, s0)) < 0)
@@ -1467,8 +1472,9 @@ bool nx_gmatch_accepting(const struct nx_gmatch *m)
 static int fail_state(struct nx_gmatch *m, struct nx_err *err)
 {
 	if (m->overflow)
-		return nx_errf(err, "grammar: a state of the grammar holds more than %d stacks or nests rules more than "
-				    "%d deep (an ambiguous grammar)", MAX_SET, MAX_EXPAND_DEPTH);
+		return nx_errf(err, "grammar: a state of the grammar holds more than %d stacks, nests rules more than "
+				    "%d deep or has more than %d ways to reach them (an ambiguous grammar)", MAX_SET,
+			       MAX_EXPAND_DEPTH, EXPAND_BUDGET);
 	return nx_errf(err, "grammar: out of memory for the matcher");
 }
 

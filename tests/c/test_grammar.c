@@ -421,6 +421,24 @@ static void test_schema_refusals(void **state)
 	schema_fails("{", "not JSON");
 }
 
+static void test_ambiguous_grammar_bounded(void **state)
+{
+	/* 2^40 ways to reach the same stacks: refused within its bounds, not expanded for ever */
+	struct nx_grammar *g;
+	struct nx_gmatch *m = NULL;
+	struct nx_err err = { { 0 } };
+	const char *amb = "root ::= ( \"a\"? | \"b\"? | \"\" ){40} \"c\"\n";
+	assert_int_equal(nx_grammar_compile(amb, strlen(amb), &g, &err), 0);
+	int rc = nx_gmatch_new(g, trie, &m, &err);
+	if (rc == 0) {
+		int n;
+		const uint64_t *mask = nx_gmatch_mask(m, &n, &err);
+		assert_null(mask);
+		nx_gmatch_free(m);
+	}
+	assert_non_null(strstr(err.msg, "ambiguous"));
+}
+
 /* --- the sampler under a mask ---------------------------------------------------- */
 
 static void test_masked_sampler_renormalises(void **state)
@@ -485,6 +503,7 @@ int main(void)
 		cmocka_unit_test(test_schema_objects_arrays),
 		cmocka_unit_test(test_schema_refusals),
 		cmocka_unit_test(test_masked_sampler_renormalises),
+		cmocka_unit_test(test_ambiguous_grammar_bounded),
 	};
 	return cmocka_run_group_tests(tests, setup_vocab, teardown_vocab);
 }
