@@ -1462,6 +1462,35 @@ oom:
 	return nx_errf(err, "grammar: out of memory for the matcher");
 }
 
+static bool state_accepting(const struct nx_gmatch *m, int32_t sid)
+{
+	const struct gstate s = m->st[sid];
+	const struct gset set = m->sets[s.set];
+	return s.need == 0 && set.n > 0 && m->pool[set.off] == FRAME_EMPTY;
+}
+
+int nx_gmatch_peek_tokens(struct nx_gmatch *m, const int32_t *ids, int n)
+{
+	const struct nx_vocab_trie *t = m->t;
+	int32_t cur = m->cur;
+	for (int k = 0; k < n; k++) {
+		const int32_t id = ids[k];
+		if (id < 0 || id >= t->n_vocab)
+			return k;
+		if (t->is_eog[id])
+			return state_accepting(m, cur) ? k + 1 : k; /* nothing follows an end */
+		if (!t->piece[id])
+			return k;
+		int32_t s = cur;
+		for (size_t i = 0; i < t->piece_len[id] && s >= 0; i++)
+			s = step(m, s, (uint8_t)t->piece[id][i]);
+		if (s < 0)
+			return k;
+		cur = s;
+	}
+	return n;
+}
+
 bool nx_gmatch_accepting(const struct nx_gmatch *m)
 {
 	const struct gstate s = m->st[m->cur];

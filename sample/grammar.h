@@ -95,6 +95,11 @@ const uint64_t *nx_gmatch_mask(struct nx_gmatch *m, int *n_allowed, struct nx_er
  * then unchanged. */
 int nx_gmatch_accept_token(struct nx_gmatch *m, int32_t id);
 
+/* How many of ids[0..n), in order from the current state, the grammar
+ * allows (speculative drafts are checked so); the state does not move (an
+ * end-of-generation token ends the count). */
+int nx_gmatch_peek_tokens(struct nx_gmatch *m, const int32_t *ids, int n);
+
 /* Moves on by raw bytes (tests, and text that does not come as tokens). -1
  * when the grammar does not allow them; the state is then unchanged. */
 int nx_gmatch_accept_bytes(struct nx_gmatch *m, const char *s, size_t len);

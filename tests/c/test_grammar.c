@@ -258,6 +258,16 @@ static void test_eos_only_when_complete(void **state)
 	mask = nx_gmatch_mask(m, &n, &err);
 	assert_int_equal(n, 1); /* only the end */
 	nx_gmatch_free(m);
+
+	/* a draft checked without moving: "ab" "c" <end> "x" -> 3 allowed, then the end stops the count */
+	m = matcher_of("root ::= \"ab\" \"c\"?\n");
+	const int32_t draft[] = { 256 + 14, 'c', EOS_ID, 'x' };
+	assert_int_equal(nx_gmatch_peek_tokens(m, draft, 4), 3);
+	const int32_t bad[] = { 'a', 'x' };
+	assert_int_equal(nx_gmatch_peek_tokens(m, bad, 2), 1);
+	assert_false(nx_gmatch_accepting(m)); /* unmoved */
+	assert_int_equal(nx_gmatch_accept_token(m, 'a'), 0);
+	nx_gmatch_free(m);
 }
 
 /* --- JSON --------------------------------------------------------------------- */
