@@ -131,7 +131,13 @@ static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate
 		for (int i = 0; i < g->n_messages; i++)
 			msgs[n++] = (struct nx_chat_msg){ nxp_role_name(g->messages[i].role), g->messages[i].content };
 	}
-	rc = nx_chat_render(x->tmpl, x->jinja, msgs, n, true, &text, err);
+	struct nx_chat_opts co = {
+		.add_generation_prompt = true,
+		.thinking = g->think == NXP_THINK_OFF  ? NX_CHAT_THINK_OFF
+			    : g->think == NXP_THINK_ON ? NX_CHAT_THINK_ON
+						       : NX_CHAT_THINK_DEFAULT,
+	};
+	rc = nx_chat_render_opts(x->tmpl, x->jinja, msgs, n, &co, &text, err);
 	free(msgs);
 	if (rc < 0)
 		return -1;
