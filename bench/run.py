@@ -32,6 +32,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
               tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
               5 free-form ones, decode tok/s with speculation against without on the same daemon (turn about);
               and a client decoding beside one that speculates: its tok/s against beside one that does not
+  structured  constrained decoding's cost: one client's decode tok/s under a typical JSON schema against the same
+              daemon free (sampled, seeded, turn about), on SmolLM2 (49152 tokens) and the Qwen2.5-0.5B-shaped
+              model (151936 tokens); nxd only (the bar: >= 0.90)
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -60,7 +63,7 @@ import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
 ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients",
-             "spec"]
+             "spec", "structured"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -70,6 +73,14 @@ CHAT_TURN = (480, 64, 24)  # chat case: first prompt, its answer, the follow-up 
 MIN_REPS = 3
 CURVE_SLOTS = 64  # clients case: both servers' slots
 CURVE_N = 64      # clients case: tokens per client
+# structured case: a typical extraction schema (objects, bounded numbers, enums, free strings)
+STRUCTURED_PROMPT = ("<|im_start|>user\nList some people you know of, with their age, city and a short note, as "
+                     "JSON.<|im_end|>\n<|im_start|>assistant\n")
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"people": {"type": "array", "maxItems": 50, "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                                     "city": {"type": "string"}, "role": {"enum": ["friend", "family", "colleague"]},
+                                     "note": {"type": "string"}},
+    "required": ["name", "age", "city", "role", "note"]}}}, "required": ["people"]}
 BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
 
 
@@ -1008,6 +1019,68 @@ def main():
                       note=f"p50 {on['p50_ms']:.1f} vs {ln['p50_ms']:.1f} ms" if on and ln else "")
         curve.plot(o, l, os.path.join(a.out, "clients.png"),
                    f"SmolLM2-135M Q4_1, {CURVE_SLOTS} slots, {CURVE_N} greedy tokens per client, {THREADS} threads")
+    # -------------------------------------------------------- constrained decoding
+    def structured_case(case, key, path, reps, n_tok):
+        log(f"bench: {case}: {key}: {n_tok} tokens under a schema and free, x {reps}")
+
+        def gen(c, rid, prompt, fmt):
+            req = {"id": rid, "op": "generate", "tokens": prompt, "max_tokens": n_tok, "temperature": 0.8,
+                   "seed": 7 + rid, "stream": True}
+            if fmt:
+                req["format"] = fmt
+            else:
+                req["ignore_eos"] = True
+            c.send(req)
+            times = []
+            while True:
+                ev = c.recv()
+                if ev.get("event") == "token":
+                    times.append(time.perf_counter())
+                elif ev.get("event") == "done":
+                    break
+                elif ev.get("event") == "error":
+                    raise nxd_side.DaemonError(f"generate: {ev.get('code')}: {ev.get('message')}")
+            n = len(times)
+            return ((n - 1) / (times[-1] - times[0]) if n >= 17 else None), n
+
+        def run():
+            with ours.daemon(path) as d:
+                c = nxd_side.Conn(d.sock)
+                c.send({"id": "t", "op": "tokenize", "special": True, "text": STRUCTURED_PROMPT})
+                prompt = c.recv()["tokens"]
+                gen(c, 1, prompt, None), gen(c, 2, prompt, STRUCTURED_SCHEMA)  # warm-up
+                free, con, ns = [], [], []
+                for k in range(reps):
+                    order = (None, STRUCTURED_SCHEMA) if k % 2 == 0 else (STRUCTURED_SCHEMA, None)
+                    for fmt in order:
+                        r, n = gen(c, 10 + k, prompt, fmt)
+                        (con if fmt else free).append(r)
+                        if fmt:
+                            ns.append(n)
+                c.close()
+            return {"free_tok_s": free, "schema_tok_s": con, "schema_tokens": ns}
+
+        o = None
+        if ours.ok:
+            try:
+                o = run()
+            except Exception as e:
+                log(f"bench: {case}: nxd failed: {e}")
+                res["raw"].setdefault("errors", []).append(f"{case}: nxd: {e}")
+        res["raw"][f"{case}/{key}/structured"] = {"ours": o, "schema": STRUCTURED_SCHEMA}
+        if o:
+            f, s_ = med(o["free_tok_s"]), med(o["schema_tok_s"])
+            table.add(case, f"{key} decode under a schema / free", "x", s_ / f if f and s_ else None, None,
+                      note=f"free {f:.1f}, schema {s_:.1f} tok/s (temperature 0.8, {med(o['schema_tokens'])} tokens "
+                           "in the schema's answers); the bar: >= 0.90" if f and s_ else "")
+
+    if "structured" in cases:
+        structured_case("structured", "smollm2-135m Q4_1", q41, a.reps, DECODE_N)
+        qpath = os.path.join(mdir, "qwen2.5-0.5b-shape-random.nx-Q4_K_M.gguf")
+        if not os.path.exists(qpath):
+            log("bench: structured: making the Qwen2.5-0.5B-shaped model (once)")
+            models.make_qwen(libnx, qpath, threads=THREADS, log=log)
+        structured_case("structured", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, a.reps, 64)
 
     # -------------------------------------------------------- report
     res["table"] = table.rows

@@ -43,6 +43,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "proto/proto.h"
+#include "sample/grammar.h"
 #include "sample/sampler.h"
 #include "sample/stop.h"
 #include "shm/arena.h"
@@ -105,6 +106,7 @@ struct nxd_model {
 	struct gguf_file g;     /* parsed from bytes */
 	struct nx_model m;      /* the supervisor's own copy; workers use the arena's */
 	struct nx_tok *tok;
+	struct nx_vocab_trie *trie; /* the token pieces for constrained decoding (sample/grammar.h), read-only */
 	char *name;             /* general.name, else the file name */
 	const char *arch;
 	char type[16];          /* most common weight type, e.g. "Q4_1" */
@@ -212,6 +214,8 @@ struct nxd_req {
 	struct nx_lora_mix lora_mix;
 	struct nxd_lora_ent *lora_ent[NX_LORA_MIX_MAX];
 	int n_lora;
+	/* constrained decoding ("format", "grammar"): this sequence's matcher, or NULL */
+	struct nx_gmatch *gm;
 	double t_arrive, t_admit, t_first, t_end; /* t_admit: its first prompt step */
 	/* speculative decoding (spec.c): k drafted tokens per step at most, 0: off */
 	int spec_k;

@@ -312,6 +312,17 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 	}
 	r->n_stop = g->n_stop;
 	g->n_stop = 0;
+	if (g->grammar) {
+		struct nx_err err = {{0}};
+		struct nx_grammar *gr = g->grammar;
+		g->grammar = NULL; /* the matcher takes it over */
+		if (nx_gmatch_new(gr, d->model.trie, &r->gm, &err) < 0) {
+			nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "field '%s': %s",
+				       g->format == NXP_FMT_GRAMMAR ? "grammar" : "format", err.msg);
+			nxd_req_free(r);
+			return;
+		}
+	}
 	if (!r->stream) {
 		r->gen_toks = malloc((size_t)r->max_tokens * sizeof(int32_t));
 		if (!r->gen_toks) {

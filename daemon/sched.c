@@ -46,6 +46,7 @@ void nxd_req_free(struct nxd_req *r)
 		free(r->stop[i]);
 	free(r->gen_toks);
 	free(r->text);
+	nx_gmatch_free(r->gm);
 	free(r);
 }
 
@@ -143,6 +144,9 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.speculated = r->spec_k > 0,
 			.spec_drafted = r->spec_drafted,
 			.spec_accepted = r->spec_accepted,
+			/* a document cut by a stop string, the length limit or a cancel is no document */
+			.constrained = r->gm != NULL,
+			.incomplete = r->gm && (reason == NXP_DONE_STOP || !nx_gmatch_accepting(r->gm)),
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -766,14 +770,53 @@ static void prof_turn(struct nxd *d)
 	d->prof_turns++;
 }
 
+/* Draws the token of logits row `row` for s's request: under its grammar's
+ * mask when it has one (and moves the grammar on by the token). The row of a
+ * kept draft is drawn the same way, so drafts and grammars compose. On a
+ * failure the request has ended and -1 is returned. */
+static int32_t sample_row(struct nxd *d, struct nxd_slot *s, int row, int *n_top)
+{
+	struct nxd_req *r = s->req;
+	const int n_vocab = d->model.n_vocab;
+	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	const float *logits = d->shm.state.logits + (size_t)row * (size_t)n_vocab; /* the supervisor's own pointer */
+	struct nx_logprob *top = r->sp.n_logprobs > 0 ? d->top : NULL;
+	int32_t tok;
+	if (r->gm) {
+		/* constrained: only tokens that keep the output a prefix of the grammar */
+		struct nx_err err = {{0}};
+		int n_allowed = 0;
+		const uint64_t *allowed = nx_gmatch_mask(r->gm, &n_allowed, &err);
+		if (!allowed || n_allowed == 0) {
+			slot_release(d, s, false);
+			fail_req(d, r, allowed ? NXP_E_BAD_REQUEST : NXP_E_INTERNAL,
+				 allowed ? "the grammar allows no token of this model's vocabulary here" : err.msg);
+			return -1;
+		}
+		tok = nx_sample_masked(&s->smp, logits, allowed, s->hist, s->n_hist, top, n_top);
+		if (tok >= 0 && tok < n_vocab && nx_gmatch_accept_token(r->gm, tok) < 0) {
+			slot_release(d, s, false);
+			fail_req(d, r, NXP_E_INTERNAL, "the grammar's matcher failed (out of memory, or its state grew past its bounds)");
+			return -1;
+		}
+	} else {
+		tok = nx_sample_grouped(&s->smp, logits, d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist,
+					s->n_hist, top, n_top);
+	}
+	if (tok < 0 || tok >= n_vocab) {
+		slot_release(d, s, false);
+		fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+		return -1;
+	}
+	return tok;
+}
+
 void nxd_sched_step_done(struct nxd *d)
 {
 	double t1 = nxd_now();
 	if (d->shm.prof)
 		prof_turn(d);
-	const float *logits = d->shm.state.logits; /* the supervisor's own pointer */
-	int n_vocab = d->model.n_vocab, seqs = 0, ntok = 0, n_prompt = 0;
-	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	int seqs = 0, ntok = 0, n_prompt = 0;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		if (!s->req || s->chunk == 0)
@@ -794,14 +837,9 @@ void nxd_sched_step_done(struct nxd *d)
 		 * and inf as the workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
-		int32_t tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
-						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
-						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
-		if (tok < 0 || tok >= n_vocab) {
-			slot_release(d, s, false);
-			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+		int32_t tok = sample_row(d, s, row, &n_top);
+		if (tok < 0)
 			continue;
-		}
 		ntok++;
 		bool live = on_token(d, s, tok, n_top);
 		/* Drafts: each kept while it is the token drawn, and its row then
@@ -817,14 +855,8 @@ void nxd_sched_step_done(struct nxd *d)
 			r->spec_accepted++;
 			s->n_past++; /* the draft's K/V are the drawn token's */
 			row = s->spec.draft_row + acc++;
-			tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
-						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
-						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
-			if (tok < 0 || tok >= n_vocab) {
-				slot_release(d, s, false);
-				fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+			if ((tok = sample_row(d, s, row, &n_top)) < 0)
 				break;
-			}
 			ntok++;
 			live = on_token(d, s, tok, n_top);
 		}

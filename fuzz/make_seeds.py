@@ -15,6 +15,7 @@ diffed. The files:
                             and the mode (see fuzz_tokenizer.c), the rest is text or ids
   fuzz/corpus/protocol/     request lines of every op and every bad-request case
   fuzz/corpus/safetensors/  docs/reliability.md 11 and 12 cases, valid PEFT adapters
+  fuzz/corpus/grammar/      GBNF grammars and JSON schemas for fuzz_grammar (byte 0: mode, see fuzz_grammar.c)
   fuzz/data/                tiny-bpe.vocab, tiny-spm.vocab (GGUF vocab-only files) for
                             fuzz_tokenizer; tiny-llama.model, the model fuzz_safetensors and
                             fuzz_gguf check adapters against
@@ -629,6 +630,41 @@ def safetensors_seeds():
     return S
 
 
+# --- grammar and schema --------------------------------------------------------------
+
+
+def grammar_seeds():
+    """fuzz_grammar inputs: byte 0 even for GBNF text, odd for a JSON schema."""
+    gbnf = [
+        ("gbnf-alternatives", 'root ::= greet ( " " name )? "!"{1,3}\ngreet ::= "hi" | "hello"\nname ::= [A-Z] [a-z]*\n'),
+        ("gbnf-classes", 'root ::= [^"\\\\\\n]+ . [\\x41-\\x43\\u00e9] ( "x" |\n "y" )\n'),
+        ("gbnf-repeat", 'root ::= "a"{2} "b"{1,} "c"{,2} ("de")* [0-9]{3,5}\n'),
+        ("gbnf-utf8", 'root ::= [α-ω]+ "日本"?\n'),
+        ("gbnf-json", None),
+        ("gbnf-left-recursive", 'root ::= root "a" | "b"\n'),
+        ("gbnf-undefined", 'root ::= foo\n'),
+    ]
+    schemas = [
+        ("schema-object", {"type": "object", "properties": {"a": {"type": "integer", "minimum": -15, "maximum": 123},
+                                                              "b": {"type": "string", "maxLength": 4}}, "required": ["b"]}),
+        ("schema-array", {"type": "array", "items": {"enum": ["x", 1, None]}, "minItems": 1, "maxItems": 3}),
+        ("schema-pattern", {"type": "string", "pattern": "^[A-Z]{2}-\\d{3,4}(x|y)?$"}),
+        ("schema-anyof", {"anyOf": [{"type": "number", "minimum": -5, "maximum": 2}, {"type": "null"}]}),
+        ("schema-refused", {"type": "object", "patternProperties": {"a": {}}}),
+    ]
+    out = []
+    for name, text in gbnf:
+        if text is None:
+            text = ('root ::= value\nvalue ::= object | array | string | number | "true" | "false" | "null"\n'
+                    'object ::= "{" ( string ":" value ( "," string ":" value )* )? "}"\n'
+                    'array ::= "[" ( value ( "," value )* )? "]"\nstring ::= "\\"" [a-z]* "\\""\n'
+                    'number ::= "-"? [0-9]+\n')
+        out.append((name, bytes([2]) + text.encode()))
+    for name, sch in schemas:
+        out.append((name, bytes([3]) + json.dumps(sch).encode()))
+    return out
+
+
 # --- writing -----------------------------------------------------------------------
 
 
@@ -647,6 +683,7 @@ def main():
     write_dir(corpus / "tokenizer", t)
     write_dir(corpus / "protocol", p)
     write_dir(corpus / "safetensors", s)
+    write_dir(corpus / "grammar", grammar_seeds())
     data = FUZZ / "data"
     data.mkdir(exist_ok=True)
     # Replaced by rename: a running fuzzer keeps these mapped.

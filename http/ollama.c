@@ -77,6 +77,8 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 		nxh_req_bad(r, "model", "field 'model' is required (GET /api/tags lists it)");
 		return -1;
 	}
+	if (nxh_ollama_format(r, b, g->req))
+		return -1;
 	size_t n = strlen(m);
 	if (n > 7 && !strcmp(m + n - 7, ":latest")) /* ollama's default tag */
 		n -= 7;
@@ -86,7 +88,7 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 
 int nxh_ollama_chat_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "messages", "stream", "options", NULL };
+	static const char *const known[] = { "model", "messages", "stream", "options", "format", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_CHAT;
 	if (common(r, g, known))
@@ -115,7 +117,7 @@ int nxh_ollama_chat_begin(struct nxh_req *r)
 
 int nxh_ollama_generate_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", NULL };
+	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", "format", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_GENERATE;
 	if (common(r, g, known))

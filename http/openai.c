@@ -295,6 +295,7 @@ err:
 static const char *const chat_known[] = {
 	"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
 	"logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "stream", "stream_options",
+	"response_format",
 	/* nxd's own */
 	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora",
 	/* the chat template's arguments, as vLLM and llama.cpp's server take them */
@@ -333,7 +334,8 @@ int nxh_chat_begin(struct nxh_req *r)
 	if (!msgs)
 		return -1;
 	json_object_set_new(g->req, "messages", msgs);
-	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || template_kwargs(r, b, g))
+	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || template_kwargs(r, b, g) ||
+	    nxh_response_format(r, b, g->req))
 		return -1;
 	bool has_lp, has_top;
 	long long top = 0;

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "common/err.h"
+#include "sample/grammar.h"
 #include "sample/stop.h"
 
 /* The daemon hands a request's stop strings to the matcher as they are. */
@@ -326,6 +327,8 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
+	if (d->constrained)
+		w_str(&w, d->incomplete ? ",\"incomplete\":true" : ",\"incomplete\":false");
 	if (d->has_seed)
 		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
 	if (d->speculated)
@@ -950,6 +953,60 @@ static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *
 	return 0;
 }
 
+/* "format" ("json" or a JSON schema) or "grammar" (GBNF text), compiled
+ * here: what cannot be compiled is refused naming the construct. */
+static int parse_constraint(json_t *o, struct nxp_generate *g, struct nxp_error *e)
+{
+	json_t *fmt = field(o, "format"), *gr = field(o, "grammar");
+	if (!fmt && !gr)
+		return 0;
+	if (fmt && gr)
+		return fail(e, NXP_E_BAD_REQUEST, "fields 'format' and 'grammar' cannot be used together");
+	if (g->ignore_eos)
+		return fail(e, NXP_E_BAD_REQUEST,
+			    "field 'ignore_eos' cannot be used with '%s': the grammar decides where the output ends",
+			    fmt ? "format" : "grammar");
+	struct nx_err err = {{0}};
+	char *text = NULL;
+	const char *src;
+	size_t len;
+	if (gr) {
+		if (!json_is_string(gr))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'grammar' must be a string of GBNF rules, got %s",
+				    nxp_json_type(gr));
+		src = json_string_value(gr);
+		len = json_string_length(gr);
+		g->format = NXP_FMT_GRAMMAR;
+	} else if (json_is_string(fmt)) {
+		if (strcmp(json_string_value(fmt), "json"))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'format' must be \"json\" or a JSON schema object, got the string \"%.64s\"",
+				    json_string_value(fmt));
+		src = nx_grammar_json_gbnf();
+		len = strlen(src);
+		g->format = NXP_FMT_JSON;
+	} else if (json_is_object(fmt) || json_is_boolean(fmt)) {
+		char *schema = json_dumps(fmt, JSON_COMPACT | JSON_ENCODE_ANY);
+		if (!schema)
+			return fail(e, NXP_E_INTERNAL, "out of memory copying 'format'");
+		int rc = nx_schema_to_gbnf(schema, strlen(schema), &text, &err);
+		free(schema);
+		if (rc)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'format': %s", err.msg);
+		src = text;
+		len = strlen(text);
+		g->format = NXP_FMT_SCHEMA;
+	} else {
+		return fail(e, NXP_E_BAD_REQUEST, "field 'format' must be \"json\" or a JSON schema object, got %s",
+			    nxp_json_type(fmt));
+	}
+	int rc = nx_grammar_compile(src, len, &g->grammar, &err);
+	free(text);
+	if (rc)
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s': %s", gr ? "grammar" : "format", err.msg);
+	return 0;
+}
+
 static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
 			  struct nxp_error *e)
 {
@@ -1062,7 +1119,7 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	json_t *spec = field(o, "speculate");
 	if (spec && parse_speculate(spec, g, e))
 		return -1;
-	return 0;
+	return parse_constraint(o, g, e);
 }
 
 /* An adapter name: 1..NXP_MAX_LORA_NAME bytes of [A-Za-z0-9._-] (names show
@@ -1400,6 +1457,7 @@ void nxp_request_free(struct nxp_request *req)
 		for (int i = 0; i < g->n_lora; i++)
 			free(g->lora[i].name);
 		free(g->lora);
+		nx_grammar_free(g->grammar);
 		break;
 	}
 	case NXP_OP_TOKENIZE:

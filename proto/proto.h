@@ -18,6 +18,8 @@
 
 #include "sample/sampler.h"
 
+struct nx_grammar;
+
 #define NXP_VERSION        1
 #define NXP_MAX_LINE       ((size_t)1 << 20) /* default request line limit (bytes, '\n' excluded) */
 #define NXP_ID_MAX         256               /* JSON text of an id, NUL included */
@@ -143,6 +145,10 @@ struct nxp_generate {
 	int n_lora;
 	enum nxp_spec_mode spec_mode; /* "speculate.mode" */
 	int spec_k;                   /* "speculate.k": 1..NXP_MAX_SPEC_K, 0: the daemon's */
+	/* Constrained decoding: "format" or "grammar", compiled (owned; the
+	 * daemon takes it over), NULL when neither was given. */
+	enum nxp_format { NXP_FMT_NONE, NXP_FMT_JSON, NXP_FMT_SCHEMA, NXP_FMT_GRAMMAR } format;
+	struct nx_grammar *grammar;
 };
 
 struct nxp_tokenize {
@@ -244,6 +250,8 @@ struct nxp_done {
 	double prefill_ms;
 	double decode_ms;
 	double tokens_per_s;    /* completion tokens / decode seconds */
+	bool constrained;       /* a "format" or "grammar" request: "incomplete" is written */
+	bool incomplete;        /* the text is not a complete document of the grammar */
 	bool has_seed;          /* seed is written: the one the sampler used, so the answer can be asked for again */
 	uint64_t seed;          /* 0..2^63-1, a JSON integer a request's "seed" accepts */
 	bool speculated;        /* "speculate" is written: the request ran with speculation on */

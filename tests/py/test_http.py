@@ -246,7 +246,7 @@ def test_errors_are_openai_errors(client, model_id, stack):
         (dict(messages=[]), "messages"),
         (dict(seed=-1), "seed"),
         (dict(logit_bias={"1": 5}), "logit_bias"),
-        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(response_format={"type": "xml"}), "response_format"),
         (dict(user="bob"), "user"),
     ]
     for kw, param in cases:
@@ -764,7 +764,7 @@ def test_ollama_api(stack, client, model_id):
     assert st == 200 and gen["response"] == want
     st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "x", "options": {"mirostat": 1}})
     assert st == 400 and "options.mirostat" in e["error"]
-    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "format": "json"})
+    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "format": "yaml"})
     assert st == 400 and "format" in e["error"]
     st, _, e = request(g, "POST", "/api/chat", {"model": "nope", "messages": msgs})
     assert st == 404 and "nope" in e["error"]
