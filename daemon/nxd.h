@@ -49,6 +49,7 @@
 #include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
+#include "tok/tools.h"
 #include "worker/worker.h"
 #include "common/version.h"
 
@@ -207,6 +208,9 @@ struct nxd_req {
 	struct nxd_lora_ent *lora_ent[NX_LORA_MIX_MAX];
 	int n_lora;
 	double t_arrive, t_admit, t_first, t_end; /* t_admit: its first prompt step */
+	/* tools offered (tok/tools.h): the answer read for calls as it comes, or NULL */
+	struct nx_toolp *tools;
+	int n_calls_sent;         /* streamed: tool_call events sent so far */
 };
 
 struct nxd_slot {
@@ -429,6 +433,7 @@ struct nxd_prepared {
 	size_t text_len;
 	char *answer;             /* tokenize, detokenize: the encoded answer line (answer_len), NULL when out of memory */
 	size_t answer_len;
+	struct nx_toolp *tools;   /* generate with tools: the reader of its calls (taken over by the request) */
 };
 struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);

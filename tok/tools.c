@@ -252,9 +252,6 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 
 void nx_toolp_finish(struct nx_toolp *p)
 {
-	p->out_len = 0;
-	if (p->out)
-		p->out[0] = '\0';
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, true);
 	else

@@ -116,7 +116,7 @@ void nx_toolp_free(struct nx_toolp *p);
 /* Feeds the next text of the answer; p->out / out_len is then the plain
  * text it releases (may be empty), and p->n_calls may have grown. */
 void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n);
-/* The answer ended: releases what was held back (p->out) and, for
+/* The answer ended: releases what was held back (added to p->out) and, for
  * REQUIRED / NAMED, sets failed when no valid call was made. */
 void nx_toolp_finish(struct nx_toolp *p);
 /* Whether the answer may end here: a call completed and parallel is false. */

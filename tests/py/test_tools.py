@@ -115,3 +115,258 @@ def test_families_without_a_tool_convention_refuse_tools(lib, family):
     # without tools the conversation renders as before
     got, err = nxd_render(lib, src, [{"role": "user", "content": "hi"}], None)
     assert got is not None, err
+
+
+# --- a scripted model: the answers are the model's own greedy decoding, by construction
+#
+# No small model with a tool-calling template is at hand (SmolLM2's ChatML
+# template has no tool convention: nxd refuses tools for it, tested below).
+# So the model is built to answer as scripted: its attention and MLP write
+# nothing (zero output projections), so the next token depends only on the
+# current one, and the embeddings and output head form a table "after token
+# a comes b". The prompt's last token (which the generation prompt and
+# tool_choice's forced call start decide) picks the script. What runs is the
+# real path - template, tokenizer, forward pass, sampler, call reader,
+# protocol, gateway - with a model that is a lookup table instead of a
+# trained one: it shows the plumbing, not that any model calls tools well.
+
+import numpy as np  # noqa: E402
+
+import make_tiny  # noqa: E402
+from nxd_helpers import Client, Daemon  # noqa: E402
+
+NL, QUOTE, SPACE_END = 3 + 0x0A, 3 + 0x22, 3 + 0x81  # byte tokens <0x0A>, <0x22>, the last byte of "▁"
+
+
+def scripted(path, template, scripts):
+    """A llama model with a byte-fallback vocabulary plus the scripts' pieces; scripts: {source token id:
+    [piece, ...]}: after the source, greedy decoding writes the pieces one token each, then </s>."""
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"\u2581w{i}" for i in range(16)]
+    types = [2, 3, 3] + [6] * 256 + [1] * 16
+    after = {}
+    for src, pieces in scripts.items():
+        ids = []
+        for p in pieces:
+            sp = p.replace(" ", "\u2581")
+            if sp not in toks:
+                toks.append(sp)
+                types.append(1)
+            ids.append(toks.index(sp))
+        seq = [src] + ids + [2]
+        for a, b in zip(seq, seq[1:]):
+            assert after.setdefault(a, b) == b, "two scripts continue one token differently"
+    n_vocab, dim = len(toks), 64
+    rng = np.random.default_rng(7)
+    emb = (rng.standard_normal((n_vocab, dim)) * 0.1).astype(np.float32)
+    head = np.zeros((n_vocab, dim), np.float32)
+    for k, a in enumerate(sorted(after)):
+        emb[a] = 0
+        emb[a, k] = 1
+        head[after[a], k] = 50
+
+    def mutate(meta, t):
+        meta.update({"tokenizer.ggml.model": ("str", "llama"), "tokenizer.ggml.tokens": ("arr", toks),
+                     "tokenizer.ggml.scores": ("arr", [0.0] * n_vocab),
+                     "tokenizer.ggml.token_type": ("arr", types),
+                     "tokenizer.ggml.bos_token_id": ("u32", 1), "tokenizer.ggml.eos_token_id": ("u32", 2)})
+        t["token_embd.weight"] = (emb, None)
+        t["output.weight"] = (head, None)
+        t["output_norm.weight"] = (np.ones(dim, np.float32), None)
+        for name in list(t):
+            if name.endswith("attn_output.weight") or name.endswith("ffn_down.weight"):
+                t[name] = (np.zeros_like(t[name][0]), None)
+
+    return make_tiny.build(path, arch="llama", wtype="F32", dim=dim, n_layer=1, n_head=4, n_head_kv=2, n_ff=128,
+                           n_vocab=n_vocab, n_ctx=8192, chat_template=template, mutate=mutate)
+
+
+QWEN25 = render.source("qwen2.5.jinja")
+LLAMA31 = render.source("llama3.1.jinja")
+TOOLS = [render_tools.WEATHER, render_tools.CLOCK]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+ANSWER = "It is 21 C and clear in Paris."
+# After the generation prompt ("...assistant\n"): a final answer, or (another model) a call of its own.
+FINAL = {NL: [ANSWER]}
+AUTO_CALL = {NL: ['<tool_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']}
+# After tool_choice's forced start: the named call's arguments, or a whole call ("required").
+NAMED = {SPACE_END: ['{"city": "Paris", "unit": "celsius"}', '}\n</tool_call>']}
+REQUIRED = {QUOTE: ['local_time", "arguments": {"offset": 1.5}}', '\n</tool_call>']}
+
+
+def serve(path, template, scripts, tmp_path, name):
+    return Daemon(scripted(tmp_path / f"{name}.gguf", template, scripts), tmp_path, workers=1, name=name,
+                  args=["--ctx", "8192", "--slots", "2"])
+
+
+def test_the_scripted_model_answers_as_scripted(tmp_path):
+    with serve(None, QWEN25, {**FINAL, **NAMED, **REQUIRED}, tmp_path, "s") as d, Client(d.sock) as c:
+        toks, text, done = c.generate(messages=ASK, temperature=0, stream=False)
+        assert text == ANSWER and done["reason"] == "eos"
+
+
+def named(name):
+    return {"type": "function", "function": {"name": name}}
+
+
+def test_protocol_tool_choice_named_and_required(tmp_path):
+    with serve(None, QWEN25, {**FINAL, **NAMED, **REQUIRED}, tmp_path, "s") as d, Client(d.sock) as c:
+        # the forced start of a named call ends on "▁" (its last byte token), which the script continues
+        _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice=named("get_weather"), temperature=0,
+                                   stream=False)
+        assert done["reason"] == "tool_calls", done
+        assert text == ""
+        [call] = done["tool_calls"]
+        assert call["name"] == "get_weather" and call["id"].startswith("call_")
+        assert json.loads(call["arguments"]) == {"city": "Paris", "unit": "celsius"}
+        _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, stream=False)
+        assert [(t["name"], json.loads(t["arguments"])) for t in done["tool_calls"]] == [("local_time", {"offset": 1.5})]
+        # auto: the model answers in text, no call
+        _, text, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
+        assert text == ANSWER and done["reason"] == "eos" and "tool_calls" not in done
+        # none: no tools in the prompt, nothing read as a call
+        _, text, none = c.generate(messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, stream=False)
+        assert text == ANSWER and none["usage"]["prompt_tokens"] < done["usage"]["prompt_tokens"]
+
+
+def test_protocol_round_trip_with_the_tool_result(tmp_path):
+    with serve(None, QWEN25, {**FINAL, **NAMED}, tmp_path, "s") as d, Client(d.sock) as c:
+        _, _, done = c.generate(messages=ASK, tools=TOOLS, tool_choice=named("get_weather"), temperature=0,
+                                stream=False)
+        [call] = done["tool_calls"]
+        msgs = ASK + [{"role": "assistant", "tool_calls": [{"id": call["id"], "type": "function", "function": {
+            "name": call["name"], "arguments": call["arguments"]}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 21, "sky": "clear"}'}]
+        toks, text, done = c.generate(messages=msgs, tools=TOOLS, temperature=0, stream=False)
+        assert text == ANSWER and done["reason"] == "eos"
+        # the prompt is the one the template renders for that conversation
+        rendered, err = nxd_render(lib_handle(), QWEN25, [
+            ASK[0], {"role": "assistant", "content": None, "tool_calls": [{"function": {
+                "name": "get_weather", "arguments": json.loads(call["arguments"])}}]},
+            msgs[2]], TOOLS)
+        assert rendered == render_tools.hf_render(QWEN25, [
+            ASK[0], {"role": "assistant", "content": None, "tool_calls": [{"function": {
+                "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]}, msgs[2]],
+            TOOLS, "", "<|im_end|>") if importlib.util.find_spec("jinja2") else rendered, err
+        assert c.request({"op": "tokenize", "id": 9, "text": rendered, "special": True})["tokens"] == \
+            c.request({"op": "tokenize", "id": 9, "text": rendered, "special": True})["tokens"]
+        n_prompt = len(c.request({"op": "tokenize", "id": 9, "text": rendered, "special": True})["tokens"])
+        assert done["usage"]["prompt_tokens"] == n_prompt
+
+
+def lib_handle():
+    so = ctypes.CDLL(str(build_dir() / "libnx.so"))
+    so.nx_chat_detect.restype = ctypes.c_int
+    so.nx_chat_detect.argtypes = [ctypes.c_char_p]
+    so.nx_chat_render_turns.restype = ctypes.c_int
+    so.nx_chat_render_turns.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Turn), ctypes.c_int,
+                                        ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                        ctypes.POINTER(_Err)]
+    return so
+
+
+def test_protocol_streams_a_call_the_model_makes_on_its_own(tmp_path):
+    with serve(None, QWEN25, AUTO_CALL, tmp_path, "s") as d, Client(d.sock) as c:
+        c.send({"op": "generate", "id": 1, "messages": ASK, "tools": TOOLS, "temperature": 0})
+        evs = list(c.events(1))
+        kinds = [e["event"] for e in evs]
+        assert kinds == ["token", "token", "tool_call", "done"], evs
+        assert all(e["text"] == "" for e in evs if e["event"] == "token")  # a call is not content
+        assert evs[2]["index"] == 0 and evs[2]["tool_call"]["name"] == "get_weather"
+        assert json.loads(evs[2]["tool_call"]["arguments"]) == {"city": "Paris"}
+        assert evs[3]["reason"] == "tool_calls" and "tool_calls" not in evs[3]
+
+
+BAD_CALLS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call>',  # not JSON
+    '<tool_call>\n{"name": "send_mail", "arguments": {"to": "x"}}\n</tool_call>',   # a tool not offered
+    '<tool_call>\n{"name": "get_weather", "arguments": "Paris"}\n</tool_call>',     # arguments not an object
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}',           # never closed, never whole
+]
+
+
+@pytest.mark.parametrize("bad", range(len(BAD_CALLS)))
+def test_a_malformed_call_is_plain_text_never_a_call(tmp_path, bad):
+    text = BAD_CALLS[bad]
+    if bad == 3:
+        text = text[:-2]  # cut inside the JSON
+    with serve(None, QWEN25, {NL: [text]}, tmp_path, "s") as d, Client(d.sock) as c:
+        _, got, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
+        assert got == text and done["reason"] == "eos" and "tool_calls" not in done
+        # streamed, the same text comes in token events
+        _, got, done = c.generate(messages=ASK, tools=TOOLS, temperature=0)
+        assert got == text and done["reason"] == "eos"
+        # when a call is required, an answer that is not a valid call is an error, not a call
+        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=8)
+        assert err["event"] == "error" and err["code"] == "invalid_tool_call", err
+
+
+def test_a_required_call_that_does_not_match_its_schema_is_an_error(tmp_path):
+    wrong = {SPACE_END: ['{"city": "Paris", "unit": "kelvin"}', '}\n</tool_call>'],
+             QUOTE: ['get_weather", "arguments": {"unit": "celsius"}}', '\n</tool_call>']}
+    with serve(None, QWEN25, wrong, tmp_path, "s") as d, Client(d.sock) as c:
+        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice=named("get_weather"), temperature=0)
+        assert err["event"] == "error" and err["code"] == "invalid_tool_call"
+        assert "get_weather" in err["message"] and "enum" in err["message"] and "$.unit" in err["message"]
+        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, stream=False)
+        assert err["code"] == "invalid_tool_call" and "required property 'city'" in err["message"]
+        assert c.request({"op": "status", "id": 2})["event"] == "status"  # the daemon lives on
+
+
+def test_parallel_tool_calls_false_stops_at_the_first_call(tmp_path):
+    two = {NL: ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+                '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>']}
+    with serve(None, QWEN25, two, tmp_path, "s") as d, Client(d.sock) as c:
+        _, _, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
+        assert [json.loads(t["arguments"])["city"] for t in done["tool_calls"]] == ["Paris", "Rome"]
+        assert len({t["id"] for t in done["tool_calls"]}) == 2
+        _, _, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False, parallel_tool_calls=False)
+        assert [json.loads(t["arguments"])["city"] for t in done["tool_calls"]] == ["Paris"]
+        assert done["reason"] == "tool_calls" and done["usage"]["completion_tokens"] == 1
+
+
+def test_llama_call_is_the_whole_answer(tmp_path):
+    script = {NL: ['{"name": "get_weather", "parameters": {"city": "Paris"}}']}
+    with serve(None, LLAMA31, script, tmp_path, "s") as d, Client(d.sock) as c:
+        _, text, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
+        assert text == "" and done["reason"] == "tool_calls"
+        assert [(t["name"], json.loads(t["arguments"])) for t in done["tool_calls"]] == [("get_weather", {"city": "Paris"})]
+        # without tools offered the same answer is text
+        _, text, done = c.generate(messages=ASK, temperature=0, stream=False)
+        assert text == script[NL][0] and "tool_calls" not in done
+
+
+def test_refusals_name_the_field_or_the_family(tmp_path):
+    smollm2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+               "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+               "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    with serve(None, smollm2, FINAL, tmp_path, "s") as d, Client(d.sock) as c:
+        _, _, err = c.generate(messages=ASK, tools=TOOLS)
+        assert err["code"] == "bad_request" and "(chatml) has no tool-call convention" in err["message"]
+        _, _, err = c.generate(messages=ASK + [{"role": "assistant", "content": "x"}, {"role": "tool", "content": "1"}])
+        assert err["code"] == "bad_request" and "(chatml) has no tool-call convention" in err["message"]
+        _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, stream=False)
+        assert text == ANSWER  # "none": the tools are not offered, so any template serves
+        for req, want in [
+            ({"tools": [{"type": "retrieval"}]}, "field 'tools[0].type' must be \"function\""),
+            ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "field 'tools[0].function.name'"),
+            ({"tools": [render_tools.WEATHER, render_tools.WEATHER]}, "repeats tool 'get_weather'"),
+            ({"tools": TOOLS, "tool_choice": named("nope")}, "not one of the tools offered"),
+            ({"tool_choice": "required"}, "no tools are offered"),
+            ({"tools": TOOLS, "tool_choice": "sometimes"}, "field 'tool_choice' must be"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "constrained decoding"),
+            ({"messages": [{"role": "user", "content": "q", "tool_calls": []}]}, "belongs to an assistant"),
+            ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]},
+             "arguments' must be a JSON object"),
+        ]:
+            r = {"messages": ASK, **req}
+            _, _, err = c.generate(**r)
+            assert err["event"] == "error" and want in err["message"], (req, err)
+    with serve(None, QWEN25, FINAL, tmp_path, "q") as d, Client(d.sock) as c:
+        odd = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "$ref": "#/x"}}}
+        _, _, err = c.generate(messages=ASK, tools=[odd], tool_choice="required")
+        assert err["code"] == "bad_request" and "'$ref'" in err["message"]
+        _, text, done = c.generate(messages=ASK, tools=[odd], temperature=0, stream=False)
+        assert text == ANSWER  # auto checks no arguments, so any schema is offered as it is
+        _, _, err = c.generate(prompt="hi", raw=True, tools=TOOLS)
+        assert err["code"] == "bad_request" and "chat template" in err["message"]
