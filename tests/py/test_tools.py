@@ -370,3 +370,116 @@ def test_refusals_name_the_field_or_the_family(tmp_path):
         assert text == ANSWER  # auto checks no arguments, so any schema is offered as it is
         _, _, err = c.generate(prompt="hi", raw=True, tools=TOOLS)
         assert err["code"] == "bad_request" and "chat template" in err["message"]
+
+
+# --- nxd-http: the OpenAI and ollama shapes, with the official openai client
+
+openai = pytest.importorskip("openai", reason="the openai package is not in the venv (tests/requirements.txt)")
+from http_helpers import Gateway, request  # noqa: E402
+
+
+def gateway_client(g):
+    return openai.OpenAI(base_url=g.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def model_of(g):
+    st, _, body = request(g, "GET", "/v1/models")
+    assert st == 200, body
+    return body["data"][0]["id"]
+
+
+def test_openai_round_trip_call_result_answer(tmp_path):
+    """A tool call, the tool's answer, the final message - through the official openai client."""
+    with serve(None, QWEN25, {**FINAL, **NAMED}, tmp_path, "s") as d, Gateway(d.sock, tmp_path) as g:
+        client, model = gateway_client(g), model_of(g)
+        msgs = list(ASK)
+        r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.content is None
+        [tc] = ch.message.tool_calls
+        assert tc.type == "function" and tc.id.startswith("call_") and tc.function.name == "get_weather"
+        assert json.loads(tc.function.arguments) == {"city": "Paris", "unit": "celsius"}
+        msgs.append(ch.message.model_dump(exclude_none=True))  # the assistant's call, as clients send it back
+        msgs.append({"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"temperature": 21})})
+        r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, temperature=0)
+        assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == ANSWER
+        assert r.choices[0].message.tool_calls is None
+        # and streamed: the same call in OpenAI's pieces
+        s = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, stream=True,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        calls, finish, content = {}, None, ""
+        for chunk in s:
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                finish = c.finish_reason or finish
+                for t in c.delta.tool_calls or []:
+                    acc = calls.setdefault(t.index, {"id": None, "name": "", "arguments": ""})
+                    if t.id:
+                        assert acc["id"] is None and acc["arguments"] == ""  # id and name come first
+                        acc["id"], acc["name"] = t.id, t.function.name
+                    acc["arguments"] += (t.function.arguments or "") if t.function else ""
+        assert finish == "tool_calls" and content == ""
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
+            [("get_weather", {"city": "Paris", "unit": "celsius"})]
+        assert calls[0]["id"].startswith("call_")
+
+
+def test_openai_stream_of_a_call_the_model_makes_and_errors(tmp_path):
+    with serve(None, QWEN25, AUTO_CALL, tmp_path, "s") as d, Gateway(d.sock, tmp_path) as g:
+        client, model = gateway_client(g), model_of(g)
+        s = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, stream=True)
+        chunks = list(s)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        tool_deltas = [t for dl in deltas for t in (dl.tool_calls or [])]
+        assert [t.index for t in tool_deltas] == [0, 0]
+        assert tool_deltas[0].id and tool_deltas[0].function.name == "get_weather" and tool_deltas[0].function.arguments == ""
+        assert json.loads(tool_deltas[1].function.arguments) == {"city": "Paris"} and tool_deltas[1].id is None
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert "".join(dl.content or "" for dl in deltas) == ""
+        # a call that must be made and is not valid: OpenAI's error shape
+        with pytest.raises(openai.APIError) as e:
+            client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           temperature=0, max_tokens=8)
+        assert "invalid_tool_call" in str(e.value) or getattr(e.value, "code", None) == "invalid_tool_call"
+        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": TOOLS,
+                                                                  "tool_choice": "required", "max_tokens": 8})
+        assert st == 500 and body["error"]["code"] == "invalid_tool_call" and body["error"]["type"] == "server_error"
+        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK,
+                                                                  "tools": [{"type": "web_search"}]})
+        assert st == 400 and "tools[0].type" in body["error"]["message"]
+        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": [
+            {"role": "user", "content": "q", "name": "alice"}]})
+        assert st == 400 and "messages[0].name" in body["error"]["message"]
+
+
+def test_openai_tools_refused_for_a_template_without_a_convention(tmp_path):
+    with serve(None, "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}",
+               FINAL, tmp_path, "s") as d, Gateway(d.sock, tmp_path) as g:
+        client, model = gateway_client(g), model_of(g)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=ASK, tools=TOOLS)
+        assert "(chatml) has no tool-call convention" in str(e.value)
+
+
+def test_ollama_chat_tools(tmp_path):
+    with serve(None, QWEN25, AUTO_CALL, tmp_path, "s") as d, \
+            Gateway(d.sock, tmp_path) as g:
+        model = model_of(g)
+        opts = {"temperature": 0}
+        st, _, one = request(g, "POST", "/api/chat", {"model": model, "messages": ASK, "tools": TOOLS, "options": opts,
+                                                      "stream": False})
+        assert st == 200, one
+        [tc] = one["message"]["tool_calls"]
+        assert tc["function"]["name"] == "get_weather" and tc["function"]["arguments"] == {"city": "Paris"}
+        assert one["message"]["content"] == "" and one["done"]
+        st, _, body = request(g, "POST", "/api/chat", {"model": model, "messages": ASK, "tools": TOOLS, "options": opts})
+        lines = [json.loads(ln) for ln in body.decode().splitlines()]
+        calls = [c for ln in lines for c in ln["message"].get("tool_calls", [])]
+        assert [c["function"]["arguments"] for c in calls] == [{"city": "Paris"}] and lines[-1]["done"]
+        # the result goes back as ollama clients send it: arguments as an object, a tool message with tool_name
+        msgs = ASK + [{"role": "assistant", "content": "", "tool_calls": [tc]},
+                      {"role": "tool", "content": "21", "tool_name": "get_weather"}]
+        st, _, one = request(g, "POST", "/api/chat", {"model": model, "messages": msgs, "tools": TOOLS, "options": opts,
+                                                      "stream": False})
+        assert st == 200 and one["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
