@@ -117,8 +117,8 @@ static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g
 			       "\"raw\"");
 	enum nx_tool_style style = nx_chat_tool_style(x->tmpl, x->jinja);
 	if (style == NX_TOOLS_NONE)
-		return nx_errf(err, "chat: the model's chat template (%s) has no tool-call convention nxd knows: tools are "
-			       "rendered for Llama 3.1-3.3 (llama3.1) and Qwen2.5 / Qwen3 templates only",
+		return nx_errf(err, "field 'tools': the model's chat template (%s) has no tool-call convention nxd knows: "
+			       "tools are rendered for Llama 3.1-3.3 (llama3.1) and Qwen2.5 / Qwen3 templates only",
 			       nx_chat_tmpl_name(x->tmpl));
 	json_error_t je;
 	json_t *tools = json_loads(g->tools, 0, &je);

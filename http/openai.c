@@ -240,8 +240,9 @@ static int message_tool_fields(struct nxh_req *r, const json_t *m, size_t i, con
 	json_t *name = json_object_get(m, "name");
 	if (name && !json_is_null(name) && strcmp(role, "tool")) {
 		/* a participant's name: no template nxd renders has a place for it */
-		nxh_req_bad(r, "messages", "field 'messages[%zu].name' is not supported by nxd-http on a %s message", i,
-			    role);
+		char f[48];
+		snprintf(f, sizeof(f), "messages[%zu].name", i);
+		nxh_req_bad(r, f, "field '%s' is not supported by nxd-http on a %s message", f, role);
 		return -1;
 	}
 	if (calls && !json_is_null(calls)) {

@@ -1,4 +1,5 @@
 /* tools.c - the model's tool calls read back out of its answer as it streams (see tools.h). */
+#define _GNU_SOURCE /* memmem: model text may hold NUL bytes */
 #include "tok/tools.h"
 
 #include <stdio.h>
@@ -19,7 +20,7 @@ static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
 
 static void grow(struct nx_toolp *p, char **s, size_t *len, size_t *cap, const char *add, size_t n)
 {
-	if (p->oom)
+	if (p->oom || n == 0)
 		return;
 	if (*len + n + 1 > *cap) {
 		size_t c = *cap ? *cap : 256;
@@ -50,6 +51,8 @@ static void hold(struct nx_toolp *p, const char *s, size_t n)
 
 static void drop(struct nx_toolp *p, size_t n)
 {
+	if (n == 0)
+		return;
 	memmove(p->buf, p->buf + n, p->buf_len - n);
 	p->buf_len -= n;
 	if (p->buf)
@@ -176,8 +179,12 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 static void qwen_scan(struct nx_toolp *p, bool end)
 {
 	for (;;) {
+		if (nx_toolp_done(p)) {
+			drop(p, p->buf_len);
+			return;
+		}
 		if (p->state == ST_TEXT) {
-			char *at = p->buf_len ? strstr(p->buf, OPEN) : NULL;
+			char *at = p->buf_len ? memmem(p->buf, p->buf_len, OPEN, sizeof(OPEN) - 1) : NULL;
 			if (at) {
 				emit(p, p->buf, (size_t)(at - p->buf));
 				drop(p, (size_t)(at - p->buf));
@@ -196,11 +203,14 @@ static void qwen_scan(struct nx_toolp *p, bool end)
 			return;
 		}
 		/* ST_CALL */
-		char *close = strstr(p->buf + sizeof(OPEN) - 1, CLOSE);
+		if (nx_toolp_done(p)) { /* the answer ended with its call: what follows is not part of it */
+			drop(p, p->buf_len);
+			p->state = ST_TEXT;
+			return;
+		}
+		char *close = memmem(p->buf + sizeof(OPEN) - 1, p->buf_len - (sizeof(OPEN) - 1), CLOSE, sizeof(CLOSE) - 1);
 		if (!close && !end)
 			return;
-		if (nx_toolp_done(p)) /* parallel_tool_calls false: no second call */
-			close = NULL;
 		const char *body = p->buf + sizeof(OPEN) - 1;
 		size_t blen = close ? (size_t)(close - body) : p->buf_len - (sizeof(OPEN) - 1);
 		size_t whole = close ? (size_t)(close - p->buf) + sizeof(CLOSE) - 1 : p->buf_len;

@@ -87,6 +87,35 @@ def test_expected_tool_renderings_are_the_templates_own():
     assert json.loads(json.dumps(render_tools.expected())) == EXPECTED
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jinja2") is None, reason="no jinja2 here to render the templates anew")
+def test_json_in_the_prompt_is_written_as_pythons_json_dumps(lib):
+    """Seeded random doubles (any bit pattern that is finite), edge values, and strings of any code point but
+    surrogates, in a tool's schema: nxd writes them as json.dumps does (repr's shortest digits, its switch to
+    exponents, ensure_ascii=False escapes), in Qwen's tojson and in Llama's tojson(indent=4)."""
+    import random
+    import struct
+    rng = random.Random(26)
+    reals = [0.1, 1e-7, 1e22, 2.0 ** 53, 5e-324, 1.7976931348623157e308, -0.0, 1e16, 9999999999999998.0, 0.0001,
+             123e-20, 1.5, -2.5e-05]
+    while len(reals) < 400:
+        x = struct.unpack("<d", struct.pack("<Q", rng.getrandbits(64)))[0]
+        if x == x and abs(x) != float("inf"):
+            reals.append(x)
+    reals += [rng.uniform(-1e6, 1e6) for _ in range(100)] + [float(rng.randint(-10**15, 10**15)) for _ in range(50)]
+    chars = [c for c in range(0x0, 0x3000) if not 0xd800 <= c < 0xe000] + [0x1f600, 0x10ffff, 0x2028, 0x7f]
+    strs = ["".join(chr(rng.choice(chars)) for _ in range(rng.randint(0, 12))) for _ in range(100)]
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "default": {"reals": reals, "ints": [0, -1, 2**63 - 1, -2**63], "strs": strs,
+                                      "nested": [[], {}, [None, True, False, {"k": []}]]}}}}
+    msgs = [{"role": "user", "content": "q"}]
+    for name in ("qwen2.5.jinja", "llama3.1.jinja"):
+        src = render.source(name)
+        got, err = nxd_render(lib, src, msgs, [tool])
+        assert got is not None, err
+        want = render_tools.hf_render(src, msgs, [tool], "" if "qwen" in name else "<|begin_of_text|>", "")
+        assert got == want
+
+
 def test_a_forced_call_start_follows_the_generation_prompt(lib):
     case = EXPECTED[0]
     got, err = nxd_render(lib, render.source(case["template"]), case["messages"], case["tools"],
@@ -459,7 +488,24 @@ def test_openai_tools_refused_for_a_template_without_a_convention(tmp_path):
         client, model = gateway_client(g), model_of(g)
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model=model, messages=ASK, tools=TOOLS)
+        assert "(chatml) has no tool-call convention" in str(e.value) and e.value.body["param"] == "tools"
+
+
+def test_smollm2_has_no_tool_convention(model_path, tmp_path):
+    """The real SmolLM2: its ChatML template has no tools, so they are refused by name; without them it serves."""
+    with Daemon(model_path, tmp_path, workers=1, args=["--ctx", "1024"]) as d, Gateway(d.sock, tmp_path) as g:
+        client, model = gateway_client(g), model_of(g)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=4)
         assert "(chatml) has no tool-call convention" in str(e.value)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, max_tokens=4, messages=ASK + [
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "call_1", "content": "21"}])
+        assert "(chatml) has no tool-call convention" in str(e.value)
+        r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4,
+                                           temperature=0)
+        assert r.choices[0].message.content and r.choices[0].message.tool_calls is None
 
 
 def test_ollama_chat_tools(tmp_path):
