@@ -129,9 +129,10 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 		nxd_send_error(d, c, r->id, NXP_E_INVALID_TOOL_CALL, "%s", r->tools->why);
 		c = NULL;
 	}
-	struct nxp_tool_call calls[NXP_MAX_TOOL_CALLS];
+	_Static_assert(NX_TOOL_MAX_CALLS <= NXP_MAX_TOOL_CALLS, "an answer's calls fit the protocol's");
+	struct nxp_tool_call calls[NX_TOOL_MAX_CALLS];
 	int n_calls = 0;
-	for (int i = 0; r->tools && !r->stream && i < r->tools->n_calls && i < NXP_MAX_TOOL_CALLS; i++)
+	for (int i = 0; r->tools && !r->stream && i < r->tools->n_calls && i < NX_TOOL_MAX_CALLS; i++)
 		calls[n_calls++] = (struct nxp_tool_call){ r->tools->calls[i].id, r->tools->calls[i].name,
 							   r->tools->calls[i].arguments };
 	if (c) {
@@ -632,12 +633,11 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 		st->count++;
 }
 
-/* d->lp for a token event: the n_top most likely tokens, then the chosen one
- * when a draw took it from outside them, so its own logprob is always there. */
 /* Feeds the text just released to the request's reader of tool calls: the
  * answer ends early once a call is all parallel_tool_calls false allows, or
- * once tool_choice's call has failed; an answer that ends with calls ends
- * for them. */
+ * once tool_choice's call has failed (text held back for a stop string then
+ * is dropped: nothing after the call belongs to the answer); an answer that
+ * ends with calls ends for them. */
 static void read_tool_calls(struct nxd_req *r, const char *s, size_t n, bool *end, enum nxp_reason *reason)
 {
 	struct nx_toolp *tp = r->tools;
@@ -667,6 +667,8 @@ static void send_tool_calls(struct nxd *d, struct nxd_conn *c, struct nxd_req *r
 	}
 }
 
+/* d->lp for a token event: the n_top most likely tokens, then the chosen one
+ * when a draw took it from outside them, so its own logprob is always there. */
 /* Streams one sampled token and decides whether the sequence ends. An
  * end-of-generation token is not part of the answer: no text, not counted,
  * not in `tokens`; it only ends the sequence (reason eos). */
@@ -739,15 +741,16 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, txt, tlen,
 						    r->sp.n_logprobs > 0 && !eog ? &self : NULL, d->lp, n_lp);
 			char *big = NULL;
-			if (n >= d->line_cap && tlen > rlen && (big = malloc(n + 1))) {
-				/* the held-back text of a malformed call, released at once */
+			if (n < d->line_cap) {
+				nxd_conn_queue(d, c, d->line, n);
+			} else if ((big = malloc(n + 1))) {
+				/* text the reader of tool calls held back (a malformed call, a
+				 * Llama answer that opened as a call), released at once */
 				nxp_enc_token_lp(big, n + 1, r->id, tok, txt, tlen, r->sp.n_logprobs > 0 && !eog ? &self : NULL,
 						 d->lp, n_lp);
 				nxd_conn_queue(d, c, big, n);
-			} else if (n < d->line_cap) {
-				nxd_conn_queue(d, c, d->line, n);
+				free(big);
 			}
-			free(big);
 		}
 		if (c && r->tools)
 			send_tool_calls(d, c, r);

@@ -273,5 +273,5 @@ void nx_toolp_finish(struct nx_toolp *p)
 
 bool nx_toolp_done(const struct nx_toolp *p)
 {
-	return (!p->parallel && p->n_calls > 0) || p->failed;
+	return (!p->parallel && p->n_calls > 0) || p->n_calls >= NX_TOOL_MAX_CALLS || p->failed;
 }

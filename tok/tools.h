@@ -72,6 +72,8 @@ char *nx_tool_json(const json_t *v, int indent, bool compact);
 
 // --- the model's answer read back into calls (tok/tools.c)
 
+#define NX_TOOL_MAX_CALLS 128 /* calls one answer may make: the answer ends at the last */
+
 enum nx_tool_choice {
 	NX_TOOL_AUTO,     /* the model may call a tool or answer */
 	NX_TOOL_REQUIRED, /* the answer must be a call, of any tool */
@@ -119,7 +121,8 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n);
 /* The answer ended: releases what was held back (added to p->out) and, for
  * REQUIRED / NAMED, sets failed when no valid call was made. */
 void nx_toolp_finish(struct nx_toolp *p);
-/* Whether the answer may end here: a call completed and parallel is false. */
+/* Whether the answer ends here: a call completed and parallel is false, the
+ * answer made NX_TOOL_MAX_CALLS calls, or a required call failed. */
 bool nx_toolp_done(const struct nx_toolp *p);
 
 // --- arguments against a schema (tok/tool_schema.c)

@@ -529,3 +529,25 @@ def test_ollama_chat_tools(tmp_path):
         st, _, one = request(g, "POST", "/api/chat", {"model": model, "messages": msgs, "tools": TOOLS, "options": opts,
                                                       "stream": False})
         assert st == 200 and one["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_nxctl_generate_prints_each_call_as_a_json_line(tmp_path):
+    import subprocess
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    with serve(None, QWEN25, {**FINAL, **NAMED}, tmp_path, "s") as d:
+        def nxctl(*args):
+            return subprocess.run([str(build_dir() / "nxctl"), "--socket", d.sock, "generate", "--temp", "0", *args],
+                                  capture_output=True, text=True, timeout=60)
+        r = nxctl("--tools", str(tools), "--tool-choice", "get_weather", "What is the weather in Paris?")
+        assert r.returncode == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 1, repr(r.stdout)
+        [line] = r.stdout.splitlines()
+        call = json.loads(line)
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris", "unit": "celsius"}
+        r = nxctl("--tools", str(tools), "What is the weather in Paris?")
+        assert r.returncode == 0 and r.stdout == ANSWER + "\n", r.stderr
+        bad = tmp_path / "bad.json"
+        bad.write_text("{not json")
+        r = nxctl("--tools", str(bad), "hi")
+        assert r.returncode == 2 and "--tools" in r.stderr
