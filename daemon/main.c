@@ -54,8 +54,12 @@ static const char usage[] =
 	"                       (one 8-bit part, as llama.cpp does: more tokens/s when several\n"
 	"                       clients share a step; logits ~0.16 off on SmolLM2, top-1 ~97%\n"
 	"                       the same)\n"
-	"  --chat-template NAME how chat requests (messages, or a prompt without \"raw\") become\n"
-	"                       the prompt: raw, chatml, llama2, llama3, llama3.1 or qwen3\n"
+	"  --chat-template NAME|FILE\n"
+	"                       how chat requests (messages, or a prompt without \"raw\") become\n"
+	"                       the prompt: raw, chatml, llama2, llama3, llama3.1, qwen3,\n"
+	"                       mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken or\n"
+	"                       deepseek-r1; or a file holding a Jinja chat template, used in\n"
+	"                       place of the model's and told apart as the model's would be\n"
 	"                       (default: detected from the model's template; one nxd does not\n"
 	"                       know leaves chat requests refused until this option names one)\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
@@ -250,9 +254,21 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			break;
 		case O_CHAT: {
 			enum nx_chat_tmpl t;
-			if (nx_chat_tmpl_parse(optarg, &t, NULL) < 0)
-				return bad("--chat-template: '%s' is not one of %s", optarg, nx_chat_tmpl_names());
-			o->chat_template = optarg;
+			o->chat_template = o->chat_template_file = NULL;
+			if (nx_chat_tmpl_parse(optarg, &t, NULL) == 0) {
+				o->chat_template = optarg;
+				break;
+			}
+			if (access(optarg, F_OK) != 0)
+				return bad("--chat-template: '%s' is not one of %s, nor a template file (%s)", optarg,
+					   nx_chat_tmpl_names(), strerror(errno));
+			/* read now to refuse a bad one before the model loads; model.c reads it again */
+			char *src;
+			struct nx_err e;
+			if (nx_chat_template_file(optarg, &src, &t, &e) < 0)
+				return bad("--chat-template: %s", e.msg);
+			free(src);
+			o->chat_template_file = optarg;
 			break;
 		}
 		case 'h':
@@ -455,7 +471,7 @@ int main(int argc, char **argv)
 	d->pid = getpid();
 	d->t_start = nxd_now();
 	d->n_workers = d->o.n_workers;
-	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
+	d->listen_fd = d->sock_lock_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
 	d->phase = NXD_STARTING;
 	nxw_hooks_announce(warn_test_hook);
 	/* Spin a little before a futex sleep: a sleep/wake round trip costs

@@ -279,7 +279,13 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	if (gguf_get_str(&mo->g, "tokenizer.chat_template", &mo->jinja, false, err) < 0)
 		mo->jinja = NULL;
 	mo->tmpl = nx_chat_detect(mo->jinja);
-	if (d->o.chat_template)
+	if (d->o.chat_template_file) {
+		char *src;
+		if (nx_chat_template_file(d->o.chat_template_file, &src, &mo->tmpl, err) < 0)
+			return nx_err_prefix(err, "--chat-template");
+		free(mo->jinja);
+		mo->jinja = src; /* its default system prompt and dates are the file's */
+	} else if (d->o.chat_template)
 		nx_chat_tmpl_parse(d->o.chat_template, &mo->tmpl, NULL); /* checked by parse_args */
 	else if (mo->tmpl == NX_CHAT_UNKNOWN)
 		nxd_warn("model: tokenizer.chat_template is not one nxd can render (%s): chat requests (messages, a "
@@ -288,7 +294,9 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	pick_type(mo);
 	nxd_info("model: %s (%s, %s), %d layers, dim %d, vocab %d, context %d, chat template %s%s", mo->name,
 		 mo->arch, mo->type, mo->m.hp.n_layer, mo->m.hp.dim, mo->n_vocab, mo->m.hp.n_ctx_train,
-		 nx_chat_tmpl_name(mo->tmpl), d->o.chat_template ? " (--chat-template)" : !mo->jinja ? " (none in the file)" : "");
+		 nx_chat_tmpl_name(mo->tmpl),
+		 d->o.chat_template_file ? " (--chat-template FILE)" : d->o.chat_template ? " (--chat-template)"
+		 : !mo->jinja ? " (none in the file)" : "");
 	return 0;
 }
 

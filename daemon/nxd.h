@@ -85,6 +85,7 @@ struct nxd_opts {
 	bool use_mmap;
 	int log_level;
 	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
+	const char *chat_template_file; /* --chat-template FILE: a Jinja template read in place of the model's, or NULL */
 };
 
 /* ---------------------------------------------------------------- model */
@@ -282,6 +283,7 @@ struct nxd {
 	/* io_uring loop */
 	struct io_uring ring;
 	int listen_fd;
+	int sock_lock_fd;       /* the socket path's lock (loop.c lock_socket_path), -1 when activated */
 	bool listen_activated;    /* from systemd: not ours to unlink */
 	bool socket_created;
 	bool accept_multishot, accept_armed;

@@ -140,6 +140,9 @@ static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g
 		    nx_tool_schema_check(params, at, err) < 0)
 			rc = nx_err_prefix(err, "tool_choice asks for a call, whose arguments nxd checks");
 	}
+	/* The hook for constrained decoding (tok/tools.h): the call's arguments
+	 * follow this prefix, and the called tool's schema is what a grammar
+	 * would hold them to; until then the reader checks them once made. */
 	if (rc == 0 && choice != NX_TOOL_AUTO && !(*prefix = nx_tool_prefix(style, choice == NX_TOOL_NAMED ? g->tool_name : NULL)))
 		rc = nx_errf(err, "out of memory");
 	uint64_t seed = 0;
@@ -200,7 +203,13 @@ static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate
 			msgs[n++] = (struct nx_chat_turn){ nxp_role_name(g->messages[i].role), g->messages[i].content,
 							   g->messages[i].tool_calls };
 	}
-	rc = nx_chat_render_turns(x->tmpl, x->jinja, msgs, n, *reader ? g->tools : NULL, prefix, &text, err);
+	struct nx_chat_opts co = {
+		.add_generation_prompt = true,
+		.thinking = g->think == NXP_THINK_OFF  ? NX_CHAT_THINK_OFF
+			    : g->think == NXP_THINK_ON ? NX_CHAT_THINK_ON
+						       : NX_CHAT_THINK_DEFAULT,
+	};
+	rc = nx_chat_render_turns(x->tmpl, x->jinja, msgs, n, *reader ? g->tools : NULL, prefix, &co, &text, err);
 	free(msgs);
 	free(prefix);
 	if (rc < 0)

@@ -302,8 +302,7 @@ static void dispatch(struct epoll_event *e, double now, double *deadline)
 		break;
 	case NXH_IO_WATCH: {
 		struct nxh_req *r = (struct nxh_req *)((char *)io - offsetof(struct nxh_req, watch));
-		if (r->suspended)
-			nxh_req_client_gone(r);
+		nxh_req_hung_up(r);
 		break;
 	}
 	}

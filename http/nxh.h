@@ -6,8 +6,8 @@
  * one protocol request, its events; closing that socket is how a request is
  * cancelled (nxd ends a vanished client's requests at the next step). A
  * connection that waits for nxd is suspended in libmicrohttpd, and its fd
- * is watched for a hang-up meanwhile (libmicrohttpd does not look at
- * suspended connections), so a client that goes away is noticed at once.
+ * is watched for a hang-up (libmicrohttpd does not look at suspended
+ * connections), so a client that goes away is noticed at once.
  *
  * Files: main.c (options, start-up, loop, shutdown), server.c (libmicrohttpd
  * glue: routes, bodies, keys, limits, responses), upstream.c (the nxd
@@ -186,8 +186,9 @@ struct nxh_req {
 	bool body_too_large;
 	json_t *json;            /* the body, parsed */
 	bool suspended, client_gone;
-	struct nxh_io watch;     /* NXH_IO_WATCH: the client's fd while suspended */
+	struct nxh_io watch;     /* NXH_IO_WATCH: the client's fd, from the first suspend to the end */
 	int watch_fd;
+	bool hung_up;            /* the watch saw a hang-up while libmicrohttpd had the connection */
 	double t_start, t_first;
 
 	/* The answer: a JSON body with a status, or a stream. */
@@ -249,7 +250,9 @@ void nxh_server_stop(void);
 void nxh_server_tick(double now);
 /* The request is ready (answer or stream start) or has more stream bytes. */
 void nxh_req_wake(struct nxh_req *r);
-/* The client's fd showed a hang-up while suspended. */
+/* The client's fd showed a hang-up: gone now if suspended, else at the next suspend. */
+void nxh_req_hung_up(struct nxh_req *r);
+/* The client is gone: its nxd request is closed and libmicrohttpd ends the connection. */
 void nxh_req_client_gone(struct nxh_req *r);
 /* An OpenAI error object as the answer: {"error":{"message","type","param","code"}}. */
 void nxh_req_fail(struct nxh_req *r, unsigned status, const char *type, const char *param, const char *code,

@@ -332,7 +332,9 @@ static const char *const chat_known[] = {
 	"logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "stream", "stream_options",
 	"tools", "tool_choice", "parallel_tool_calls",
 	/* nxd's own */
-	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", NULL
+	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora",
+	/* the chat template's arguments, as vLLM and llama.cpp's server take them */
+	"chat_template_kwargs", NULL
 };
 
 /* tools, tool_choice and parallel_tool_calls go to nxd as they are: it
@@ -348,6 +350,26 @@ static int tool_fields(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
 	return 0;
 }
 
+/* chat_template_kwargs: only enable_thinking, which is nxd's "think". */
+static int template_kwargs(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
+{
+	static const char *const known[] = { "enable_thinking", NULL };
+	json_t *k = json_object_get(b, "chat_template_kwargs");
+	bool think, has;
+	if (!k || json_is_null(k))
+		return 0;
+	if (!json_is_object(k)) {
+		nxh_req_bad(r, "chat_template_kwargs", "field 'chat_template_kwargs' must be an object");
+		return -1;
+	}
+	if (nxh_only_fields(r, k, "chat_template_kwargs.", known) ||
+	    nxh_get_bool(r, k, "enable_thinking", "chat_template_kwargs.", &think, &has))
+		return -1;
+	if (has)
+		json_object_set_new(g->req, "think", json_boolean(think));
+	return 0;
+}
+
 int nxh_chat_begin(struct nxh_req *r)
 {
 	struct nxh_gen *g = &r->gen;
@@ -360,7 +382,8 @@ int nxh_chat_begin(struct nxh_req *r)
 	if (!msgs)
 		return -1;
 	json_object_set_new(g->req, "messages", msgs);
-	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || tool_fields(r, b, g))
+	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || tool_fields(r, b, g) ||
+	    template_kwargs(r, b, g))
 		return -1;
 	bool has_lp, has_top;
 	long long top = 0;

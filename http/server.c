@@ -119,15 +119,20 @@ void nxh_req_fail_event(struct nxh_req *r, json_t *ev)
 
 // --- suspending and waking
 
+/* The client's fd is watched from the first suspend until the request ends,
+ * edge-triggered, so a stream costs no epoll_ctl per token; a hang-up seen
+ * while libmicrohttpd has the connection is kept for the next suspend. */
 static void watch_add(struct nxh_req *r)
 {
+	if (r->watch_fd >= 0)
+		return;
 	const union MHD_ConnectionInfo *ci = MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 	r->watch_fd = ci ? ci->connect_fd : -1;
 	if (r->watch_fd < 0)
 		return;
 	r->watch.kind = NXH_IO_WATCH;
 	/* Only a hang-up: a pipelined next request (EPOLLIN) is libmicrohttpd's. */
-	struct epoll_event e = { .events = EPOLLRDHUP, .data.ptr = &r->watch };
+	struct epoll_event e = { .events = EPOLLRDHUP | EPOLLET, .data.ptr = &r->watch };
 	if (epoll_ctl(nxh.epfd, EPOLL_CTL_ADD, r->watch_fd, &e) < 0) {
 		nxh_warn("epoll_ctl(ADD, client %d) failed: %s", r->watch_fd, strerror(errno));
 		r->watch_fd = -1;
@@ -143,8 +148,12 @@ static void watch_del(struct nxh_req *r)
 
 static void suspend(struct nxh_req *r)
 {
-	if (r->suspended)
+	if (r->suspended || r->client_gone)
 		return;
+	if (r->hung_up) {
+		nxh_req_client_gone(r); /* libmicrohttpd asks again and sees client_gone */
+		return;
+	}
 	MHD_suspend_connection(r->conn);
 	r->suspended = true;
 	watch_add(r);
@@ -154,9 +163,16 @@ static void resume(struct nxh_req *r)
 {
 	if (!r->suspended)
 		return;
-	watch_del(r);
 	r->suspended = false;
 	MHD_resume_connection(r->conn);
+}
+
+void nxh_req_hung_up(struct nxh_req *r)
+{
+	if (r->suspended)
+		nxh_req_client_gone(r);
+	else
+		r->hung_up = true;
 }
 
 void nxh_req_wake(struct nxh_req *r)

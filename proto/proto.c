@@ -951,8 +951,15 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 			    prompt ? "'prompt' " : "", messages ? "'messages' " : "",
 			    tokens ? "'tokens'" : "");
 
-	if (opt_bool(o, "raw", &g->raw, NULL, e) || opt_str(o, "system", &g->system, e))
+	bool think = false, has_think = false;
+	if (opt_bool(o, "raw", &g->raw, NULL, e) || opt_str(o, "system", &g->system, e) ||
+	    opt_bool(o, "think", &think, &has_think, e))
 		return -1;
+	g->think = !has_think ? NXP_THINK_DEFAULT : think ? NXP_THINK_ON : NXP_THINK_OFF;
+	if (has_think && (tokens || g->raw))
+		return fail(e, NXP_E_BAD_REQUEST,
+			    "field 'think' applies only to 'messages' and to a 'prompt' without 'raw': the chat template "
+			    "turns thinking on or off");
 	if (prompt) {
 		g->input = NXP_IN_PROMPT;
 		if (opt_str(o, "prompt", &g->prompt, e))

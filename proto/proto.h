@@ -116,11 +116,14 @@ struct nxp_lora_ref {
 	bool has_scale; /* "scale" was given (else the daemon uses the adapter's load scale) */
 };
 
+enum nxp_think { NXP_THINK_DEFAULT, NXP_THINK_OFF, NXP_THINK_ON };
+
 struct nxp_generate {
 	enum nxp_input input;
 	char *prompt;                 /* NXP_IN_PROMPT: owned */
 	bool raw;                     /* prompt used as is, without the chat template */
 	char *system;                 /* optional system text (prompt mode, not raw); owned or NULL */
+	enum nxp_think think;         /* "think": the chat template's thinking switch (default: not given) */
 	struct nxp_message *messages; /* NXP_IN_MESSAGES: (n_messages) owned */
 	int n_messages;
 	int32_t *tokens;              /* NXP_IN_TOKENS: (n_tokens) owned, each in [0, n_vocab) */

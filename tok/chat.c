@@ -2,6 +2,7 @@
 #include "tok/chat.h"
 #include "tok/chat_int.h"
 
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,10 +24,43 @@ static enum nx_chat_tmpl detect_chatml(const char *jinja)
 	return NX_CHAT_UNKNOWN;
 }
 
+static bool parse_default_system(const char *jinja, char **out);
+
+#define DS_USER "<\xEF\xBD\x9CUser\xEF\xBD\x9C>"           /* <｜User｜> */
+#define DS_ASSISTANT "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>" /* <｜Assistant｜> */
+#define DS_BOS "<\xEF\xBD\x9C" "begin\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"
+#define DS_EOS "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"
+
+/* Mistral's [INST] templates after v1: told apart by the spacing of their
+ * literals and where the system message goes. */
+static enum nx_chat_tmpl detect_mistral(const char *jinja)
+{
+	if (has_literal(jinja, "[SYSTEM_PROMPT] "))
+		return NX_CHAT_MISTRAL_V7;
+	if (has_literal(jinja, "[SYSTEM_PROMPT]")) {
+		char *def = NULL;
+		/* a default system prompt nxd cannot evaluate is not guessed at */
+		if (strstr(jinja, "default_system_message") && !parse_default_system(jinja, &def))
+			return NX_CHAT_UNKNOWN;
+		free(def);
+		return NX_CHAT_MISTRAL_V7_TEKKEN;
+	}
+	if (!has_literal(jinja, "[/INST]") || has_literal(jinja, " [/INST]") ||
+	    !strstr(jinja, "loop.last and system_message is defined"))
+		return NX_CHAT_UNKNOWN;
+	if (has_literal(jinja, "[INST] "))
+		return NX_CHAT_MISTRAL_V3;
+	if (has_literal(jinja, "[INST]"))
+		return NX_CHAT_MISTRAL_V3_TEKKEN;
+	return NX_CHAT_UNKNOWN;
+}
+
 enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 {
 	if (!jinja || !*jinja)
 		return NX_CHAT_RAW;
+	if (strstr(jinja, DS_USER) && strstr(jinja, DS_ASSISTANT) && strstr(jinja, "</think>"))
+		return NX_CHAT_DEEPSEEK_R1;
 	if (strstr(jinja, "<|im_start|>"))
 		return detect_chatml(jinja);
 	if (strstr(jinja, "<|start_header_id|>"))
@@ -34,6 +68,8 @@ enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 	/* Mistral's [INST] templates have no <<SYS>> and put no space or <s> where Llama 2's do */
 	if (strstr(jinja, "[INST]") && strstr(jinja, "<<SYS>>"))
 		return NX_CHAT_LLAMA2;
+	if (strstr(jinja, "[INST]"))
+		return detect_mistral(jinja);
 	return NX_CHAT_UNKNOWN;
 }
 
@@ -44,6 +80,11 @@ static const char *const tmpl_names[NX_CHAT_N_KNOWN] = {
 	[NX_CHAT_LLAMA3] = "llama3",
 	[NX_CHAT_LLAMA31] = "llama3.1",
 	[NX_CHAT_QWEN3] = "qwen3",
+	[NX_CHAT_MISTRAL_V3] = "mistral-v3",
+	[NX_CHAT_MISTRAL_V3_TEKKEN] = "mistral-v3-tekken",
+	[NX_CHAT_MISTRAL_V7] = "mistral-v7",
+	[NX_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
+	[NX_CHAT_DEEPSEEK_R1] = "deepseek-r1",
 };
 
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
@@ -55,7 +96,8 @@ const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
 
 const char *nx_chat_tmpl_names(void)
 {
-	return "raw, chatml, llama2, llama3, llama3.1, qwen3";
+	return "raw, chatml, llama2, llama3, llama3.1, qwen3, mistral-v3, mistral-v3-tekken, mistral-v7, "
+	       "mistral-v7-tekken, deepseek-r1";
 }
 
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
@@ -68,6 +110,46 @@ int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *
 	}
 	return nx_errf(err, "chat: unknown template \"%.64s\"; expected one of %s", name ? name : "(null)",
 		       nx_chat_tmpl_names());
+}
+
+int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, struct nx_err *err)
+{
+	enum { MAX_TEMPLATE = 1 << 20 };
+	*src = NULL;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return nx_errf(err, "chat: cannot read the template file %s: %s", path, strerror(errno));
+	char *buf = malloc(MAX_TEMPLATE + 1);
+	size_t n = buf ? fread(buf, 1, MAX_TEMPLATE + 1, f) : 0;
+	bool failed = !buf || ferror(f);
+	fclose(f);
+	if (failed) {
+		free(buf);
+		return nx_errf(err, "chat: cannot read the template file %s", path);
+	}
+	if (n > MAX_TEMPLATE) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s is over %d bytes", path, MAX_TEMPLATE);
+	}
+	if (memchr(buf, '\0', n)) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s holds a NUL byte: not a Jinja template", path);
+	}
+	if (n > 0 && buf[n - 1] == '\n')
+		n--;
+	buf[n] = '\0';
+	*t = nx_chat_detect(buf);
+	if (*t == NX_CHAT_RAW) {
+		free(buf);
+		return nx_errf(err, "chat: the template file %s is empty (for no template, --chat-template raw)", path);
+	}
+	if (*t == NX_CHAT_UNKNOWN) {
+		free(buf);
+		return nx_errf(err, "chat: the template in %s is not one nxd can render (it renders %s)", path,
+			       nx_chat_tmpl_names());
+	}
+	*src = buf;
+	return 0;
 }
 
 /* --- a growable string (prompt rendering only, never per token) ---------- */
@@ -685,14 +767,253 @@ static int render_llama2(struct sbuf *b, const struct find_default *f, const str
 	return 0;
 }
 
+/* --- Mistral ------------------------------------------------------------ */
+
+/* User and assistant turns from m[first] on must alternate, user first (the templates raise otherwise). */
+static int check_alternating(const struct nx_chat_msg *m, int first, int n, enum nx_chat_tmpl t, struct nx_err *err)
+{
+	for (int i = first; i < n; i++) {
+		bool want_user = (i - first) % 2 == 0;
+		if ((strcmp(m[i].role, "user") == 0) != want_user)
+			return nx_errf(err, "chat: message %d has role \"%s\"; the %s template needs user and assistant "
+				       "turns to alternate, starting with user", i, m[i].role, nx_chat_tmpl_name(t));
+	}
+	return 0;
+}
+
+static int render_mistral_v3(struct sbuf *b, enum nx_chat_tmpl t, const struct nx_chat_msg *m, int n,
+			     struct nx_err *err)
+{
+	bool tekken = t == NX_CHAT_MISTRAL_V3_TEKKEN;
+	const char *sys = NULL;
+	int first = 0;
+	if (strcmp(m[0].role, "system") == 0) {
+		sys = m[0].content;
+		first = 1;
+	}
+	if (check_alternating(m, first, n, t, err))
+		return -1;
+	sb_str(b, "<s>");
+	for (int i = first; i < n; i++) {
+		if (strcmp(m[i].role, "user") == 0) {
+			sb_str(b, tekken ? "[INST]" : "[INST] ");
+			if (sys && i == n - 1) {
+				sb_str(b, sys);
+				sb_str(b, "\n\n");
+			}
+			sb_str(b, m[i].content);
+			sb_str(b, "[/INST]");
+		} else if (tekken) {
+			sb_str(b, m[i].content);
+			sb_str(b, "</s>");
+		} else {
+			sb_str(b, " ");
+			sb_stripped(b, m[i].content);
+			sb_str(b, "</s>");
+		}
+	}
+	return 0;
+}
+
+static void render_mistral_v7(struct sbuf *b, const struct nx_chat_msg *m, int n)
+{
+	sb_str(b, "<s>");
+	for (int i = 0; i < n; i++) {
+		if (strcmp(m[i].role, "user") == 0) {
+			sb_str(b, "[INST] ");
+			sb_str(b, m[i].content);
+			sb_str(b, "[/INST]");
+		} else if (strcmp(m[i].role, "system") == 0) {
+			sb_str(b, "[SYSTEM_PROMPT] ");
+			sb_str(b, m[i].content);
+			sb_str(b, "[/SYSTEM_PROMPT]");
+		} else {
+			sb_str(b, " ");
+			sb_str(b, m[i].content);
+			sb_str(b, "</s>");
+		}
+	}
+}
+
+/* Skips a Jinja string literal starting at its quote *p; [*b, *e) is its body. */
+static bool skip_literal(const char **p, const char **b, const char **e)
+{
+	char q = **p;
+	const char *s = *p + 1;
+	*b = s;
+	while (*s && *s != q)
+		s += (*s == '\\' && s[1]) ? 2 : 1;
+	if (!*s)
+		return false;
+	*e = s;
+	*p = s + 1;
+	return true;
+}
+
+static const char *skip_ws(const char *p)
+{
+	while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+		p++;
+	return p;
+}
+
+/* The strftime format of `set today = strftime_now("FMT")`, decoded into fmt. */
+static bool today_format(const char *jinja, char *fmt, size_t cap)
+{
+	const char *p = strstr(jinja, "set today");
+	if (!p)
+		return false;
+	p = skip_ws(p + strlen("set today"));
+	if (*p != '=')
+		return false;
+	p = skip_ws(p + 1);
+	if (strncmp(p, "strftime_now(", 13) != 0)
+		return false;
+	p = skip_ws(p + 13);
+	const char *b, *e;
+	if ((*p != '"' && *p != '\'') || !skip_literal(&p, &b, &e) || (size_t)(e - b) >= cap)
+		return false;
+	fmt[decode_literal(b, e, fmt)] = '\0';
+	return *skip_ws(p) == ')';
+}
+
+/* Mistral Small's `set default_system_message = "..." + today + "..."`:
+ * string literals and `today` joined by +, evaluated; false when the
+ * template has it in another shape. *out is malloc'd. */
+static bool parse_default_system(const char *jinja, char **out)
+{
+	*out = NULL;
+	const char *p = strstr(jinja, "set default_system_message");
+	if (!p)
+		return false;
+	p = skip_ws(p + strlen("set default_system_message"));
+	if (*p != '=')
+		return false;
+	struct sbuf v = { 0 };
+	sb_add(&v, "", 0);
+	char *tmp = malloc(strlen(jinja) + 1);
+	bool ok = tmp != NULL;
+	for (p = skip_ws(p + 1); ok; p = skip_ws(p + 1)) {
+		const char *b, *e;
+		if (*p == '"' || *p == '\'') {
+			ok = skip_literal(&p, &b, &e);
+			if (ok)
+				sb_add(&v, tmp, decode_literal(b, e, tmp));
+		} else if (strncmp(p, "today", 5) == 0 && !(p[5] == '_' || (p[5] >= 'a' && p[5] <= 'z'))) {
+			char fmt[64], date[128];
+			time_t now = time(NULL);
+			struct tm tm;
+			ok = today_format(jinja, fmt, sizeof(fmt)) && localtime_r(&now, &tm) &&
+			     strftime(date, sizeof(date), fmt, &tm) > 0;
+			if (ok)
+				sb_str(&v, date);
+			p += 5;
+		} else {
+			ok = false;
+		}
+		if (!ok)
+			break;
+		p = skip_ws(p);
+		if (*p != '+')
+			break;
+	}
+	ok = ok && !v.oom && (strncmp(p, "%}", 2) == 0 || strncmp(p, "-%}", 3) == 0);
+	free(tmp);
+	if (!ok) {
+		free(v.p);
+		return false;
+	}
+	*out = v.p;
+	return true;
+}
+
+static void render_mistral_v7_tekken(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n)
+{
+	int first = 0;
+	char *def = NULL;
+	const char *sys = NULL;
+	if (strcmp(m[0].role, "system") == 0) {
+		sys = m[0].content;
+		first = 1;
+	} else if (jinja && parse_default_system(jinja, &def)) {
+		sys = def;
+	}
+	/* Mistral Small 3.1's template means to check that the turns alternate,
+	 * but its list of turns is set inside a loop, where Jinja keeps it: it
+	 * checks nothing, and neither does nxd. */
+	sb_str(b, "<s>");
+	if (sys) { /* without the template (--chat-template NAME) there is no default to put here */
+		sb_str(b, "[SYSTEM_PROMPT]");
+		sb_str(b, sys);
+		sb_str(b, "[/SYSTEM_PROMPT]");
+	}
+	free(def);
+	for (int i = first; i < n; i++) {
+		if (strcmp(m[i].role, "user") == 0) {
+			sb_str(b, "[INST]");
+			sb_str(b, m[i].content);
+			sb_str(b, "[/INST]");
+		} else {
+			sb_str(b, m[i].content);
+			sb_str(b, "</s>");
+		}
+	}
+}
+
+/* --- DeepSeek R1 ---------------------------------------------------------- */
+
+static void render_deepseek_r1(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+{
+	sb_str(b, DS_BOS);
+	int first = 0;
+	if (strcmp(m[0].role, "system") == 0) {
+		sb_str(b, m[0].content);
+		first = 1;
+	}
+	for (int i = first; i < n; i++) {
+		if (strcmp(m[i].role, "user") == 0) {
+			sb_str(b, DS_USER);
+			sb_str(b, m[i].content);
+			continue;
+		}
+		/* content.split('</think>')[-1] */
+		const char *c = m[i].content, *e = c + strlen(c), *cut = last_of(c, e, "</think>");
+		sb_str(b, DS_ASSISTANT);
+		sb_str(b, cut ? cut + strlen("</think>") : c);
+		sb_str(b, DS_EOS);
+	}
+	if (gen)
+		sb_str(b, !jinja || has_literal(jinja, DS_ASSISTANT "<think>\n") ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+}
+
+/* A thinking option the template cannot follow is refused, not dropped. */
+int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err)
+{
+	if (th == NX_CHAT_THINK_OFF && t != NX_CHAT_QWEN3)
+		return nx_errf(err, "chat: \"think\": false needs a template that can turn thinking off (qwen3); the "
+			       "model's is %s", nx_chat_tmpl_name(t));
+	if (th == NX_CHAT_THINK_ON && t != NX_CHAT_QWEN3 && t != NX_CHAT_DEEPSEEK_R1)
+		return nx_errf(err, "chat: \"think\": true needs a template that thinks (qwen3, deepseek-r1); the "
+			       "model's is %s", nx_chat_tmpl_name(t));
+	return 0;
+}
+
 int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
 		   bool add_generation_prompt, char **out, struct nx_err *err)
 {
+	struct nx_chat_opts o = { .add_generation_prompt = add_generation_prompt, .thinking = NX_CHAT_THINK_DEFAULT };
+	return nx_chat_render_opts(t, jinja, msgs, n, &o, out, err);
+}
+
+int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
+			const struct nx_chat_opts *opts, char **out, struct nx_err *err)
+{
+	bool add_generation_prompt = opts->add_generation_prompt;
 	*out = NULL;
 	if ((unsigned)t >= NX_CHAT_N_KNOWN)
 		return nx_errf(err, "chat: the model's chat template is not one nxd can render (it renders %s): start nxd "
 			       "with --chat-template NAME, or send a prompt with \"raw\": true", nx_chat_tmpl_names());
-	if (check_msgs(msgs, n, err))
+	if (check_msgs(msgs, n, err) || check_thinking(t, opts->thinking, err))
 		return -1;
 	struct find_default f;
 	if (find_default(t, jinja, &f, err))
@@ -720,6 +1041,21 @@ int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_
 		break;
 	case NX_CHAT_QWEN3:
 		render_qwen3(&b, msgs, n, add_generation_prompt);
+		if (add_generation_prompt && opts->thinking == NX_CHAT_THINK_OFF)
+			sb_str(&b, "<think>\n\n</think>\n\n");
+		break;
+	case NX_CHAT_MISTRAL_V3:
+	case NX_CHAT_MISTRAL_V3_TEKKEN:
+		rc = render_mistral_v3(&b, t, msgs, n, err);
+		break;
+	case NX_CHAT_MISTRAL_V7:
+		render_mistral_v7(&b, msgs, n);
+		break;
+	case NX_CHAT_MISTRAL_V7_TEKKEN:
+		render_mistral_v7_tekken(&b, jinja, msgs, n);
+		break;
+	case NX_CHAT_DEEPSEEK_R1:
+		render_deepseek_r1(&b, jinja, msgs, n, add_generation_prompt);
 		break;
 	default:
 		break;

@@ -37,6 +37,9 @@ void llama31_date(char *buf, size_t n, const char *jinja);
 void strip_nl(const char **s, const char **e, bool lead, bool trail);
 /* Qwen3: an assistant turn's reasoning and content, as its template splits them. */
 void qwen3_split(const char *content, const char **r, const char **re, const char **c, const char **ce);
+/* A thinking option the template cannot follow is an error naming it. */
+int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err);
+
 /* Qwen3: a user turn that is "<tool_response>...</tool_response>". */
 bool is_tool_response(const char *s);
 

@@ -279,7 +279,7 @@ static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, stru
 /* Qwen2.5 (ChatML): the system turn carries the tools; with none, the
  * template's default system turn stands in for a missing one. */
 static void render_qwen25(struct sbuf *b, const struct find_default *f, const struct nx_chat_turn *m, int n,
-			  json_t **calls, const json_t *tools)
+			  json_t **calls, const json_t *tools, bool gen)
 {
 	bool sys = is_role(&m[0], "system");
 	if (tools) {
@@ -339,13 +339,14 @@ static void render_qwen25(struct sbuf *b, const struct find_default *f, const st
 			sb_str(b, "<|im_end|>\n");
 		}
 	}
-	sb_str(b, "<|im_start|>assistant\n");
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Qwen3: as Qwen2.5 without a default system turn, and with its handling of
  * reasoning in the assistant turns after the last question (chat.c). */
 static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int n, json_t **calls,
-			       const json_t *tools)
+			       const json_t *tools, bool gen)
 {
 	bool sys = is_role(&m[0], "system");
 	if (tools) {
@@ -426,7 +427,8 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 		}
 		sb_str(b, "<|im_end|>\n");
 	}
-	sb_str(b, "<|im_start|>assistant\n");
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Llama 3.1: tools go in the first user message (tools_in_user_message,
@@ -434,7 +436,7 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
  * result is an ipython turn holding it as a JSON string (the template's
  * `content is iterable` is true of a string). */
 static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct nx_chat_turn *m, int n,
-				json_t **calls, const json_t *tools, struct nx_err *err)
+				json_t **calls, const json_t *tools, bool gen, struct nx_err *err)
 {
 	char date[64];
 	llama31_date(date, sizeof(date), jinja);
@@ -499,13 +501,18 @@ static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct 
 			sb_str(b, "<|eot_id|>");
 		}
 	}
-	sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	if (gen)
+		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 	return 0;
 }
 
 int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *turns, int n,
-			 const char *tools_json, const char *prefix, char **out, struct nx_err *err)
+			 const char *tools_json, const char *prefix, const struct nx_chat_opts *opts, char **out,
+			 struct nx_err *err)
 {
+	static const struct nx_chat_opts defaults = { .add_generation_prompt = true, .thinking = NX_CHAT_THINK_DEFAULT };
+	if (!opts)
+		opts = &defaults;
 	*out = NULL;
 	bool tooled = tools_json != NULL || prefix != NULL;
 	for (int i = 0; i < n && turns && !tooled; i++)
@@ -516,7 +523,7 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 			return nx_errf(err, "chat: out of memory");
 		for (int i = 0; i < n; i++)
 			msgs[i] = (struct nx_chat_msg){ turns[i].role, turns[i].content };
-		int rc = nx_chat_render(t, jinja, msgs, n, true, out, err);
+		int rc = nx_chat_render_opts(t, jinja, msgs, n, opts, out, err);
 		free(msgs);
 		return rc;
 	}
@@ -534,7 +541,7 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 		nx_errf(err, "chat: out of memory");
 		goto out;
 	}
-	if (check_turns(turns, n, calls, err))
+	if (check_turns(turns, n, calls, err) || check_thinking(t, opts->thinking, err))
 		goto out;
 	if (tools_json) {
 		json_error_t je;
@@ -548,12 +555,16 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 		goto out;
 	sb_add(&b, "", 0);
 	rc = 0;
-	if (t == NX_CHAT_LLAMA31)
-		rc = render_llama31_tools(&b, jinja, turns, n, calls, tools, err);
-	else if (t == NX_CHAT_QWEN3)
-		render_qwen3_tools(&b, turns, n, calls, tools);
-	else
-		render_qwen25(&b, &f, turns, n, calls, tools);
+	bool gen = opts->add_generation_prompt;
+	if (t == NX_CHAT_LLAMA31) {
+		rc = render_llama31_tools(&b, jinja, turns, n, calls, tools, gen, err);
+	} else if (t == NX_CHAT_QWEN3) {
+		render_qwen3_tools(&b, turns, n, calls, tools, gen);
+		if (gen && opts->thinking == NX_CHAT_THINK_OFF) /* enable_thinking false, as chat.c renders it */
+			sb_str(&b, "<think>\n\n</think>\n\n");
+	} else {
+		render_qwen25(&b, &f, turns, n, calls, tools, gen);
+	}
 	if (prefix)
 		sb_str(&b, prefix);
 	if (rc == 0 && b.oom)

@@ -5,55 +5,222 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The regex lists follow llama.cpp's llm_tokenizer_bpe; where llama.cpp spells
- * out case-insensitive contractions because std::regex lacks (?i:), the
- * original pattern from the model's tokenizer.json is used (PCRE2 has it). */
+/* The regex lists follow llama.cpp's llm_tokenizer_bpe (src/llama-vocab.cpp),
+ * one row per pre-tokenizer type it has, with the tokenizer.ggml.pre values
+ * its loader maps to that type. Where llama.cpp rewrites a tokenizer.json
+ * pattern because std::regex lacks it ((?i:), possessive quantifiers, \p{Lu},
+ * class intersection) or replaces it by a hand-written splitter, the model's
+ * own pattern is used: PCRE2 has all of them. */
 #define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
-#define RE_LLAMA3                                                                                  \
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
-	"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_QWEN2                                                                                \
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
-	"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_GPT4O                                                                                     \
-	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"          \
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"         \
-	"[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*" \
-	"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
-#define RE_TEKKEN                                                                                    \
-	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"          \
-	"|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"         \
+#define RE_CONTRACTIONS "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+#define RE_LLAMA3                                                                           \
+	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
+			"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_QWEN2                                                                         \
+	RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*" \
+			"|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* o200k's words (tiktoken): upper case then lower ("Hello"), or an upper-case run ("HTML" of "HTMLParser"). */
+#define RE_UPPER "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_LOWER "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]"
+#define RE_GPT4O                                                                                              \
+	"[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER "*" RE_LOWER "+" RE_CONTRACTIONS "?|[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER \
+	"+" RE_LOWER "*" RE_CONTRACTIONS "?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define RE_TEKKEN                                                                                          \
+	"[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER "*" RE_LOWER "+|[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER "+" RE_LOWER "*" \
 	"|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Kimi K2 (tokenization_kimi.py): as gpt-4o with Han runs split out and kept
+ * out of the letter classes ([...&&[^\p{Han}]] written as a lookahead).
+ * sc:Han is the Script property, as Oniguruma's \p{Han}: PCRE2's plain
+ * \p{Han} also takes the characters whose Script_Extensions name Han (U+301D). */
+#define RE_K2_UPPER "(?:(?!\\p{sc:Han})" RE_UPPER ")"
+#define RE_K2_LOWER "(?:(?!\\p{sc:Han})" RE_LOWER ")"
+#define RE_KIMI_K2                                                                                              \
+	"\\p{sc:Han}+|[^\\r\\n\\p{L}\\p{N}]?" RE_K2_UPPER "*" RE_K2_LOWER "+" RE_CONTRACTIONS                        \
+	"?|[^\\r\\n\\p{L}\\p{N}]?" RE_K2_UPPER "+" RE_K2_LOWER "*" RE_CONTRACTIONS "?|\\p{N}{1,3}"              \
+	"| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* BLOOM: anything but whitespace and a few sentence marks, with an optional space before. */
+#define RE_BLOOM " ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"
 /* CJK Unified Ideographs, U+0800..U+4E00 and Hangul, as DeepSeek's tokenizer.json has them. */
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
+/* Han, Hiragana and Katakana runs (DeepSeek V3, Hunyuan, Spark). */
+#define RE_HAN_KANA "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+"
+/* DeepSeek V3's word rule: an ASCII mark glued to ASCII letters, letters with
+ * their marks, punctuation and symbol runs. */
+#define RE_DEEPSEEK3_HEAD "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+/* Digit runs in threes from the right: 1234567 -> 1 234 567 (an empty match splits). */
+#define RE_DIGITS_BY_3 "(?=(?:\\p{N}{3})+(?!\\p{N}))"
+#define RE_DEEPSEEK3 RE_DEEPSEEK3_HEAD "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* DeepSeek LLM: the letters of its tokenizer.json (the cased ones of Unicode), written as code points. */
+#define RE_DEEPSEEK_LETTERS \
+	"A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-" \
+	"\\x{293}\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}" \
+	"\\x{386}\\x{388}-\\x{38A}\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}" \
+	"\\x{48A}-\\x{52F}\\x{531}-\\x{556}\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-" \
+	"\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}" \
+	"\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}\\x{1F20}-\\x{1F45}\\x{1F48}-" \
+	"\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}\\x{1F80}-" \
+	"\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-" \
+	"\\x{1FD3}\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}" \
+	"\\x{2102}\\x{2107}\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}" \
+	"\\x{2128}\\x{212A}-\\x{212D}\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-" \
+	"\\x{2149}\\x{214E}\\x{2183}\\x{2184}\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-" \
+	"\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}" \
+	"\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}\\x{FB00}-\\x{FB06}\\x{FB13}-" \
+	"\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}\\x{104B0}-" \
+	"\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-" \
+	"\\x{118DF}\\x{1E900}-\\x{1E943}"
 
 struct pre_def {
 	const char *names;       /* tokenizer.ggml.pre values, '|'-separated */
-	bool ignore_merges;
+	bool ignore_merges;      /* a piece that is itself a token is taken whole */
 	bool add_bos;            /* default of tokenizer.ggml.add_bos_token */
 	const char *re[NX_PRETOK_MAX_RE];
 };
 
+/* One row per llama.cpp pre-tokenizer type (LLAMA_VOCAB_PRE_TYPE_*, named in
+ * the comment); types with the same regexes stay rows of their own, as
+ * llama.cpp keeps them. clean_spaces, which llama.cpp also sets per type,
+ * only changes its detokenizer's output, not tokens. */
 static const struct pre_def pre_defs[] = {
-	/* llama.cpp's fallback list for "default": punctuation runs, GPT-2, digit runs, digit triples */
+	/* DEFAULT: llama.cpp's list when the file names none: punctuation runs, GPT-2, digit runs, digit triples */
 	{"default", false, false,
 	 {"[\\p{P}\\$\\+<=>\\^~\\|]+", RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
-	{"gpt-2|phi-2|jina-es|jina-de|jina-v2-es|jina-v2-de|jina-v1-en|jina-v2-code|roberta-bpe|gigachat"
-	 "|a.x-4.0|mellum|mpt|olmo|jais|trillion|granite-docling|exaone4",
-	 false, false, {RE_GPT2}},
-	{"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2", true, true, {RE_LLAMA3}},
-	{"dbrx|smaug-bpe|chatglm-bpe|glm4", false, false, {RE_LLAMA3}},
-	/* digits one by one, then GPT-2 (HF: Digits(individual_digits) + ByteLevel) */
-	{"smollm|starcoder|refact|command-r|codeshell|exaone|minerva-7b", false, false, {"\\p{N}", RE_GPT2}},
-	{"qwen2|deepseek-r1-qwen|stablelm2|megrez|hunyuan", false, false, {RE_QWEN2}},
+	/* MINICPM5 */
+	{"minicpm5", true, false,
+	 {"\\p{N}{1,3}", RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}+| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+			 "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+	/* LLAMA3 */
+	{"llama3|llama-v3|llama-bpe|falcon3|falcon-h1|pixtral|midm-2.0|lfm2|jina-v5-nano", true, true, {RE_LLAMA3}},
+	/* DEEPSEEK_LLM */
+	{"deepseek-llm", false, false,
+	 {"[\\r\\n]", "\\s?[" RE_DEEPSEEK_LETTERS "]+",
+	  "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+", "\\s+$", RE_CJK,
+	  "\\p{N}+"}},
+	/* DEEPSEEK_CODER */
 	{"deepseek-coder", false, false, {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
-	{"falcon", false, false,
-	 {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
-	{"bloom|poro-chat|gpt3-finnish", false, false,
-	 {" ?[^(\\s|.,!?\\x{2026}\\x{3002}\\x{FF0C}\\x{3001}\\x{0964}\\x{06D4}\\x{060C})]+"}},
-	{"gpt-4o|llama4", false, false, {RE_GPT4O}},
+	/* DEEPSEEK3_LLM (HUNYUAN_DENSE, JOYAI_LLM, HY_V4 share its regexes) */
+	{"deepseek-v3", false, false, {"\\p{N}{1,3}", RE_HAN_KANA, RE_DEEPSEEK3}},
+	{"hunyuan-dense", false, false, {"\\p{N}{1,3}", RE_HAN_KANA, RE_DEEPSEEK3}},
+	{"hy_v4", false, false, {"\\p{N}{1,3}", RE_HAN_KANA, RE_DEEPSEEK3}},
+	{"joyai-llm", false, false, {"\\p{N}{1,3}", RE_HAN_KANA, RE_DEEPSEEK3}},
+	/* SPARK2_5 */
+	{"spark2_5", false, false,
+	 {"\\p{N}{1,3}", RE_HAN_KANA, RE_DEEPSEEK3_HEAD "| ?[\\p{P}\\p{S}]+|[\\r\\n]|\\s+(?!\\S)|\\s+", "\\p{N}"}},
+	/* YOUTU: Hangul, CJK marks, Bopomofo and Han/kana runs, then tekken's words with contractions */
+	{"youtu", true, false,
+	 {"[\\x{AC00}-\\x{D7A3}\\x{3131}-\\x{318E}]+"
+	  "|[\\x{FF01}\\x{2026}\\x{201C}\\x{201D}\\x{2018}\\x{2019}\\x{2014}\\x{FF1A}\\x{FF1B}\\x{FF0C}\\x{3001}-\\x{303F}"
+	  "\\x{FE30}-\\x{FE4F}]+|[\\x{3105}-\\x{312F}]+|" RE_HAN_KANA,
+	  "[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER "*" RE_LOWER "+" RE_CONTRACTIONS "?|[^\\r\\n\\p{L}\\p{N}]?" RE_UPPER "+"
+	  RE_LOWER "*" RE_CONTRACTIONS "?|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+	/* FALCON */
+	{"falcon", false, false, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
+	/* MPT */
+	{"mpt", false, false, {RE_GPT2}},
+	/* STARCODER (REFACT, COMMAND_R, SMOLLM, CODESHELL, EXAONE, MINERVA, MELLUM2 share its regexes):
+	 * digits one by one, then GPT-2 (HF: Digits(individual_digits) + ByteLevel) */
+	{"starcoder", false, false, {"\\p{N}", RE_GPT2}},
+	/* GPT2 */
+	{"gpt-2|phi-2|jina-es|jina-de|gigachat|jina-v2-es|jina-v2-de|a.x-4.0|mellum|modern-bert"
+	 "|jina-v1-en|jina-v2-code|roberta-bpe|exaone4",
+	 false, false, {RE_GPT2}},
+	/* JAIS2: llama3's with whitespace runs cut in powers of two */
+	{"jais-2", false, false,
+	 {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+"
+			  "|\\s{512}(?!\\S)|\\s{256}(?!\\S)|\\s{128}(?!\\S)|\\s{64}(?!\\S)|\\s{32}(?!\\S)|\\s{16}(?!\\S)"
+			  "|\\s{8}(?!\\S)|\\s{4}(?!\\S)|\\s{1,2}(?!\\S)|\\s{1}"}},
+	/* REFACT, COMMAND_R */
+	{"refact", false, false, {"\\p{N}", RE_GPT2}},
+	{"command-r", false, false, {"\\p{N}", RE_GPT2}},
+	/* QWEN2 */
+	{"qwen2|deepseek-r1-qwen|kormo|f2llmv2|megrez", false, false, {RE_QWEN2}},
+	/* QWEN35: letters keep their combining marks */
+	{"qwen35", false, false,
+	 {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*"
+			  "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+	/* STABLELM2, OLMO, DBRX, SMAUG */
+	{"stablelm2", false, false, {RE_QWEN2}},
+	{"olmo", false, false, {RE_GPT2}},
+	{"dbrx", false, false, {RE_LLAMA3}},
+	{"smaug-bpe", false, false, {RE_LLAMA3}},
+	/* PORO */
+	{"poro-chat", false, false, {RE_BLOOM}},
+	/* CHATGLM4 (llama.cpp also clears its default BOS, which nxd never sets for BPE) */
+	{"glm4|chatglm-bpe", false, false, {RE_LLAMA3}},
+	/* VIKING */
+	{"viking", false, false, {RE_BLOOM, "\\p{N}"}},
+	/* JAIS */
+	{"jais", false, false, {RE_GPT2}},
+	/* TEKKEN */
 	{"tekken", true, true, {RE_TEKKEN}},
+	/* SMOLLM, CODESHELL */
+	{"smollm", false, false, {"\\p{N}", RE_GPT2}},
+	{"codeshell", false, false, {"\\p{N}", RE_GPT2}},
+	/* BLOOM, GPT3_FINNISH */
+	{"bloom", false, false, {RE_BLOOM}},
+	{"gpt3-finnish", false, false, {RE_BLOOM}},
+	/* EXAONE */
+	{"exaone", false, false, {"\\p{N}", RE_GPT2}},
+	/* EXAONE_MOE */
+	{"exaone-moe", false, false,
+	 {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?(?:\\p{L}\\p{M}*(?: \\p{L}\\p{M}*)*)+|\\p{N}"
+			  "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]?|\\s*[\\r\\n]|\\s+(?!\\S)|\\s+"}},
+	/* CHAMELEON: sentinel and image tokens, tabs / newlines / 2 or 4 spaces, digits, each punctuation mark, GPT-2 */
+	{"chameleon", false, true,
+	 {"<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )", "\\p{N}",
+	  "[\\p{P}!-/:-@\\[-`{-~]", RE_GPT2}},
+	/* MINERVA */
+	{"minerva-7b", false, false, {"\\p{N}", RE_GPT2}},
+	/* GPT4O (MINIMAX_M2 shares its regexes) */
+	{"gpt-4o|llama4|kanana2|talkie", false, false, {RE_GPT4O}},
+	/* TINY_AYA: digit runs in threes from the right, then gpt-4o */
+	{"tiny_aya|cohere2moe", false, false, {"\\d{1,3}(?=(?:\\d{3})*\\b)", RE_GPT4O}},
+	/* SUPERBPE: digit runs, cut in threes from the right */
+	{"superbpe", false, false, {"\\p{N}+", "(?=(\\d{3})+(?!\\d))"}},
+	/* TRILLION, GRANITE_DOCLING */
+	{"trillion", false, false, {RE_GPT2}},
+	{"granite-docling", false, false, {RE_GPT2}},
+	/* BAILINGMOE: its tokenizer.json's possessive quantifiers, which PCRE2 has */
+	{"bailingmoe|bailingmoe2|llada-moe", false, false,
+	 {"'(?i:[sdmt]|ll|ve|re)|[^\\r\\n\\p{L}\\p{N}]?+\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]++[\\r\\n]*|\\s*[\\r\\n]"
+	  "|\\s+(?!\\S)|\\s+"}},
+	/* SEED_CODER */
+	{"seed-coder", false, false,
+	 {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1}| ?[^\\s\\p{L}\\p{N}\\r\\n]+|\\s*[\\r\\n]+"
+			  "|\\s+(?!\\S)|\\s+"}},
+	/* HUNYUAN */
+	{"hunyuan", false, false, {RE_QWEN2}},
+	/* KIMI_K2 (llama.cpp's hand-written splitter of the same pattern) */
+	{"kimi-k2", false, false, {RE_KIMI_K2}},
+	/* UFAKZEKA: qwen2's without the English contractions */
+	{"ufakzeka", false, false,
+	 {"[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+	/* GROK_2 */
+	{"grok-2", false, false, {RE_QWEN2}},
+	/* AFMOE: digit runs cut in threes from the right (llama.cpp's hand-written
+	 * \p{AFMoE_digits}), CJK and South-East Asian scripts, DeepSeek V3's words */
+	{"afmoe", false, false,
+	 {"\\p{N}+", RE_DIGITS_BY_3,
+	  "[\\x{4E00}-\\x{9FFF}\\x{3400}-\\x{4DBF}\\x{F900}-\\x{FAFF}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}"
+	  "\\x{FF65}-\\x{FF9F}\\x{2F00}-\\x{2FDF}\\x{0E40}-\\x{0E7F}\\x{0E80}-\\x{0EFF}\\x{1780}-\\x{17FF}"
+	  "\\x{1000}-\\x{109F}\\x{AA60}-\\x{AA7F}\\x{A9E0}-\\x{A9FF}\\x{AC00}-\\x{D7AF}\\x{1100}-\\x{11FF}]+",
+	  RE_DEEPSEEK3}},
+	/* LAGUNA: lines and newline runs, then qwen2's */
+	{"laguna", false, false, {"[^\\n]+|[\\n]+", RE_QWEN2}},
+	/* MINIMAX_M2 */
+	{"minimax-m2", false, false, {RE_GPT4O}},
+	/* SOLAR_OPEN */
+	{"solar-open", false, false, {RE_QWEN2}},
+	/* MELLUM2 */
+	{"mellum2", false, false, {"\\p{N}", RE_GPT2}},
 };
+
+/* Pre-tokenizer values llama.cpp knows whose vocabularies are not GPT-2
+ * byte-level BPE (raw UTF-8 pieces with U+2581 for spaces, or a whitespace
+ * split with a normalizer), or whose pattern is known only as llama.cpp's
+ * rewrite of it: refused, named, rather than tokenized differently. */
+static const char *const pre_unimplemented =
+	"gemma4|granite-embed-multi-311m|sarvam-moe|whitespace|granite-embed-multi-97m";
 
 static bool name_in(const char *names, const char *name)
 {
@@ -80,6 +247,8 @@ int nx_pretok_init(struct nx_pretok *p, const char *pre, bool *ignore_merges, bo
 			break;
 		}
 	}
+	if (!def && name_in(pre_unimplemented, pre))
+		return nx_errf(err, "tokenizer: pre-tokenizer tokenizer.ggml.pre '%s' is not implemented", pre);
 	if (!def)
 		return nx_errf(err, "tokenizer: unknown pre-tokenizer tokenizer.ggml.pre '%s'", pre);
 	*ignore_merges = def->ignore_merges;
@@ -153,9 +322,13 @@ int nx_pretok_split(const struct nx_pretok *p, const char *text, size_t len, str
 				}
 				PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
 				size_t m0 = ov[0], m1 = ov[1];
-				if (m1 == m0) { /* an empty match splits nothing: move one character on */
+				if (m1 == m0) { /* an empty match only cuts there (superbpe's digit groups) */
 					if (m0 >= sub_len)
 						break;
+					if (m0 > last) {
+						next[n_next++] = (struct nx_span){(uint32_t)(cur[i].off + last), (uint32_t)(m0 - last)};
+						last = m0;
+					}
 					pos = m0 + utf8_len((uint8_t)sub[m0]);
 					continue;
 				}

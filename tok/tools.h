@@ -19,7 +19,15 @@
  * refused for it, naming it. JSON is written into the prompt as the
  * templates' tojson writes it (Python's json.dumps: ", " and ": ", keys in
  * the order given, non-ASCII as is), so the prompt is the one the model was
- * trained on to the byte. */
+ * trained on to the byte.
+ *
+ * tool_choice "required" or a named tool makes the answer start as a call
+ * (nx_tool_prefix) and checks its arguments once complete (take_call in
+ * tools.c, against nx_toolp.schema). Constrained decoding plugs in at that
+ * one place: daemon/ops.c prep_tools, which builds the prefix and the reader,
+ * is where the tool's parameters schema would be compiled into the grammar
+ * the sampler holds the rest of the call to; the check stays as the last
+ * word. */
 #ifndef NX_TOOLS_H
 #define NX_TOOLS_H
 
@@ -54,11 +62,13 @@ struct nx_chat_turn {
  * of OpenAI tool objects {"type": "function", "function": {...}}, written
  * into the prompt as given; NULL: none), then the generation prompt, then
  * prefix (NULL: none) - the start of the answer the model is made to
- * continue (nx_tool_prefix). A family without a convention refuses tools,
- * tool turns and calls, naming itself; without any of them this is
- * nx_chat_render. *out is malloc'd. */
+ * continue (nx_tool_prefix). opts as nx_chat_render_opts takes them (NULL:
+ * the generation prompt, thinking as the template does). A family without a
+ * convention refuses tools, tool turns and calls, naming itself; without any
+ * of them this is nx_chat_render_opts. *out is malloc'd. */
 int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *turns, int n,
-			 const char *tools_json, const char *prefix, char **out, struct nx_err *err);
+			 const char *tools_json, const char *prefix, const struct nx_chat_opts *opts, char **out,
+			 struct nx_err *err);
 
 /* The start of an answer that is a call (tool_choice "required": name
  * NULL) or a call of one tool (name): the answer's first bytes, put after

@@ -259,6 +259,8 @@ static void run_vocab_pairs(const char *name)
 
 static void test_vocab_gpt2(void **state) { run_vocab_pairs("ggml-vocab-gpt-2"); }
 static void test_vocab_llama_spm(void **state) { run_vocab_pairs("ggml-vocab-llama-spm"); }
+static void test_vocab_llama_bpe(void **state) { run_vocab_pairs("ggml-vocab-llama-bpe"); }
+static void test_vocab_qwen2(void **state) { run_vocab_pairs("ggml-vocab-qwen2"); }
 
 /* ----------------------------------------------------------- BPE merging */
 
@@ -719,6 +721,8 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_vocab_gpt2),
 		cmocka_unit_test(test_vocab_llama_spm),
+		cmocka_unit_test(test_vocab_llama_bpe),
+		cmocka_unit_test(test_vocab_qwen2),
 		cmocka_unit_test(test_bpe_merge_rank),
 		cmocka_unit_test(test_bpe_pretokenizer),
 		cmocka_unit_test(test_special_split),

@@ -36,8 +36,8 @@ def lib():
     so.nx_chat_tmpl_name.argtypes = [ctypes.c_int]
     so.nx_chat_render_turns.restype = ctypes.c_int
     so.nx_chat_render_turns.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Turn), ctypes.c_int,
-                                        ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                                        ctypes.POINTER(_Err)]
+                                        ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                                        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Err)]
     return so
 
 
@@ -58,7 +58,7 @@ def nxd_render(lib, src, msgs, tools, prefix=None, family=None):
     out, err = ctypes.c_void_p(), _Err()
     fam = lib.nx_chat_detect(src.encode()) if family is None else family
     rc = lib.nx_chat_render_turns(fam, _b(src), arr, len(turns), _b(json.dumps(tools) if tools is not None else None),
-                                  _b(prefix), ctypes.byref(out), ctypes.byref(err))
+                                  _b(prefix), None, ctypes.byref(out), ctypes.byref(err))
     if rc != 0:
         return None, err.msg.decode()
     text = ctypes.string_at(out.value).decode()
@@ -114,6 +114,31 @@ def test_json_in_the_prompt_is_written_as_pythons_json_dumps(lib):
         assert got is not None, err
         want = render_tools.hf_render(src, msgs, [tool], "" if "qwen" in name else "<|begin_of_text|>", "")
         assert got == want
+
+
+class _Opts(ctypes.Structure):  # struct nx_chat_opts (tok/chat.h)
+    _fields_ = [("add_generation_prompt", ctypes.c_bool), ("thinking", ctypes.c_int)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jinja2") is None, reason="no jinja2 here to render the templates anew")
+def test_tools_with_thinking_off(lib):
+    """Qwen3's enable_thinking=false with tools, and a forced call after it; templates without the switch refuse it."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    turns = (_Turn * 1)(_Turn(b"user", msgs[0]["content"].encode(), None))
+    for name, ok in (("qwen3.jinja", True), ("qwen2.5.jinja", False), ("llama3.1.jinja", False)):
+        src = render.source(name)
+        out, err = ctypes.c_void_p(), _Err()
+        opts = _Opts(True, 1)  # NX_CHAT_THINK_OFF
+        rc = lib.nx_chat_render_turns(lib.nx_chat_detect(src.encode()), src.encode(), turns, 1,
+                                      json.dumps(TOOLS).encode(), b"<tool_call>\n", ctypes.addressof(opts),
+                                      ctypes.byref(out), ctypes.byref(err))
+        if not ok:
+            assert rc != 0 and '"think": false' in err.msg.decode()
+            continue
+        assert rc == 0, err.msg.decode()
+        got = ctypes.string_at(out.value).decode()
+        ctypes.CDLL(None).free(out)
+        assert got == render_tools.hf_render(src, msgs, TOOLS, "", "<|im_end|>", enable_thinking=False) + "<tool_call>\n"
 
 
 def test_a_forced_call_start_follows_the_generation_prompt(lib):
@@ -288,8 +313,8 @@ def lib_handle():
     so.nx_chat_detect.argtypes = [ctypes.c_char_p]
     so.nx_chat_render_turns.restype = ctypes.c_int
     so.nx_chat_render_turns.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_Turn), ctypes.c_int,
-                                        ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
-                                        ctypes.POINTER(_Err)]
+                                        ctypes.c_char_p, ctypes.c_char_p, ctypes.c_void_p,
+                                        ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(_Err)]
     return so
 
 
