@@ -134,7 +134,10 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	if (!args)
 		args = json_object_get(o, "arguments");
 	const json_t *fn = json_is_string(name) ? tool_named(p, json_string_value(name)) : NULL;
-	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == 2;
+	/* nothing else in the object but, as Llama 3.2 writes it, "type": "function" */
+	json_t *type = json_object_get(o, "type");
+	size_t keys = 2 + (json_is_string(type) && !strcmp(json_string_value(type), "function"));
+	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == keys;
 	if (ok && p->choice != NX_TOOL_AUTO) {
 		/* the hook for constrained decoding: there the grammar of the
 		 * tool's parameters will keep the arguments valid as they are

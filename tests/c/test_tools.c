@@ -126,6 +126,11 @@ static void test_llama_calls(void **state)
 	const char *one[] = { "get_weather {\"city\":\"Paris\",\"unit\":\"c\"}" };
 	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true,
 	       "  {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n", "", one, 1, false);
+	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true,
+	       "{\"type\": \"function\", \"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"c\"}}",
+	       "", one, 1, false);
+	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true, "{\"type\": \"tool\", \"name\": \"now\", \"parameters\": {}}",
+	       "{\"type\": \"tool\", \"name\": \"now\", \"parameters\": {}}", NULL, 0, false);
 	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true, "Paris is {sunny}", "Paris is {sunny}", NULL, 0, false);
 	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true, " \n", " \n", NULL, 0, false);
 }
