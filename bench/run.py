@@ -1,6 +1,7 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
-    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,chat,http]
+    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,qwen3,llama1b,
+                                                             chat,http,clients]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -14,6 +15,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
               against llama.cpp's load time (Llama() and llama-server's /health)
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
               4 clients (both nxd modes), as above
+  qwen3       a Qwen3-0.6B-shaped qwen3 model (per-head Q/K norms), random weights, Q4_K_M: decode, prefill
+  llama1b     a Llama-3.2-1B-shaped llama model (RoPE frequency factors, 128k vocabulary), random weights, in
+              Q4_K_M and Q4_0: decode (with its % of the bandwidth limit; it does not fit in cache) and prefill
   chat        a conversation's next turn: time to the first token of a follow-up question after a
               long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
               client with the same long instruction as one that is decoding; and 4 clients that send
@@ -21,6 +25,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
   http        the OpenAI API: nxd through nxd-http against llama-server, both on POST /v1/chat/completions
               (streamed, greedy, ignore_eos), 1 client and 4 at once; and nxd over HTTP against nxd over its
               socket, turn about on one daemon, so the gateway's own cost shows
+  clients     how cost grows: 1, 2, 4, ... 64 concurrent greedy clients of SmolLM2 Q4_1 on nxd --slots 64
+              against llama-server -np 64: aggregate tok/s and p50 / p99 time per token, plotted in
+              DIR/clients.png
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -41,12 +48,13 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import bwprobe  # noqa: E402
+import curve  # noqa: E402
 import http_side  # noqa: E402
 import models  # noqa: E402
 import nxd_side  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "chat", "http"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -54,6 +62,8 @@ DECODE_N = 128
 SLOTS = 4
 CHAT_TURN = (480, 64, 24)  # chat case: first prompt, its answer, the follow-up question (tokens)
 MIN_REPS = 3
+CURVE_SLOTS = 64  # clients case: both servers' slots
+CURVE_N = 64      # clients case: tokens per client
 BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
 
 
@@ -846,6 +856,57 @@ def main():
         prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         l = concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx) fast", qpath, reps, llama=l, **FAST)
+
+    # -------------------------------------------------------- Qwen3-0.6B- and Llama-3.2-1B-shaped
+    def shaped(case, shape, mode, fname):
+        path = os.path.join(mdir, fname)
+        if not os.path.exists(path):
+            log(f"bench: {case}: making the {shape['name']}-shaped model, {mode} (once)")
+            models.make_random(libnx, path, shape, mode, threads=THREADS, log=log)
+        return path
+
+    if "qwen3" in cases:
+        p = shaped("qwen3", models.QWEN3, "q4_k_m", "qwen3-0.6b-shape-random.nx-Q4_K_M.gguf")
+        decode_case("qwen3", "qwen3-0.6b-shape Q4_K_M(nx)", p, a.reps)
+        prefill_case("qwen3", "qwen3-0.6b-shape Q4_K_M(nx)", p, a.reps)
+
+    if "llama1b" in cases:
+        for mode in ("q4_k_m", "q4_0"):
+            p = shaped("llama1b", models.LLAMA1B, mode, f"llama3.2-1b-shape-random.nx-{mode.upper()}.gguf")
+            key = f"llama3.2-1b-shape {mode.upper()}(nx)"
+            decode_case("llama1b", key, p, a.reps)
+            prefill_case("llama1b", key, p, a.reps)
+
+    # -------------------------------------------------------- clients: 1 .. 64 at once
+    if "clients" in cases:
+        reps = MIN_REPS
+        cprompts = [text_ids(q41, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]} ({i})<|im_end|>\n"
+                                  "<|im_start|>assistant\n") for i in range(CURVE_SLOTS)]
+        log(f"bench: clients: {list(curve.LEVELS)} clients x {CURVE_N} tokens x {reps}, {CURVE_SLOTS} slots")
+
+        def curve_ours():
+            with ours.daemon(q41, slots=CURVE_SLOTS) as d:
+                return curve.curve(lambda ps: nxd_side.concurrent(d.sock, ps, CURVE_N), lambda i: cprompts[i],
+                                   reps, log=log, who="nxd")
+
+        def curve_llama():
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            with llama_server.Server(srv_bin, q41, THREADS, CURVE_SLOTS, CTX, N_BATCH) as s:
+                return curve.curve(lambda ps: s.concurrent(ps, CURVE_N), lambda i: cprompts[i], reps, log=log,
+                                   who="llama-server")
+
+        o, l = both("clients", curve_ours, curve_llama)
+        res["raw"]["clients"] = {"ours": o, "llama": l, "slots": CURVE_SLOTS, "tokens": CURVE_N}
+        for n in curve.LEVELS:
+            on, ln = (o or {}).get(n), (l or {}).get(n)
+            table.add("clients", f"smollm2-135m Q4_1 {n} clients total tok/s", "tok/s", on and on["tok_s"],
+                      ln and ln["tok_s"])
+            table.add("clients", f"smollm2-135m Q4_1 {n} clients p99 per token", "ms", on and on["p99_ms"],
+                      ln and ln["p99_ms"], lower_better=True,
+                      note=f"p50 {on['p50_ms']:.1f} vs {ln['p50_ms']:.1f} ms" if on and ln else "")
+        curve.plot(o, l, os.path.join(a.out, "clients.png"),
+                   f"SmolLM2-135M Q4_1, {CURVE_SLOTS} slots, {CURVE_N} greedy tokens per client, {THREADS} threads")
 
     # -------------------------------------------------------- report
     res["table"] = table.rows

@@ -10,12 +10,15 @@
 #include <time.h>
 
 static bool has_literal(const char *jinja, const char *want);
+static int phi3_variant(const char *jinja);
 
 /* ChatML with Qwen3's handling of "<think>"; other "<think>" handling (a
  * generation prompt that opens "<think>" itself: QwQ, Qwen3's thinking-only
  * releases) is not guessed at. */
 static enum nx_chat_tmpl detect_chatml(const char *jinja)
 {
+	if (strstr(jinja, "<|im_sep|>")) /* Phi-4's '<|im_start|>user<|im_sep|>...<|im_end|>': no newlines */
+		return NX_CHAT_UNKNOWN;
 	if (!strstr(jinja, "<think>"))
 		return NX_CHAT_CHATML;
 	if (strstr(jinja, "reasoning_content") && strstr(jinja, "last_query_index") &&
@@ -70,6 +73,8 @@ enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 		return NX_CHAT_LLAMA2;
 	if (strstr(jinja, "[INST]"))
 		return detect_mistral(jinja);
+	if (phi3_variant(jinja) >= 0)
+		return NX_CHAT_PHI3;
 	return NX_CHAT_UNKNOWN;
 }
 
@@ -85,6 +90,7 @@ static const char *const tmpl_names[NX_CHAT_N_KNOWN] = {
 	[NX_CHAT_MISTRAL_V7] = "mistral-v7",
 	[NX_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
 	[NX_CHAT_DEEPSEEK_R1] = "deepseek-r1",
+	[NX_CHAT_PHI3] = "phi3",
 };
 
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
@@ -97,7 +103,7 @@ const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
 const char *nx_chat_tmpl_names(void)
 {
 	return "raw, chatml, llama2, llama3, llama3.1, qwen3, mistral-v3, mistral-v3-tekken, mistral-v7, "
-	       "mistral-v7-tekken, deepseek-r1";
+	       "mistral-v7-tekken, deepseek-r1, phi3";
 }
 
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
@@ -390,6 +396,138 @@ static bool has_literal(const char *jinja, const char *want)
 	int hit = each_literal(jinja, scratch, lit_eq_cb, &q);
 	free(scratch);
 	return hit != 0;
+}
+
+/* --- templates told by their whole text ---------------------------------- */
+
+static bool ident_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+static bool jinja_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Appends literal value v (n bytes) to o between \1 and \2, escaping those two and \3 with \3. */
+static char *put_canon_lit(char *o, const char *v, size_t n)
+{
+	*o++ = '\1';
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] == '\1' || v[i] == '\2' || v[i] == '\3')
+			*o++ = '\3';
+		*o++ = v[i];
+	}
+	*o++ = '\2';
+	return o;
+}
+
+/* The template as a canonical string (malloc'd), so that two spellings of one
+ * template compare equal: text outside tags as it is; inside {{ }} and {% %}
+ * whitespace dropped (one space kept between two identifier characters), and
+ * each run of string literals joined by '+' as one literal of their decoded
+ * value (so '<|user|>\n', "<|user|>\n" and '<|user|>' + '\n' are alike). */
+static char *canonical(const char *src)
+{
+	const size_t n = strlen(src);
+	char *out = malloc(2 * n + 3), *o = out, *val = malloc(n + 1);
+	if (!out || !val) {
+		free(out);
+		free(val);
+		return NULL;
+	}
+	const char *p = src;
+	while (*p) {
+		if (p[0] != '{' || (p[1] != '{' && p[1] != '%')) {
+			*o++ = *p++;
+			continue;
+		}
+		const char *close = p[1] == '{' ? "}}" : "%}";
+		*o++ = *p++;
+		*o++ = *p++;
+		while (*p && strncmp(p, close, 2) != 0) {
+			if (jinja_space(*p)) {
+				while (jinja_space(*p))
+					p++;
+				if (o > out && ident_char(o[-1]) && ident_char(*p))
+					*o++ = ' ';
+				continue;
+			}
+			if (*p != '\'' && *p != '"') {
+				*o++ = *p++;
+				continue;
+			}
+			size_t vl = 0;
+			for (;;) { /* a literal, and those joined to it by '+' */
+				const char q = *p, *b = p + 1, *e = b;
+				while (*e && *e != q)
+					e += (*e == '\\' && e[1]) ? 2 : 1;
+				if (!*e) { /* unterminated: the rest as it is (no template of ours is) */
+					o = put_canon_lit(o, val, vl);
+					strcpy(o, p);
+					free(val);
+					return out;
+				}
+				vl += decode_literal(b, e, val + vl);
+				p = e + 1;
+				const char *a = p;
+				while (jinja_space(*a))
+					a++;
+				if (*a != '+')
+					break;
+				a++;
+				while (jinja_space(*a))
+					a++;
+				if (*a != '\'' && *a != '"')
+					break;
+				p = a;
+			}
+			o = put_canon_lit(o, val, vl);
+		}
+		if (*p) {
+			*o++ = *p++;
+			*o++ = *p++;
+		}
+	}
+	*o = '\0';
+	free(val);
+	return out;
+}
+
+/* Phi-3's templates: 0 renders every system message (Phi-3-mini-4k/128k-instruct's),
+ * 1 leaves out an empty one (Phi-3.5-mini-instruct's, Phi-3-medium's later). */
+static const char *const phi3_templates[] = {
+	"{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
+	"message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
+	"%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+	"{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+	"message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ "
+	"eos_token }}{% endif %}",
+};
+
+/* Which of phi3_templates jinja is (its trailing whitespace aside), or -1. */
+static int phi3_variant(const char *jinja)
+{
+	if (!strstr(jinja, "<|assistant|>") || !strstr(jinja, "<|end|>"))
+		return -1;
+	size_t n = strlen(jinja);
+	while (n && jinja_space(jinja[n - 1]))
+		n--;
+	char *src = strndup(jinja, n), *c = src ? canonical(src) : NULL;
+	int hit = -1;
+	for (int i = 0; c && hit < 0 && i < (int)(sizeof(phi3_templates) / sizeof(phi3_templates[0])); i++) {
+		char *k = canonical(phi3_templates[i]);
+		if (k && !strcmp(c, k))
+			hit = i;
+		free(k);
+	}
+	free(c);
+	free(src);
+	return hit;
 }
 
 static const char *skip_ws_back(const char *p, const char *start)
@@ -717,6 +855,23 @@ static void render_qwen3(struct sbuf *b, const struct nx_chat_msg *m, int n, boo
 	}
 	if (gen)
 		sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* Phi-3's turns; skip_empty_system: Phi-3.5's template (phi3_variant 1). */
+static void render_phi3(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+{
+	const bool skip_empty_system = jinja && phi3_variant(jinja) == 1;
+	for (int i = 0; i < n; i++) {
+		if (skip_empty_system && !strcmp(m[i].role, "system") && !*m[i].content)
+			continue;
+		sb_str(b, "<|");
+		sb_str(b, m[i].role);
+		sb_str(b, "|>\n");
+		sb_str(b, m[i].content);
+		sb_str(b, "<|end|>\n");
+	}
+	/* without a generation prompt the template ends on eos_token: Phi-3's, whose vocabulary has it */
+	sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
 static int render_llama2(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
@@ -1056,6 +1211,9 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 		break;
 	case NX_CHAT_DEEPSEEK_R1:
 		render_deepseek_r1(&b, jinja, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_PHI3:
+		render_phi3(&b, jinja, msgs, n, add_generation_prompt);
 		break;
 	default:
 		break;
