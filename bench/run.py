@@ -28,6 +28,10 @@ Cases (docs/bench.md has the details and how to read the numbers):
   clients     how cost grows: 1, 2, 4, ... 64 concurrent greedy clients of SmolLM2 Q4_1 on nxd --slots 64
               against llama-server -np 64: aggregate tok/s and p50 / p99 time per token, plotted in
               DIR/clients.png
+  spec        speculative decoding by prompt lookup (nxd only): one client, greedy chat answers of up to 128
+              tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
+              5 free-form ones, decode tok/s with speculation against without on the same daemon (turn about);
+              and a client decoding beside one that speculates: its tok/s against beside one that does not
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -52,9 +56,11 @@ import curve  # noqa: E402
 import http_side  # noqa: E402
 import models  # noqa: E402
 import nxd_side  # noqa: E402
+import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients",
+             "spec"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -226,7 +232,11 @@ class Table:
 
 
 def plot(rows, path, title):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the peer's venv has it; a run of nxd's cases alone may not
+        log(f"bench: no matplotlib: {path} not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rs = [r for r in rows if r["ratio"] is not None]
@@ -378,9 +388,12 @@ def main():
         with open(os.path.join(ROOT, ".venv-bench", "llama-info.json")) as f:
             llama_info = json.load(f)
     except OSError:  # scripts/bench-venv writes it; without it, ask the bindings directly
-        import llama_cpp
-        llama_info = {"llama_cpp_python": llama_cpp.__version__,
-                      "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+        if use_llama:
+            import llama_cpp
+            llama_info = {"llama_cpp_python": llama_cpp.__version__,
+                          "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+        else:
+            llama_info = {}
     srv_bin = llama_info.get("llama_server")
 
     res = {"machine": machine_info(None), "llama_cpp": llama_info, "threads": THREADS, "ctx": CTX,
@@ -410,7 +423,6 @@ def main():
         return res["models"][key]
 
     table = Table()
-    prompt = text_ids(q41, CHAT)  # memory case
 
     def both(case, fn_ours, fn_llama):
         """Run one side after the other; a failure on one side is recorded, not fatal."""
@@ -786,12 +798,101 @@ def main():
     if "http" in cases:
         http_case("http", "smollm2-135m Q4_1", q41, a.reps)
 
+    # -------------------------------------------------------- speculative decoding (nxd alone)
+    def spec_case(case, key, path, reps):
+        """Decode tok/s of each prompt = (tokens - 1) / (first token .. last token), with and without
+        speculation, turn about (which goes first alternates by prompt and repetition); a set's tok/s is
+        its tokens over its decode seconds. Then a client decoding 128 tokens (free-form, ignore_eos)
+        beside a client looping over the grounded prompts, with and without speculation, turn about."""
+        if not ours.ok:
+            return
+        reps = max(1, min(reps, 2))
+        spec = {"mode": "prompt", "k": 8}
+        log(f"bench: {case}: {len(spec_prompts.GROUNDED)} grounded + {len(spec_prompts.FREE)} free-form prompts "
+            f"x {reps}, speculation on and off")
+        out = {"grounded": [], "free": [], "beside": []}
+        with ours.daemon(path) as d:
+            c = nxd_side.Conn(d.sock)
+            c.request({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0})
+            for r in range(reps):
+                for kind, prompts in (("grounded", spec_prompts.GROUNDED), ("free", spec_prompts.FREE)):
+                    for i, p in enumerate(prompts):
+                        req = {"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
+                               "temperature": 0}
+                        got = {}
+                        for mode in (("off", "prompt") if (i + r) % 2 == 0 else ("prompt", "off")):
+                            got_r = c.request(dict(req, speculate=dict(spec, mode=mode)), rid=f"{kind}{i}{mode}")
+                            t = got_r["times"]
+                            got[mode] = {"n": len(t), "s": t[-1] - t[0] if len(t) > 1 else 0.0, "ids": got_r["ids"],
+                                         "speculate": got_r["done"].get("speculate")}
+                        out[kind].append({"prompt": i, "rep": r, "off": got["off"], "prompt_mode": got["prompt"],
+                                          "same": got["off"]["ids"] == got["prompt"]["ids"]})
+            # the client beside: free-form, 128 tokens, while another loops over the grounded prompts
+            stop = threading.Event()
+
+            def looper(mode):
+                cc = nxd_side.Conn(d.sock)
+                k = 0
+                while not stop.is_set():
+                    p = spec_prompts.GROUNDED[k % len(spec_prompts.GROUNDED)]
+                    cc.request({"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
+                                "temperature": 0, "speculate": dict(spec, mode=mode)}, rid=f"l{k}")
+                    k += 1
+                cc.close()
+
+            for r in range(2 * reps + 1):
+                for mode in (("off", "prompt") if r % 2 == 0 else ("prompt", "off")):
+                    stop.clear()
+                    th = threading.Thread(target=looper, args=(mode,))
+                    th.start()
+                    time.sleep(0.5)
+                    b_r = c.request({"messages": [{"role": "user", "content": spec_prompts.FREE[r % len(spec_prompts.FREE)]}],
+                                     "max_tokens": DECODE_N, "temperature": 0, "ignore_eos": True,
+                                     "speculate": {"mode": "off"}}, rid=f"b{r}{mode}")
+                    stop.set()
+                    th.join()
+                    out["beside"].append({"rep": r, "mode": mode, "tok_s": nxd_side.decode_rates(b_r)[0]})
+            out["status"] = c.status().get("speculate")
+            c.close()
+        res["raw"][f"{case}/{key}"] = out
+        with open(os.path.join(a.out, "spec-raw.json"), "w") as f:
+            json.dump(out, f)
+
+        def rate(rows, mode):
+            n = sum(x[mode]["n"] - 1 for x in rows if x[mode]["n"] > 1)
+            t = sum(x[mode]["s"] for x in rows if x[mode]["n"] > 1)
+            return n / t if t > 0 else None
+
+        for kind in ("grounded", "free"):
+            rows = out[kind]
+            on, off = rate(rows, "prompt_mode"), rate(rows, "off")
+            per = [x["prompt_mode"]["n"] / x["prompt_mode"]["s"] / (x["off"]["n"] / x["off"]["s"])
+                   for x in rows if x["off"]["n"] > 2 and x["prompt_mode"]["s"] > 0 and x["off"]["s"] > 0]
+            dr = sum((x["prompt_mode"]["speculate"] or {}).get("drafted", 0) for x in rows)
+            ac = sum((x["prompt_mode"]["speculate"] or {}).get("accepted", 0) for x in rows)
+            same = sum(x["same"] for x in rows)
+            target = 2.0 if kind == "grounded" else 0.95
+            table.add(case, f"{key} {kind} tok/s, speculating", "tok/s", on, None,
+                      note=f"without: {off:.1f} tok/s" if off else "")
+            table.add(case, f"{key} {kind} speculating / not", "x", on / off if on and off else None, None,
+                      note=f"target >= {target}; per prompt median {med(per):.2f}; {ac}/{dr} drafts accepted; "
+                           f"output identical in {same}/{len(rows)}" if per else "")
+        b_on = med([x["tok_s"] for x in out["beside"] if x["mode"] == "prompt"])
+        b_off = med([x["tok_s"] for x in out["beside"] if x["mode"] == "off"])
+        table.add(case, f"{key} client beside a speculating one", "x", b_on / b_off if b_on and b_off else None, None,
+                  note=f"its tok/s {b_on:.1f} vs {b_off:.1f} beside one that does not (target >= 0.95)"
+                  if b_on and b_off else "")
+
+    if "spec" in cases:
+        spec_case("spec", "smollm2-135m Q4_1", q41, a.reps)
+
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:
         case = "memory"
         reps = max(1, min(a.reps, 3))
         mi = model_info("smollm2-135m Q4_1", q41)
         log(f"bench: {case}: start-to-ready x {reps}, PSS after a request")
+        prompt = text_ids(q41, CHAT)
 
         def mem_ours():
             readies, pss = [], None

@@ -29,7 +29,7 @@ const char nxc_usage_generate[] =
 
 enum {
 	O_TOPK = 256, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_IGNORE_EOS, O_SYSTEM,
-	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA, O_RAW_OUTPUT, O_TOOLS, O_TOOL_CHOICE,
+	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA, O_RAW_OUTPUT, O_SPEC, O_TOOLS, O_TOOL_CHOICE,
 };
 
 static const struct option gen_opts[] = {
@@ -50,6 +50,7 @@ static const struct option gen_opts[] = {
 	{"logprobs", required_argument, NULL, O_LOGPROBS},
 	{"tokens", no_argument, NULL, O_TOKENS},
 	{"lora", required_argument, NULL, O_LORA},
+	{"speculate", required_argument, NULL, O_SPEC},
 	{"raw-output", no_argument, NULL, O_RAW_OUTPUT},
 	{"tools", required_argument, NULL, O_TOOLS},
 	{"tool-choice", required_argument, NULL, O_TOOL_CHOICE},
@@ -199,6 +200,31 @@ int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct n
 		case O_IGNORE_EOS:
 			json_object_set_new(ga->params, "ignore_eos", json_true());
 			break;
+		case O_SPEC: {
+			/* MODE or MODE:K; nxd checks both */
+			char mode[16];
+			const char *colon = strchr(optarg, ':');
+			size_t len = colon ? (size_t)(colon - optarg) : strlen(optarg);
+			enum nxp_spec_mode m;
+			if (len >= sizeof(mode))
+				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+			memcpy(mode, optarg, len);
+			mode[len] = '\0';
+			if (!nxp_spec_mode_parse(mode, &m))
+				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+			json_t *sp = json_object();
+			json_object_set_new(sp, "mode", json_string(mode));
+			if (colon) {
+				long long k;
+				if (nxc_parse_int(cmd, "--speculate K", colon + 1, 1, NXP_MAX_SPEC_K, &k)) {
+					json_decref(sp);
+					return -1;
+				}
+				json_object_set_new(sp, "k", json_integer(k));
+			}
+			json_object_set_new(ga->params, "speculate", sp);
+			break;
+		}
 		case O_RAW_OUTPUT:
 			ga->raw_output = true;
 			break;

@@ -381,6 +381,8 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 		r->sp.seed = fresh_seed(d);
 	r->ignore_eos = g->ignore_eos;
 	r->stream = g->stream;
+	const enum nxp_spec_mode sm = g->spec_mode == NXP_SPEC_DEFAULT ? d->o.spec_mode : g->spec_mode;
+	r->spec_k = sm == NXP_SPEC_PROMPT ? (g->spec_k ? g->spec_k : d->o.spec_k) : 0;
 	for (int i = 0; i < g->n_stop; i++) {
 		r->stop[i] = g->stop[i];
 		g->stop[i] = NULL; /* taken over */

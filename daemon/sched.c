@@ -157,6 +157,9 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
 			.has_seed = true,
 			.seed = r->sp.seed,
+			.speculated = r->spec_k > 0,
+			.spec_drafted = r->spec_drafted,
+			.spec_accepted = r->spec_accepted,
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -336,6 +339,7 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 		}
 		s->chunk = 0;
 		s->row = -1;
+		s->spec.n_draft = 0;
 	}
 }
 
@@ -461,6 +465,7 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 		s->wait_admitted = d->slots[s->wait_src].admitted;
 	s->req = r;
 	r->slot = p.slot;
+	nxd_spec_admit(s, r->spec_k);
 	nxd_lora_admit(d, r, p.slot);
 	return 0;
 }
@@ -551,17 +556,18 @@ static void catch_up(struct nxd *d, struct nxd_slot *s)
 	}
 }
 
-static int plan(struct nxd *d)
+static int plan(struct nxd *d, int *n_rows)
 {
 	struct nx_tok_in *t = d->shm.toks;
 	int n = 0, rows = 0, budget = d->o.n_batch;
-	struct nxd_slot *pre[NXD_MAX_SLOTS];
-	int n_pre = 0;
+	struct nxd_slot *pre[NXD_MAX_SLOTS], *spec[NXD_MAX_SLOTS];
+	int n_pre = 0, n_spec = 0, n_seqs = 0;
 	/* Decoders first: one token each, each wants its logits. */
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		s->chunk = 0;
 		s->row = -1;
+		s->spec.n_draft = 0;
 		if (!s->req || s->req->cancelled)
 			continue;
 		if (s->wait_src >= 0)
@@ -574,6 +580,9 @@ static int plan(struct nxd *d)
 			s->row = rows++;
 			s->chunk = 1;
 			n++;
+			n_seqs++;
+			if (s->req->spec_k > 0)
+				spec[n_spec++] = s;
 		} else if (pending > 1 && s->wait_src < 0 && n_pre < (int)(sizeof(pre) / sizeof(pre[0]))) {
 			pre[n_pre++] = s;
 		}
@@ -590,6 +599,7 @@ static int plan(struct nxd *d)
 			t[n++] = (struct nx_tok_in){ s->hist[pos], pos, si, -1, s->req->n_lora ? si + 1 : 0 };
 		}
 		s->chunk = take;
+		n_seqs++;
 		if (s->req->t_admit == 0)
 			s->req->t_admit = nxd_now(); /* its first prompt step */
 		if (take == pending) {
@@ -597,6 +607,31 @@ static int plan(struct nxd *d)
 			s->row = rows++;
 		}
 	}
+	/* Last, drafts of the speculating decoders in what is left: never in
+	 * place of another sequence's tokens, and in a step shared with other
+	 * sequences only as many as cost them little. */
+	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n, rows) : budget;
+	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits && shared > 0; k++) {
+		struct nxd_slot *s = spec[k];
+		const struct nxd_req *r = s->req;
+		const int si = (int)(s - d->slots);
+		int max = budget - n;
+		max = max < d->shm.cfg.max_logits - rows ? max : d->shm.cfg.max_logits - rows;
+		max = max < shared ? max : shared;
+		/* positions n_past + 1 .. n_past + max, inside the context; and no
+		 * draft past the last token max_tokens lets the request emit */
+		max = max < d->o.n_ctx - 1 - s->n_past ? max : d->o.n_ctx - 1 - s->n_past;
+		max = max < r->max_tokens - r->n_gen - 1 ? max : r->max_tokens - r->n_gen - 1;
+		if (max <= 0 || nxd_spec_draft(s, max) == 0)
+			continue;
+		s->spec.draft_row = rows;
+		for (int j = 0; j < s->spec.n_draft; j++)
+			t[n++] = (struct nx_tok_in){ s->spec.draft[j], s->n_past + 1 + j, si, rows++,
+						     r->n_lora ? si + 1 : 0 };
+		if (n_spec < n_seqs)
+			shared -= s->spec.n_draft;
+	}
+	*n_rows = rows;
 	return n;
 }
 
@@ -609,7 +644,7 @@ void nxd_sched_pump(struct nxd *d)
 	admit_queued(d);
 	if (!nxd_step_can_launch(d))
 		return;
-	int n = plan(d);
+	int n = plan(d, &d->step_rows);
 	if (n == 0)
 		return;
 	d->step_follows = d->in_step_done;
@@ -669,10 +704,11 @@ static void send_tool_calls(struct nxd *d, struct nxd_conn *c, struct nxd_req *r
 
 /* d->lp for a token event: the n_top most likely tokens, then the chosen one
  * when a draw took it from outside them, so its own logprob is always there. */
-/* Streams one sampled token and decides whether the sequence ends. An
+/* Streams one sampled token and decides whether the sequence ends (false:
+ * it did, the request is gone). An
  * end-of-generation token is not part of the answer: no text, not counted,
  * not in `tokens`; it only ends the sequence (reason eos). */
-static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
+static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 {
 	struct nxd_req *r = s->req;
 	struct nxd_conn *c = live_conn(r);
@@ -773,10 +809,11 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 	}
 	if (!end) {
 		s->hist[s->n_hist++] = tok;
-		return;
+		return true;
 	}
 	slot_release(d, s, true);
 	finish(d, r, reason);
+	return false;
 }
 
 /* NXD_PROFILE: the time from the step before's end (its last worker) to
@@ -836,9 +873,36 @@ void nxd_sched_step_done(struct nxd *d)
 			continue;
 		}
 		ntok++;
-		on_token(d, s, tok, n_top);
+		bool live = on_token(d, s, tok, n_top);
+		/* Drafts: each kept while it is the token drawn, and its row then
+		 * gives the next token (spec.c). A request's counts are taken
+		 * before the token that may end it, for its done event. */
+		const int n_draft = s->spec.n_draft;
+		int seen = 0, acc = 0;
+		while (live && seen < n_draft) {
+			seen++;
+			r->spec_drafted++;
+			if (tok != s->spec.draft[acc])
+				break;
+			r->spec_accepted++;
+			s->n_past++; /* the draft's K/V are the drawn token's */
+			row = s->spec.draft_row + acc++;
+			tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
+						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
+						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
+			if (tok < 0 || tok >= n_vocab) {
+				slot_release(d, s, false);
+				fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+				break;
+			}
+			ntok++;
+			live = on_token(d, s, tok, n_top);
+		}
+		if (n_draft > 0)
+			nxd_spec_learn(d, s, seen, acc);
 	}
 	stats_step(d, seqs, ntok, n_prompt, d->step.t0, t1);
+	nxd_spec_fit_step(d, d->step.n, d->step_rows, t1 - d->step.t0);
 	d->in_step_done = true;
 	nxd_sched_pump(d);
 	d->in_step_done = false;
@@ -888,5 +952,9 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.uptime_s = nxd_now() - d->t_start,
 		.steps = s->steps,
 		.steps_retried = s->steps_retried,
+		.spec_default = nxp_spec_mode_name(d->o.spec_mode),
+		.spec_k = d->o.spec_k,
+		.spec_drafted = s->spec_drafted,
+		.spec_accepted = s->spec_accepted,
 	};
 }

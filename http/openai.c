@@ -116,6 +116,14 @@ static int sampling(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
 		}
 		json_object_set_new(q, "lora", json_deep_copy(lora));
 	}
+	json_t *spec = json_object_get(b, "speculate");
+	if (spec && !json_is_null(spec)) {
+		if (!json_is_object(spec)) {
+			nxh_req_bad(r, "speculate", "field 'speculate' must be an object {\"mode\", \"k\"}");
+			return -1;
+		}
+		json_object_set_new(q, "speculate", json_deep_copy(spec)); /* nxd checks its keys and values */
+	}
 	return 0;
 }
 
@@ -334,7 +342,7 @@ static const char *const chat_known[] = {
 	/* nxd's own */
 	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora",
 	/* the chat template's arguments, as vLLM and llama.cpp's server take them */
-	"chat_template_kwargs", NULL
+	"chat_template_kwargs", "speculate", NULL
 };
 
 /* tools, tool_choice and parallel_tool_calls go to nxd as they are: it
@@ -404,7 +412,7 @@ int nxh_chat_begin(struct nxh_req *r)
 static const char *const completion_known[] = {
 	"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs",
 	"presence_penalty", "frequency_penalty", "stream", "stream_options", "echo", "best_of",
-	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", NULL
+	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", "speculate", NULL
 };
 
 /* One prompt: a string, an array of token ids, or an array holding one of those. */

@@ -362,6 +362,8 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 	}
 	if (d->has_seed)
 		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
+	if (d->speculated)
+		w_fmt(&w, ",\"speculate\":{\"drafted\":%d,\"accepted\":%d}", d->spec_drafted, d->spec_accepted);
 	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
 	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");
@@ -429,6 +431,15 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_str(&w, ",\"uptime_s\":");
 	w_num(&w, s->uptime_s);
 	w_fmt(&w, ",\"steps\":%" PRIu64 ",\"steps_retried\":%" PRIu64, s->steps, s->steps_retried);
+	if (s->spec_default) {
+		w_str(&w, ",\"speculate\":{");
+		w_str(&w, "\"default\":");
+		w_jstr(&w, s->spec_default, strlen(s->spec_default));
+		w_fmt(&w, ",\"k\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 ",\"acceptance\":", s->spec_k,
+		      s->spec_drafted, s->spec_accepted);
+		w_num(&w, s->spec_drafted ? (double)s->spec_accepted / (double)s->spec_drafted : NAN);
+		w_ch(&w, '}');
+	}
 	if (s->profile_ms && s->n_profile > 0) {
 		w_fmt(&w, ",\"profile\":{\"steps\":%" PRIu64 ",\"ms_per_step\":{", s->profile_steps);
 		for (int i = 0; i < s->n_profile; i++) {
@@ -932,6 +943,56 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 	return 0;
 }
 
+const char *nxp_spec_mode_name(enum nxp_spec_mode m)
+{
+	return m == NXP_SPEC_PROMPT ? "prompt" : "off";
+}
+
+bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m)
+{
+	if (!strcmp(s, "off"))
+		*m = NXP_SPEC_OFF;
+	else if (!strcmp(s, "prompt"))
+		*m = NXP_SPEC_PROMPT;
+	else
+		return false;
+	return true;
+}
+
+/* "speculate": {"mode": "off" | "prompt", "k": 1..NXP_MAX_SPEC_K}. A key
+ * nxd does not know (a draft model's options) is refused, not ignored: the
+ * client would believe it in effect. */
+static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *e)
+{
+	if (!json_is_object(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'speculate' must be an object, got %s", nxp_json_type(v));
+	const char *key;
+	json_t *val;
+	json_object_foreach(v, key, val) {
+		if (strcmp(key, "mode") && strcmp(key, "k"))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'speculate.%s' is not supported (speculate takes 'mode' and 'k')", key);
+	}
+	json_t *mode = field(v, "mode");
+	if (mode) {
+		if (!json_is_string(mode))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'speculate.mode' must be a string, got %s",
+				    nxp_json_type(mode));
+		if (!nxp_spec_mode_parse(json_string_value(mode), &g->spec_mode))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'speculate.mode' must be \"off\" or \"prompt\", got \"%.64s\"",
+				    json_string_value(mode));
+	}
+	json_t *k = field(v, "k");
+	long long kk;
+	if (k) {
+		if (get_int(k, "speculate.k", 1, NXP_MAX_SPEC_K, &kk, e))
+			return -1;
+		g->spec_k = (int)kk;
+	}
+	return 0;
+}
+
 static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
 			  struct nxp_error *e)
 {
@@ -1040,6 +1101,9 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	    opt_bool(o, "stream", &g->stream, NULL, e))
 		return -1;
 	if (lora && parse_lora(lora, g, e))
+		return -1;
+	json_t *spec = field(o, "speculate");
+	if (spec && parse_speculate(spec, g, e))
 		return -1;
 	if (nxp_parse_tools(o, g, e))
 		return -1;

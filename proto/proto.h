@@ -36,6 +36,7 @@
 #define NXP_MAX_TOOLS      128               /* tools offered per request */
 #define NXP_MAX_TOOL_NAME  64                /* bytes of a tool's name, [A-Za-z0-9_-] */
 #define NXP_MAX_TOOL_CALLS 128               /* calls per assistant message */
+#define NXP_MAX_SPEC_K     16                /* "speculate.k": drafted tokens per step at most */
 
 /* Operations. NXP_OP_NONE is what a zeroed request holds (safe to free).
  * Adding an op: an enum entry here, a member in nxp_request's union, an entry
@@ -118,6 +119,17 @@ struct nxp_lora_ref {
 
 enum nxp_think { NXP_THINK_DEFAULT, NXP_THINK_OFF, NXP_THINK_ON };
 
+/* Speculative decoding of a generate ("speculate", docs/protocol.md). */
+enum nxp_spec_mode {
+	NXP_SPEC_DEFAULT, /* no "speculate.mode": the daemon's --speculate */
+	NXP_SPEC_OFF,
+	NXP_SPEC_PROMPT,  /* drafts by prompt lookup: n-grams of the request's own prompt and output */
+};
+
+const char *nxp_spec_mode_name(enum nxp_spec_mode m);
+/* "off" / "prompt" -> *m; false for anything else. */
+bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m);
+
 struct nxp_generate {
 	enum nxp_input input;
 	char *prompt;                 /* NXP_IN_PROMPT: owned */
@@ -145,6 +157,8 @@ struct nxp_generate {
 	enum nxp_tool_choice tool_choice; /* AUTO unless given; given only with tools */
 	char tool_name[NXP_MAX_TOOL_NAME + 1]; /* NXP_TOOLS_NAMED: the tool */
 	bool parallel_tool_calls;     /* default true */
+	enum nxp_spec_mode spec_mode; /* "speculate.mode" */
+	int spec_k;                   /* "speculate.k": 1..NXP_MAX_SPEC_K, 0: the daemon's */
 };
 
 struct nxp_tokenize {
@@ -258,6 +272,9 @@ struct nxp_done {
 	double tokens_per_s;    /* completion tokens / decode seconds */
 	bool has_seed;          /* seed is written: the one the sampler used, so the answer can be asked for again */
 	uint64_t seed;          /* 0..2^63-1, a JSON integer a request's "seed" accepts */
+	bool speculated;        /* "speculate" is written: the request ran with speculation on */
+	int spec_drafted;       /* draft tokens verified */
+	int spec_accepted;      /* of those, the ones the model agreed with */
 };
 
 struct nxp_worker_status {
@@ -288,6 +305,10 @@ struct nxp_status {
 	double uptime_s;
 	uint64_t steps;            /* forward steps run */
 	uint64_t steps_retried;    /* steps run again after a worker died */
+	const char *spec_default;  /* the daemon's --speculate mode, "off" or "prompt" */
+	int spec_k;                /* and its k */
+	uint64_t spec_drafted;     /* draft tokens verified since start */
+	uint64_t spec_accepted;    /* of those, accepted */
 	/* nxd with NXD_PROFILE=1: where a step's time goes, per phase (model/forward.h:
 	 * nx_prof), in ms per step averaged over the workers; profile NULL: not profiled. */
 	const double *profile_ms;        /* (n_profile) */

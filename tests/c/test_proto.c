@@ -208,6 +208,12 @@ static void test_generate_wrong_types(void **st)
 		{GEN "\"lora\":[{\"name\":3}]}", "field 'lora[0].name' must be a string, got integer"},
 		{GEN "\"lora\":[{\"name\":\"a\",\"scale\":\"1\"}]}", "field 'lora[0].scale' must be a number, got string"},
 		{GEN "\"lora\":[{\"name\":\"a\"},{\"name\":\"a\"}]}", "field 'lora[1].name' repeats adapter 'a'"},
+		{GEN "\"speculate\":\"prompt\"}", "field 'speculate' must be an object, got string"},
+		{GEN "\"speculate\":{\"mode\":\"draft\"}}", "field 'speculate.mode' must be \"off\" or \"prompt\", got \"draft\""},
+		{GEN "\"speculate\":{\"mode\":true}}", "field 'speculate.mode' must be a string, got boolean"},
+		{GEN "\"speculate\":{\"k\":\"4\"}}", "field 'speculate.k' must be an integer, got string"},
+		{GEN "\"speculate\":{\"k\":2.5}}", "field 'speculate.k' must be an integer, got 2.5"},
+		{GEN "\"speculate\":{\"mode\":\"prompt\",\"model\":\"d.gguf\"}}", "field 'speculate.model' is not supported"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[\"hi\"]}", "field 'messages[0]' must be an object, got string"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\"}]}", "field 'messages[0].content' is required"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"content\":\"x\"}]}", "field 'messages[0].role' is required"},
@@ -247,6 +253,8 @@ static void test_generate_ranges(void **st)
 	check_err(GEN "\"max_tokens\":0}", NXP_E_OUT_OF_RANGE,
 		  "field 'max_tokens' must be at least 1 (more than 512 is taken as 512)", "got 0");
 	check_err(GEN "\"max_tokens\":-1}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "got -1");
+	check_err(GEN "\"speculate\":{\"k\":0}}", NXP_E_OUT_OF_RANGE, "'speculate.k'", "got 0");
+	check_err(GEN "\"speculate\":{\"k\":17}}", NXP_E_OUT_OF_RANGE, "'speculate.k'", "got 17");
 	check_err(GEN "\"max_tokens\":1e300}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "1e+300");
 	check_err(GEN "\"temperature\":-1}", NXP_E_OUT_OF_RANGE, "'temperature'", "got -1");
 	check_err(GEN "\"temperature\":-0.0001}", NXP_E_OUT_OF_RANGE, "'temperature'", NULL);
@@ -381,6 +389,15 @@ static void test_generate_full(void **st)
 	assert_true(g->lora[0].scale == 0.5f);
 	assert_string_equal(g->lora[1].name, "b");
 	assert_true(g->lora[1].scale == 1.0f);
+	assert_int_equal(g->spec_mode, NXP_SPEC_DEFAULT); /* absent: the daemon's */
+	assert_int_equal(g->spec_k, 0);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"speculate\":{\"mode\":\"prompt\",\"k\":16}}", &r);
+	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_PROMPT);
+	assert_int_equal(r.u.gen.spec_k, 16);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"speculate\":{\"mode\":\"off\"}}", &r);
+	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_OFF);
 	nxp_request_free(&r);
 	assert_int_equal(r.op, NXP_OP_NONE);
 	nxp_request_free(&r); /* twice is harmless */

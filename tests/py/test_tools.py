@@ -330,6 +330,17 @@ def lib_handle():
     return so
 
 
+def test_calls_are_the_same_with_speculation(tmp_path):
+    with serve(None, QWEN25, {**AUTO_CALL, **NAMED}, tmp_path, "s") as d, Client(d.sock) as c:
+        for choice in ("auto", named("get_weather")):
+            outs = []
+            for mode in ("off", "prompt"):
+                _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, stream=False,
+                                           speculate={"mode": mode})
+                outs.append((text, done["reason"], [(t["name"], t["arguments"]) for t in done["tool_calls"]]))
+            assert outs[0] == outs[1] and outs[0][1] == "tool_calls", outs
+
+
 def test_protocol_streams_a_call_the_model_makes_on_its_own(tmp_path):
     with serve(None, QWEN25, AUTO_CALL, tmp_path, "s") as d, Client(d.sock) as c:
         c.send({"op": "generate", "id": 1, "messages": ASK, "tools": TOOLS, "temperature": 0})
