@@ -51,6 +51,7 @@
 #include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
+#include "tok/tools.h"
 #include "worker/worker.h"
 #include "common/version.h"
 
@@ -220,6 +221,9 @@ struct nxd_req {
 	/* speculative decoding (spec.c): k drafted tokens per step at most, 0: off */
 	int spec_k;
 	int spec_drafted, spec_accepted;
+	/* tools offered (tok/tools.h): the answer read for calls as it comes, or NULL */
+	struct nx_toolp *tools;
+	int n_calls_sent;         /* streamed: tool_call events sent so far */
 };
 
 /* A slot's speculation (spec.c): the drafts of the running step and how
@@ -466,6 +470,7 @@ struct nxd_prepared {
 	size_t text_len;
 	char *answer;             /* tokenize, detokenize: the encoded answer line (answer_len), NULL when out of memory */
 	size_t answer_len;
+	struct nx_toolp *tools;   /* generate with tools: the reader of its calls (taken over by the request) */
 };
 struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);

@@ -47,6 +47,9 @@ void nxd_req_free(struct nxd_req *r)
 	free(r->gen_toks);
 	free(r->text);
 	nx_gmatch_free(r->gm);
+	if (r->tools)
+		nx_toolp_free(r->tools);
+	free(r->tools);
 	free(r);
 }
 
@@ -121,6 +124,18 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 {
 	struct nxd_conn *c = live_conn(r);
 	r->t_end = nxd_now();
+	bool ended = reason != NXP_DONE_CANCELLED && reason != NXP_DONE_SHUTDOWN;
+	if (c && ended && r->tools && r->tools->failed) {
+		/* tool_choice asked for a call and the answer is not a valid one */
+		nxd_send_error(d, c, r->id, NXP_E_INVALID_TOOL_CALL, "%s", r->tools->why);
+		c = NULL;
+	}
+	_Static_assert(NX_TOOL_MAX_CALLS <= NXP_MAX_TOOL_CALLS, "an answer's calls fit the protocol's");
+	struct nxp_tool_call calls[NX_TOOL_MAX_CALLS];
+	int n_calls = 0;
+	for (int i = 0; r->tools && !r->stream && i < r->tools->n_calls && i < NX_TOOL_MAX_CALLS; i++)
+		calls[n_calls++] = (struct nxp_tool_call){ r->tools->calls[i].id, r->tools->calls[i].name,
+							   r->tools->calls[i].arguments };
 	if (c) {
 		/* prefill: first prompt step -> first token; decode: the rest.
 		 * NAN (null on the wire) for what never happened. */
@@ -128,6 +143,8 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 		double decode = r->t_first > 0 ? r->t_end - r->t_first : NAN;
 		struct nxp_done dn = {
 			.reason = reason,
+			.tool_calls = n_calls > 0 ? calls : NULL,
+			.n_tool_calls = n_calls,
 			.text = r->stream ? NULL : (r->text ? r->text : ""),
 			.text_len = r->stream ? 0 : r->text_len,
 			.tokens = r->stream ? NULL : r->gen_toks,
@@ -655,6 +672,40 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 		st->count++;
 }
 
+/* Feeds the text just released to the request's reader of tool calls: the
+ * answer ends early once a call is all parallel_tool_calls false allows, or
+ * once tool_choice's call has failed (text held back for a stop string then
+ * is dropped: nothing after the call belongs to the answer); an answer that
+ * ends with calls ends for them. */
+static void read_tool_calls(struct nxd_req *r, const char *s, size_t n, bool *end, enum nxp_reason *reason)
+{
+	struct nx_toolp *tp = r->tools;
+	nx_toolp_feed(tp, s, n);
+	if (!*end && nx_toolp_done(tp)) {
+		*end = true;
+		*reason = NXP_DONE_TOOL_CALLS;
+	}
+	if (*end) {
+		nx_toolp_finish(tp);
+		if (tp->n_calls > 0 && (*reason == NXP_DONE_EOS || *reason == NXP_DONE_STOP))
+			*reason = NXP_DONE_TOOL_CALLS;
+	}
+}
+
+/* A streamed request's tool calls completed since the last token. */
+static void send_tool_calls(struct nxd *d, struct nxd_conn *c, struct nxd_req *r)
+{
+	for (; r->n_calls_sent < r->tools->n_calls; r->n_calls_sent++) {
+		const struct nx_tool_call *tc = &r->tools->calls[r->n_calls_sent];
+		struct nxp_tool_call call = { tc->id, tc->name, tc->arguments };
+		size_t n;
+		char *line = nxp_enc_tool_call_alloc(r->id, r->n_calls_sent, &call, &n);
+		if (line)
+			nxd_conn_queue(d, c, line, n);
+		free(line);
+	}
+}
+
 /* d->lp for a token event: the n_top most likely tokens, then the chosen one
  * when a draw took it from outside them, so its own logprob is always there. */
 /* Streams one sampled token and decides whether the sequence ends (false:
@@ -703,10 +754,18 @@ static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 						      NX_STOP_MORE)
 			rlen += more;
 	}
+	/* The answer's text, or with tools what of it is not a call. */
+	const char *txt = d->released;
+	size_t tlen = rlen;
+	if (r->tools) {
+		read_tool_calls(r, d->released, rlen, &end, &reason);
+		txt = r->tools->out;
+		tlen = r->tools->out_len;
+	}
 	if (r->stream) {
 		/* An end-of-generation token gets an event only to carry text that
 		 * was held back (rare: a stop-string prefix, a cut UTF-8 sequence). */
-		if (c && (!eog || rlen > 0)) {
+		if (c && (!eog || tlen > 0)) {
 			int n_lp = 0;
 			for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
 				size_t len = 0;
@@ -719,15 +778,26 @@ static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 			struct nxp_logprob self = { tok, NULL, 0, nx_sampler_last_logprob(&s->smp) };
 			if (r->sp.n_logprobs > 0 && !eog)
 				self.text = nx_tok_piece(tk, tok, true, &self.text_len);
-			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, d->released, rlen,
+			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, txt, tlen,
 						    r->sp.n_logprobs > 0 && !eog ? &self : NULL, d->lp, n_lp);
-			if (n < d->line_cap)
+			char *big = NULL;
+			if (n < d->line_cap) {
 				nxd_conn_queue(d, c, d->line, n);
+			} else if ((big = malloc(n + 1))) {
+				/* text the reader of tool calls held back (a malformed call, a
+				 * Llama answer that opened as a call), released at once */
+				nxp_enc_token_lp(big, n + 1, r->id, tok, txt, tlen, r->sp.n_logprobs > 0 && !eog ? &self : NULL,
+						 d->lp, n_lp);
+				nxd_conn_queue(d, c, big, n);
+				free(big);
+			}
 		}
-	} else if (rlen) {
-		if (r->text_len + rlen + 1 > r->text_cap) {
+		if (c && r->tools)
+			send_tool_calls(d, c, r);
+	} else if (tlen) {
+		if (r->text_len + tlen + 1 > r->text_cap) {
 			size_t cap = r->text_cap ? r->text_cap : 256;
-			while (cap < r->text_len + rlen + 1)
+			while (cap < r->text_len + tlen + 1)
 				cap *= 2;
 			char *p = realloc(r->text, cap);
 			if (p) {
@@ -735,9 +805,9 @@ static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 				r->text_cap = cap;
 			}
 		}
-		if (r->text_len + rlen + 1 <= r->text_cap) {
-			memcpy(r->text + r->text_len, d->released, rlen);
-			r->text_len += rlen;
+		if (r->text_len + tlen + 1 <= r->text_cap) {
+			memcpy(r->text + r->text_len, txt, tlen);
+			r->text_len += tlen;
 			r->text[r->text_len] = '\0';
 		}
 	}

@@ -163,6 +163,7 @@ struct nxh_gen {
 	json_t *lp;              /* logprobs gathered (non-streamed answers) */
 	size_t text_offset;      /* completions' logprobs: bytes of text so far */
 	int n_tokens;            /* token events seen */
+	json_t *tool_calls;      /* the calls nxd made of the answer (non-streamed answers), in the API's shape */
 	double t_last;           /* the previous token event, for the per-token latency */
 };
 

@@ -37,6 +37,7 @@ static const char *const code_names[NXP_E_COUNT] = {
 	[NXP_E_SHUTTING_DOWN] = "shutting_down",
 	[NXP_E_UNSUPPORTED_VERSION] = "unsupported_version",
 	[NXP_E_INTERNAL] = "internal",
+	[NXP_E_INVALID_TOOL_CALL] = "invalid_tool_call",
 };
 
 const char *nxp_code_name(enum nxp_code code)
@@ -50,11 +51,12 @@ static const char *const role_names[] = {
 	[NXP_ROLE_SYSTEM] = "system",
 	[NXP_ROLE_USER] = "user",
 	[NXP_ROLE_ASSISTANT] = "assistant",
+	[NXP_ROLE_TOOL] = "tool",
 };
 
 const char *nxp_role_name(enum nxp_role role)
 {
-	if ((unsigned)role > NXP_ROLE_ASSISTANT)
+	if ((unsigned)role > NXP_ROLE_TOOL)
 		return "user";
 	return role_names[role];
 }
@@ -65,11 +67,12 @@ static const char *const reason_names[] = {
 	[NXP_DONE_STOP] = "stop",
 	[NXP_DONE_CANCELLED] = "cancelled",
 	[NXP_DONE_SHUTDOWN] = "shutdown",
+	[NXP_DONE_TOOL_CALLS] = "tool_calls",
 };
 
 const char *nxp_reason_name(enum nxp_reason reason)
 {
-	if ((unsigned)reason > NXP_DONE_SHUTDOWN)
+	if ((unsigned)reason > NXP_DONE_TOOL_CALLS)
 		return "eos";
 	return reason_names[reason];
 }
@@ -312,6 +315,28 @@ static void w_ids(struct wr *w, const int32_t *tokens, int n)
 	w_ch(w, ']');
 }
 
+/* {"id":"call_...","name":"...","arguments":"{...}"}: the arguments as a
+ * JSON string, as OpenAI carries them. */
+static void w_tool_call(struct wr *w, const struct nxp_tool_call *c)
+{
+	w_str(w, "{\"id\":");
+	w_jstr(w, c->id, strlen(c->id));
+	w_str(w, ",\"name\":");
+	w_jstr(w, c->name, strlen(c->name));
+	w_str(w, ",\"arguments\":");
+	w_jstr(w, c->arguments, strlen(c->arguments));
+	w_ch(w, '}');
+}
+
+size_t nxp_enc_tool_call(char *buf, size_t cap, const char *id, int index, const struct nxp_tool_call *c)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "tool_call");
+	w_fmt(&w, ",\"index\":%d,\"tool_call\":", index);
+	w_tool_call(&w, c);
+	return w_tail(&w);
+}
+
 size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d)
 {
 	struct wr w = {buf, cap, 0};
@@ -319,6 +344,15 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 	w_str(&w, ",\"reason\":\"");
 	w_str(&w, nxp_reason_name(d->reason));
 	w_ch(&w, '"');
+	if (d->tool_calls) {
+		w_str(&w, ",\"tool_calls\":[");
+		for (int i = 0; i < d->n_tool_calls; i++) {
+			if (i)
+				w_ch(&w, ',');
+			w_tool_call(&w, &d->tool_calls[i]);
+		}
+		w_ch(&w, ']');
+	}
 	if (d->text) {
 		w_str(&w, ",\"text\":");
 		w_jstr(&w, d->text, d->text_len);
@@ -461,6 +495,11 @@ size_t nxp_enc_error(char *buf, size_t cap, const char *id, enum nxp_code code, 
 char *nxp_enc_done_alloc(const char *id, const struct nxp_done *d, size_t *len_out)
 {
 	ENC_ALLOC(nxp_enc_done(buf, cap, id, d));
+}
+
+char *nxp_enc_tool_call_alloc(const char *id, int index, const struct nxp_tool_call *c, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_tool_call(buf, cap, id, index, c));
 }
 
 char *nxp_enc_tokens_alloc(const char *id, const int32_t *tokens, int n_tok, size_t *len_out)
@@ -801,22 +840,26 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 				    nxp_json_type(role));
 		const char *rs = json_string_value(role);
 		int ri = -1;
-		for (int k = 0; k <= NXP_ROLE_ASSISTANT; k++)
+		for (int k = 0; k <= NXP_ROLE_TOOL; k++)
 			if (!strcmp(rs, role_names[k]))
 				ri = k;
 		if (ri < 0)
 			return fail(e, NXP_E_BAD_REQUEST,
-				    "field 'messages[%zu].role' must be one of system, user, assistant, got %s",
+				    "field 'messages[%zu].role' must be one of system, user, assistant, tool, got %s",
 				    i, short_str(rs, sb, sizeof(sb)));
+		g->messages[i].role = (enum nxp_role)ri;
+		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
+		if (nxp_parse_message_tools(m, i, &g->messages[i], e))
+			return -1;
+		if (!content && g->messages[i].tool_calls)
+			continue; /* an assistant message of calls alone */
 		if (!content)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].content' is required", i);
 		if (!json_is_string(content))
 			return fail(e, NXP_E_BAD_REQUEST,
 				    "field 'messages[%zu].content' must be a string, got %s", i,
 				    nxp_json_type(content));
-		g->messages[i].role = (enum nxp_role)ri;
 		g->messages[i].content = strdup(json_string_value(content));
-		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
 		if (!g->messages[i].content)
 			return fail(e, NXP_E_INTERNAL, "out of memory copying 'messages[%zu].content'", i);
 	}
@@ -1119,7 +1162,14 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	json_t *spec = field(o, "speculate");
 	if (spec && parse_speculate(spec, g, e))
 		return -1;
-	return parse_constraint(o, g, e);
+	if (nxp_parse_tools(o, g, e) || parse_constraint(o, g, e))
+		return -1;
+	/* A grammar would have to admit the family's tool-call syntax as well;
+	 * not one nxd writes, so the two are not combined. */
+	if (g->tools && g->grammar)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'tools' cannot be used with '%s'",
+			    g->format == NXP_FMT_GRAMMAR ? "grammar" : "format");
+	return 0;
 }
 
 /* An adapter name: 1..NXP_MAX_LORA_NAME bytes of [A-Za-z0-9._-] (names show
@@ -1448,9 +1498,13 @@ void nxp_request_free(struct nxp_request *req)
 		struct nxp_generate *g = &req->u.gen;
 		free(g->prompt);
 		free(g->system);
-		for (int i = 0; i < g->n_messages; i++)
+		for (int i = 0; i < g->n_messages; i++) {
 			free(g->messages[i].content);
+			free(g->messages[i].tool_calls);
+			free(g->messages[i].tool_call_id);
+		}
 		free(g->messages);
+		free(g->tools);
 		free(g->tokens);
 		for (int i = 0; i < g->n_stop; i++)
 			free(g->stop[i]);

@@ -1,5 +1,6 @@
 /* chat.c - chat template detection, default system prompt extraction and rendering (see chat.h). */
 #include "tok/chat.h"
+#include "tok/chat_int.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -159,13 +160,7 @@ int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, st
 
 /* --- a growable string (prompt rendering only, never per token) ---------- */
 
-struct sbuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n)
+void sb_add(struct sbuf *b, const char *s, size_t n)
 {
 	if (b->oom)
 		return;
@@ -191,7 +186,7 @@ static void sb_add(struct sbuf *b, const char *s, size_t n)
 	b->p[b->len] = '\0';
 }
 
-static void sb_str(struct sbuf *b, const char *s)
+void sb_str(struct sbuf *b, const char *s)
 {
 	sb_add(b, s, strlen(s));
 }
@@ -225,7 +220,7 @@ static size_t space_before(const unsigned char *s, size_t n)
 	return 0;
 }
 
-static void sb_stripped(struct sbuf *b, const char *s)
+void sb_stripped(struct sbuf *b, const char *s)
 {
 	const unsigned char *u = (const unsigned char *)s;
 	size_t n = strlen(s), k;
@@ -589,14 +584,6 @@ static char *assigned_literal(const char *jinja, const char *var)
 	return a.val;
 }
 
-struct find_default {
-	enum nx_chat_tmpl t;
-	const char *src;
-	char *lit;        /* the whole literal, malloc'd (ChatML, Llama 3) */
-	size_t body_off, body_len;
-	bool oom;
-};
-
 static bool starts_with(const char *s, size_t n, const char *pre)
 {
 	size_t l = strlen(pre);
@@ -641,7 +628,7 @@ static int default_cb(const struct lit *l, void *ctx)
 }
 
 /* Finds the template's default system literal; f->lit stays NULL when none. */
-static int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err)
+int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err)
 {
 	memset(f, 0, sizeof(*f));
 	f->t = t;
@@ -740,7 +727,7 @@ static void render_llama3(struct sbuf *b, const struct find_default *f, const st
 }
 
 /* Llama 3.1's date line: the template's date_string, or today's when it asks strftime_now. */
-static void llama31_date(char *buf, size_t n, const char *jinja)
+void llama31_date(char *buf, size_t n, const char *jinja)
 {
 	char *lit = jinja && !strstr(jinja, "strftime_now") ? assigned_literal(jinja, "date_string") : NULL;
 	time_t now = time(NULL);
@@ -772,7 +759,7 @@ static void render_llama31(struct sbuf *b, const char *jinja, const struct nx_ch
 }
 
 /* [s, e) without leading (lead) or trailing (trail) newlines: Python's lstrip / rstrip('\n'). */
-static void strip_nl(const char **s, const char **e, bool lead, bool trail)
+void strip_nl(const char **s, const char **e, bool lead, bool trail)
 {
 	while (lead && *s < *e && **s == '\n')
 		(*s)++;
@@ -780,7 +767,7 @@ static void strip_nl(const char **s, const char **e, bool lead, bool trail)
 		(*e)--;
 }
 
-static const char *last_of(const char *s, const char *e, const char *pat)
+const char *last_of(const char *s, const char *e, const char *pat)
 {
 	const size_t pl = strlen(pat);
 	const char *hit = NULL;
@@ -790,23 +777,32 @@ static const char *last_of(const char *s, const char *e, const char *pat)
 	return hit;
 }
 
-/* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
-static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+/* A Qwen3 assistant turn's reasoning [*r, *re) and content [*c, *ce), split as the template does. */
+void qwen3_split(const char *content, const char **r, const char **re, const char **c, const char **ce)
 {
-	const char *c = content, *ce = content + strlen(content), *r = "", *re = r;
+	*c = content;
+	*ce = content + strlen(content);
+	*r = *re = "";
 	const char *close = strstr(content, "</think>");
 	if (close) {
 		/* reasoning: before the first </think>, rstrip \n, after its last <think>, lstrip \n */
 		const char *rs = content, *rend = close;
 		strip_nl(&rs, &rend, false, true);
 		const char *open = last_of(rs, rend, "<think>");
-		r = open ? open + strlen("<think>") : rs;
-		re = rend;
-		strip_nl(&r, &re, true, false);
+		*r = open ? open + strlen("<think>") : rs;
+		*re = rend;
+		strip_nl(r, re, true, false);
 		/* content: after the last </think>, lstrip \n */
-		c = last_of(content, ce, "</think>") + strlen("</think>");
-		strip_nl(&c, &ce, true, false);
+		*c = last_of(content, *ce, "</think>") + strlen("</think>");
+		strip_nl(c, ce, true, false);
 	}
+}
+
+/* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
+static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+{
+	const char *c, *ce, *r, *re;
+	qwen3_split(content, &r, &re, &c, &ce);
 	sb_str(b, "<|im_start|>assistant\n");
 	if (think) {
 		strip_nl(&r, &re, true, true);
@@ -819,7 +815,7 @@ static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
 	sb_str(b, "<|im_end|>\n");
 }
 
-static bool is_tool_response(const char *s)
+bool is_tool_response(const char *s)
 {
 	size_t n = strlen(s), a = strlen("<tool_response>"), z = strlen("</tool_response>");
 	return n >= a && n >= z && !memcmp(s, "<tool_response>", a) && !memcmp(s + n - z, "</tool_response>", z);
@@ -1146,7 +1142,7 @@ static void render_deepseek_r1(struct sbuf *b, const char *jinja, const struct n
 }
 
 /* A thinking option the template cannot follow is refused, not dropped. */
-static int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err)
+int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err)
 {
 	if (th == NX_CHAT_THINK_OFF && t != NX_CHAT_QWEN3)
 		return nx_errf(err, "chat: \"think\": false needs a template that can turn thinking off (qwen3); the "

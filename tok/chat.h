@@ -30,14 +30,14 @@
  *     before the (trimmed) system message, if any. {date} is the template's
  *     `set date_string = "..."` (26 Jul 2024 in Meta's), or today's
  *     ("%d %b %Y", as Hugging Face's strftime_now gives it) when the
- *     template asks strftime_now (Llama 3.2's). No tools.
+ *     template asks strftime_now (Llama 3.2's). Tools: tok/tools.h.
  *   Qwen3 (ChatML with reasoning_content and last_query_index): ChatML
  *     without a default system, and an assistant turn's "<think>...</think>"
  *     reasoning dropped (what follows "</think>", its leading newlines
  *     stripped), except an assistant turn after the last user message that
  *     is the last message or had reasoning: "<think>\n{reasoning}\n</think>\n\n"
  *     then the content. The generation prompt is "<|im_start|>assistant\n"
- *     (thinking on, enable_thinking undefined). No tools.
+ *     (thinking on, enable_thinking undefined). Tools: tok/tools.h.
  *   Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Large-2407):
  *     <s>[INST] {user}[/INST] {assistant}</s>[INST] {system}\n\n{user}[/INST]
  *     The system message goes into the last message when that is a user

@@ -219,8 +219,8 @@ static void test_generate_wrong_types(void **st)
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"content\":\"x\"}]}", "field 'messages[0].role' is required"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "field 'messages[0].role' must be a string, got integer"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":[]}]}", "field 'messages[0].content' must be a string, got array"},
-		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"b\"}]}",
-		 "field 'messages[1].role' must be one of system, user, assistant, got \"tool\""},
+		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"function\",\"content\":\"b\"}]}",
+		 "field 'messages[1].role' must be one of system, user, assistant, tool, got \"function\""},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		check_err(cases[i].line, NXP_E_BAD_REQUEST, cases[i].needle, NULL);
@@ -723,8 +723,8 @@ static void test_enc_done(void **st)
 	json_decref(j);
 
 	/* Streamed: no text, no tokens; every reason has its name. */
-	static const char *reasons[] = {"eos", "length", "stop", "cancelled", "shutdown"};
-	for (int r = 0; r <= NXP_DONE_SHUTDOWN; r++) {
+	static const char *reasons[] = {"eos", "length", "stop", "cancelled", "shutdown", "tool_calls"};
+	for (int r = 0; r <= NXP_DONE_TOOL_CALLS; r++) {
 		struct nxp_done s = {.reason = (enum nxp_reason)r, .decode_ms = NAN};
 		n = nxp_enc_done(buf, sizeof(buf), "5", &s);
 		j = load_line(buf, n);
@@ -787,7 +787,8 @@ static void test_enc_small_events(void **st)
 
 	static const char *codes[] = {"parse_error", "too_large", "bad_request", "unknown_op",
 				      "out_of_range", "context_overflow", "busy", "not_found",
-				      "forbidden", "shutting_down", "unsupported_version", "internal"};
+				      "forbidden", "shutting_down", "unsupported_version", "internal",
+				      "invalid_tool_call"};
 	assert_int_equal(sizeof(codes) / sizeof(codes[0]), NXP_E_COUNT);
 	for (int c = 0; c < NXP_E_COUNT; c++)
 		assert_string_equal(nxp_code_name((enum nxp_code)c), codes[c]);

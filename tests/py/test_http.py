@@ -232,14 +232,14 @@ def test_tokenize_detokenize_models(stack, model_id):
 def test_errors_are_openai_errors(client, model_id, stack):
     d, g = stack
     cases = [
-        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),  # SmolLM2's template has none
         (dict(n=2), "n"),
         (dict(temperature=3), "temperature"),
         (dict(top_logprobs=2), "top_logprobs"),
         (dict(stream_options={"include_usage": True}), "stream_options"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(stop=["x"] * 9), "stop"),
-        (dict(messages=[{"role": "tool", "content": "x"}]), "messages"),
+        (dict(messages=[{"role": "function", "content": "x"}]), "messages"),
         (dict(messages=[{"role": "user", "content": "x", "name": "bob"}]), "messages[0].name"),
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
          "messages[0].content"),
