@@ -212,7 +212,7 @@ def test_fold_rejects_bad_targets(lib):
     with pytest.raises(ValueError, match="rows of 96 elements do not fit q4_k blocks of 256"):
         lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, QT.Q4_K)
     with pytest.raises(ValueError, match="cannot produce type"):
-        lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, 20)  # iq4_nl: no quantizer
+        lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, 16)  # iq2_xxs: no quantizer
 
 
 # ---------------------------------------------------------------- runtime delta (ctypes)
