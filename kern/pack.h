@@ -23,6 +23,8 @@
  *         is nibble j of row r's qh
  *   q5_1 (384 bytes): d[16] f16, m[16] f16, h[8] u64, the 4 nibble vectors, as q5_0
  *         with q unsigned 0..31
+ *   iq4_nl (288 bytes): as q4_0, the nibbles indexing the grid (value grid[q]); the
+ *         kernels look up grid[q] + 128 (unsigned, as q8_0's codes)
  * The k-quants (kern/pack_k.c) go super-block by super-block (256 elements),
  * activation block b being sub-block b % 8 (q6_k: halves 2b, 2b + 1):
  *   q4_k (2304 bytes): for c = 0..3, w = 0..7 a vector whose lane r is
