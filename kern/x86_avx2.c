@@ -392,17 +392,20 @@ INL __m256i scale_pair16(__m128i sc8, int g)
 	return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
 }
 
-/* Q3_K's 16 six-bit scales (12 packed bytes) as 16 int8, each minus 32. */
+/* Q3_K's 16 six-bit scales (12 packed bytes) as 16 int8, each minus 32: group g's
+ * low 4 bits are nibble g / 8 of byte g % 8, its high 2 bits at bit 2 (g / 4)
+ * of byte 8 + g % 4. */
 INL __m128i q3_k_scales(const uint8_t *q)
 {
-	uint32_t u[4];
-	memcpy(u, q, 12);
-	const uint32_t m2 = 0x03030303, m4 = 0x0f0f0f0f, hi = u[2];
-	u[3] = ((u[1] >> 4) & m4) | (((hi >> 6) & m2) << 4); /* groups 12..15 */
-	u[2] = ((u[0] >> 4) & m4) | (((hi >> 4) & m2) << 4); /* groups 8..11 */
-	u[1] = (u[1] & m4) | (((hi >> 2) & m2) << 4);         /* groups 4..7 */
-	u[0] = (u[0] & m4) | ((hi & m2) << 4);                /* groups 0..3 */
-	return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)u), _mm_set1_epi8(32));
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m128i b8 = _mm_loadl_epi64((const __m128i *)q);
+	const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(b8, m4), _mm_and_si128(_mm_srli_epi16(b8, 4), m4));
+	uint32_t h;
+	memcpy(&h, q + 8, 4);
+	/* 32-bit lane k = bytes 4k..4k+3 = groups 4k..4k+3: h >> 2k, 2 bits per byte */
+	const __m128i hs = _mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_set_epi32(6, 4, 2, 0));
+	const __m128i hi = _mm_slli_epi16(_mm_and_si128(hs, _mm_set1_epi8(3)), 4);
+	return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
 }
 
 /* Q2_K and Q3_K (three: the third bit from hmask). Element 128h + 32j + l has its
