@@ -1,4 +1,4 @@
-/* pack_k.c - the k-quants' packed layouts (kern/pack.h): packing, unpacking, the q6_k side values and the reference kernels.
+/* pack_k.c - the super-block types' packed layouts (kern/pack.h: q4_k, q5_k, q6_k, iq4_xs): packing, unpacking, the q6_k side values and the reference kernels.
  *
  * A group holds one super-block of 256 elements of its 16 rows after another,
  * each in the bytes of the 16 plain super-blocks. What the kernels would

@@ -1,4 +1,4 @@
-/* pack_k.h - the k-quants' packed layouts (kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
+/* pack_k.h - the super-block types' packed layouts (q4_k, q5_k, q6_k, iq4_xs: kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
 #ifndef NX_PACK_K_H
 #define NX_PACK_K_H
 

@@ -1,4 +1,4 @@
-/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the k-quants' packed layouts (kern/pack.h): 16 weight rows x up to 4 tokens per call.
+/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the super-block types' packed layouts (kern/pack.h: q4_k, q5_k, q6_k, iq4_xs): 16 weight rows x up to 4 tokens per call.
  *
  * Per sub-block, the group's weights are decoded to bytes (nibbles split and
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and

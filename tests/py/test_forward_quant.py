@@ -7,7 +7,8 @@ bit-identical logits under every batching plan and 1-3 threads, within the
 two-part-activation bounds of the float64 reference (weights dequantized by
 gguf-py, never by nxd), and closer still to the reference emulating the
 engine's rounding points. IQ4_NL dots take Q8_0 activations, the others Q8_K
-(kern/quant_ref.c).
+(kern/quant_ref.c), and a matrix packed for the tile kernels (IQ4_NL, IQ4_XS
+with AVX-512) Q8_0.
 """
 import zlib
 
