@@ -5,9 +5,11 @@
  * follow ggml's reference code (ggml-quants.c: quantize_row_*_ref,
  * dequantize_row_*), so a file we write reads the same in llama.cpp, and our
  * Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks are bit-identical to ggml's and gguf-py's.
- * The k-quant quantizers are ggml's no-imatrix ones (make_qkx2_quants for
- * Q4_K/Q5_K, make_qx_quants for Q6_K), i.e. what `llama-quantize` produces
- * without an imatrix, byte for byte (tests/py/test_quant.py checks both). To
+ * The k-quant and IQ4 quantizers are ggml's no-imatrix ones (make_qkx2_quants
+ * for Q2_K/Q4_K/Q5_K, make_q3_quants for Q3_K, make_qx_quants for Q6_K, the
+ * scale search of quantize_row_iq4_nl_impl for IQ4_NL/IQ4_XS), i.e. what
+ * `llama-quantize` produces without an imatrix, byte for byte
+ * (tests/py/test_quant.py checks both). To
  * stay that exact, every float operation keeps ggml's order, and min/max
  * searches use ggml's strict comparisons (they decide the sign of a zero min).
  * Only difference: an all-zero Q8_K block gets zero bsums (ggml leaves them).
@@ -17,7 +19,8 @@
  *     d*sum(q) in an f16; we instead sum the Q8_0 block's integers inside the
  *     dot. One activation type fewer, and the min term is exact (no f16
  *     rounding of the sum); a SIMD kernel gets the sum from the same pass.
- *   Q4_K Q5_K Q6_K -> Q8_K (float d, bsums over groups of 16).
+ *   IQ4_NL -> Q8_0, as ggml.
+ *   Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS -> Q8_K (float d, bsums over groups of 16).
  *   F32 F16 BF16 -> F32 (float activations, no quantization).
  * Dots accumulate like ggml's generic code: an exact integer dot per block,
  * scaled by the block scales and summed in float; the float types sum float
@@ -523,7 +526,8 @@ static void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 /* ---------------------------------------------------------------- k-quant helpers */
 
 /* Fits x[0..n) ~ scale * L - min with L in 0..nmax, minimizing the weighted
- * squared error (absolute error with use_mad, as Q2_K asks): starts from the min/max grid, then tries nstep+1 grids with
+ * squared error (absolute error with use_mad, as Q2_K asks): starts from the
+ * min/max grid, then tries nstep+1 grids with
  * nmax + rmin + rdelta*is levels across the range and solves the least-squares
  * scale and min for each assignment (ggml's make_qkx2_quants). Returns scale,
  * stores min (as a positive offset) in *the_min and the levels in L. */
