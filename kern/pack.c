@@ -15,7 +15,7 @@ nx_pack_epi_fn nx_pack_avx512_epilogue(void);
 bool nx_pack_layout(enum nx_type t)
 {
 	if (nx_pack_k_type(t)) return true;
-	return t == NX_Q4_0 || t == NX_Q4_1 || t == NX_Q5_0 || t == NX_Q5_1 || t == NX_Q8_0;
+	return t == NX_Q4_0 || t == NX_Q4_1 || t == NX_Q5_0 || t == NX_Q5_1 || t == NX_Q8_0 || t == NX_IQ4_NL;
 }
 
 /* Bytes of one block of a group (16 blocks of the plain type). */
@@ -32,7 +32,8 @@ struct nib_layout {
 static struct nib_layout nib_layout(enum nx_type t)
 {
 	switch (t) {
-	case NX_Q4_0: return (struct nib_layout){0, -1, -1, 32};
+	case NX_Q4_0:
+	case NX_IQ4_NL: return (struct nib_layout){0, -1, -1, 32};
 	case NX_Q4_1: return (struct nib_layout){0, 32, -1, 64};
 	case NX_Q5_0: return (struct nib_layout){0, -1, 32, 96};
 	default: return (struct nib_layout){0, 32, 64, 128}; /* q5_1 */
@@ -46,6 +47,7 @@ static void pack_nib_block(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 	const uint8_t *qs, *qh = NULL;
 	switch (t) {
 	case NX_Q4_0: qs = ((const struct nx_block_q4_0 *)x)->qs; break;
+	case NX_IQ4_NL: qs = ((const struct nx_block_iq4_nl *)x)->qs; break;
 	case NX_Q4_1: qs = ((const struct nx_block_q4_1 *)x)->qs; break;
 	case NX_Q5_0: qs = ((const struct nx_block_q5_0 *)x)->qs, qh = ((const struct nx_block_q5_0 *)x)->qh; break;
 	default: qs = ((const struct nx_block_q5_1 *)x)->qs, qh = ((const struct nx_block_q5_1 *)x)->qh; break;
@@ -68,6 +70,7 @@ static void unpack_nib_block(enum nx_type t, const uint8_t *o, int r, uint8_t *x
 	uint8_t *qs, *qh = NULL;
 	switch (t) {
 	case NX_Q4_0: qs = ((struct nx_block_q4_0 *)x)->qs; break;
+	case NX_IQ4_NL: qs = ((struct nx_block_iq4_nl *)x)->qs; break;
 	case NX_Q4_1: qs = ((struct nx_block_q4_1 *)x)->qs; break;
 	case NX_Q5_0: qs = ((struct nx_block_q5_0 *)x)->qs, qh = ((struct nx_block_q5_0 *)x)->qh; break;
 	default: qs = ((struct nx_block_q5_1 *)x)->qs, qh = ((struct nx_block_q5_1 *)x)->qh; break;
@@ -149,17 +152,25 @@ void nx_pack_act_prep(const void *hi, const void *lo, int64_t n_in, float *d, fl
  *   q5_1: as q4_1, codes 0..31
  *   q4_0: acc_d = fma(d_w, (float)(isum - c_a / 16) * d_a, acc_d), codes 0..15
  *   q5_0: acc_d = fma(d_w, (float)(isum - c_a / 8) * d_a, acc_d), codes 0..31
+ *   iq4_nl: as q8_0, codes grid[nibble] + 128 (1..241)
  * (c_a / 16 and c_a / 8 are 8 and 16 times the parts' 128 * Sh + Sl: the
  * offsets, exactly) and the result is acc_d + acc_m (others: acc_d). The SIMD
  * kernels do exactly this per lane. */
 
-/* The 4-bit types: q4_0, q4_1, q5_0, q5_1. */
+/* Code of nibble v: the level itself, or iq4_nl's grid value + 128. */
+static inline int nib_code(enum nx_type t, int v)
+{
+	return t == NX_IQ4_NL ? nx_kvalues_iq4nl[v] + 128 : v;
+}
+
+/* The 4-bit types: q4_0, q4_1, q5_0, q5_1, iq4_nl. */
 static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
 	const int64_t nb = n_in / 32;
 	const size_t gb = group_block(t);
 	const struct nib_layout L = nib_layout(t);
-	const int off_shift = t == NX_Q4_0 ? 4 : t == NX_Q5_0 ? 3 : 0; /* offset = c_a / 2^shift, 0: none */
+	/* offset = c_a / 2^shift, -1: none */
+	const int off_shift = t == NX_Q4_0 ? 4 : t == NX_Q5_0 ? 3 : t == NX_IQ4_NL ? 0 : -1;
 	for (int i = 0; i < n_act; i++)
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc_d = 0, acc_m = 0;
@@ -176,12 +187,12 @@ static void ref_nib(enum nx_type t, const void *group, const struct nx_pack_act 
 							const int bit = 4 * r + k; /* of masks c (low nibbles) and 4 + c (high) */
 							const int h_lo = L.h < 0 ? 0 : o[L.h + 8 * c + bit / 8] >> (bit % 8) & 1;
 							const int h_hi = L.h < 0 ? 0 : o[L.h + 8 * (4 + c) + bit / 8] >> (bit % 8) & 1;
-							ip[part] += ((v & 15) | h_lo << 4) * y[4 * c + k] +
-								    ((v >> 4) | h_hi << 4) * y[16 + 4 * c + k];
+							ip[part] += nib_code(t, (v & 15) | h_lo << 4) * y[4 * c + k] +
+								    nib_code(t, (v >> 4) | h_hi << 4) * y[16 + 4 * c + k];
 						}
 				}
 				int32_t isum = 128 * ip[0] + ip[1];
-				if (off_shift)
+				if (off_shift >= 0)
 					isum -= a->c[i * nb + b] / (1 << off_shift);
 				acc_d = fmaf(nx_f16_to_f32(dh), (float)isum * a->d[i * nb + b], acc_d);
 				if (L.m >= 0) {
@@ -202,6 +213,7 @@ REF_NIB(q4_0, NX_Q4_0)
 REF_NIB(q4_1, NX_Q4_1)
 REF_NIB(q5_0, NX_Q5_0)
 REF_NIB(q5_1, NX_Q5_1)
+REF_NIB(iq4_nl, NX_IQ4_NL)
 
 static void ref_q8_0(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
 {
@@ -236,6 +248,7 @@ nx_pack_fn nx_pack_kernel_ref(enum nx_type t)
 	case NX_Q5_0: return ref_q5_0;
 	case NX_Q5_1: return ref_q5_1;
 	case NX_Q8_0: return ref_q8_0;
+	case NX_IQ4_NL: return ref_iq4_nl;
 	default: return NULL;
 	}
 }

@@ -23,7 +23,9 @@
  *         is nibble j of row r's qh
  *   q5_1 (384 bytes): d[16] f16, m[16] f16, h[8] u64, the 4 nibble vectors, as q5_0
  *         with q unsigned 0..31
- * The k-quants (kern/pack_k.c) go super-block by super-block (256 elements),
+ *   iq4_nl (288 bytes): as q4_0, the nibbles indexing the grid (value grid[q]); the
+ *         kernels look up grid[q] + 128 (unsigned, as q8_0's codes)
+ * The k-quants and iq4_xs (kern/pack_k.c) go super-block by super-block (256 elements),
  * activation block b being sub-block b % 8 (q6_k: halves 2b, 2b + 1):
  *   q4_k (2304 bytes): for c = 0..3, w = 0..7 a vector whose lane r is
  *         qs[32c + 4w .. +3] of row r (low nibbles: sub-block 2c, high: 2c + 1,
@@ -39,6 +41,10 @@
  *         word 4f+3 in their top 2 bits (X: bits 0-1 of it, Y: 2-3, Z: 4-5);
  *         then sc[16][16] int8, sc[g][r] = scale g of row r; d[16] f16. q is
  *         ggml's, unsigned 0..63 (value q - 32), whole instead of split over ql, qh
+ *   iq4_xs (2176 bytes): for sub-block j = 0..7 the 4 nibble vectors of q4_1 (lane
+ *         r: qs[16j + 4c .. +3] of row r); then sl[4][16], sl[c][r] = scales_l[c]
+ *         of row r; sh[16] u16, row r's scales_h; d[16] f16. The kernels look the
+ *         nibbles up as grid[q] + 128, as iq4_nl's
  * Their activations are Q8_0 rows too, not Q8_K (the plain kernels'): a 32-wide
  * sub-block is one Q8_0 block; q6_k needs one more side value per 16 (c16).
  * Their fixed arithmetic is in kern/pack_k.c.
@@ -66,7 +72,8 @@
 #define NX_PACK_ROWS 16
 #define NX_PACK_ACT_MAX 4 /* tokens per kernel call */
 
-/* True when type t has a packed layout (whatever the CPU). */
+/* True when type t has a packed layout (whatever the CPU): q4_0, q4_1, q5_0,
+ * q5_1, q8_0, iq4_nl, q4_k, q5_k, q6_k, iq4_xs. */
 bool nx_pack_layout(enum nx_type t);
 /* True when this CPU has a SIMD kernel for t's packed layout: only then is
  * packing worth it (the reference kernel is for tests). False unless kern/cpu.c

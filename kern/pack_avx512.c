@@ -16,15 +16,19 @@
 
 /* The 4-bit types, a group block of GB bytes laid out as in kern/pack.h: scales
  * at 0, mins at M, fifth-bit masks at H (M, H < 0: none), nibble vectors at QS.
- * SHIFT > 0: the weights are stored offset (q4_0: q + 8, q5_0: q + 16), so the
- * block sum starts at -c / 2^SHIFT (= -8 or -16 times the activation's sum).
+ * SHIFT >= 0: the weights are stored offset (q4_0: q + 8, q5_0: q + 16; iq4_nl,
+ * GRID: codes grid[nibble] + 128, looked up), so the block sum starts at
+ * -c / 2^SHIFT (= -8, -16 or -128 times the activation's sum).
  * NA tokens. All arguments but the pointers and n_in are compile-time
  * constants in each instance, so the accumulators live in registers. */
 INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
-		  const int GB, const int M, const int H, const int QS, const int SHIFT, const bool LO)
+		  const int GB, const int M, const int H, const int QS, const int SHIFT, const bool GRID, const bool LO)
 {
 	const int64_t nb = n_in / 32;
 	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+	const __m512i grid = GRID ? _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl)),
+						    _mm512_set1_epi8((char)0x80))
+				  : _mm512_setzero_si512();
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
 	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
@@ -40,6 +44,10 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 			const __m512i v = _mm512_loadu_si512((const void *)(o + QS + 64 * c));
 			lo[c] = _mm512_and_si512(v, m4);
 			hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+			if (GRID) {
+				lo[c] = _mm512_shuffle_epi8(grid, lo[c]);
+				hi[c] = _mm512_shuffle_epi8(grid, hi[c]);
+			}
 			if (H >= 0) { /* the fifth bits: one mask bit per byte of the vector */
 				uint64_t hl, hh;
 				memcpy(&hl, o + H + 8 * c, 8);
@@ -51,7 +59,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		#pragma GCC unroll 4
 		for (int i = 0; i < NA; i++) {
 			/* four chains: the hi part (h*) and the lo part (l*), low and high nibbles */
-			const int32_t off = SHIFT ? a->c[i * nb + b] / (1 << SHIFT) : 0;
+			const int32_t off = SHIFT >= 0 ? a->c[i * nb + b] / (1 << SHIFT) : 0;
 			__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
 			__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b, 16);
 			__m512i l0 = dp4_lo(_mm512_set1_epi32(-off), lo[0], a, i, b, 0, LO);
@@ -78,22 +86,27 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 /* Block bytes and offsets: kern/pack.h (tests/c/test_pack.c holds them to kern/pack.c's reference). */
 INL void q4_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 4, LO);
+	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 4, false, LO);
+}
+
+INL void iq4_nl_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
+{
+	nib_tile(g, a, NA, out, n, 288, -1, -1, 32, 0, true, LO);
 }
 
 INL void q4_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 320, 32, -1, 64, 0, LO);
+	nib_tile(g, a, NA, out, n, 320, 32, -1, 64, -1, false, LO);
 }
 
 INL void q5_0_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 352, -1, 32, 96, 3, LO);
+	nib_tile(g, a, NA, out, n, 352, -1, 32, 96, 3, false, LO);
 }
 
 INL void q5_1_tile(const void *g, const struct nx_pack_act *a, const int NA, float *out, int64_t n, const bool LO)
 {
-	nib_tile(g, a, NA, out, n, 384, 32, 64, 128, 0, LO);
+	nib_tile(g, a, NA, out, n, 384, 32, 64, 128, -1, false, LO);
 }
 
 INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
@@ -145,6 +158,7 @@ TILE_FN(q4_1)
 TILE_FN(q5_0)
 TILE_FN(q5_1)
 TILE_FN(q8_0)
+TILE_FN(iq4_nl)
 
 /* The reference's arithmetic, 16 rows (one vector) per token; SiLU's e^-y by
  * nx_vexp instead of expf. */
@@ -183,6 +197,7 @@ nx_pack_fn nx_pack_avx512_kernel(enum nx_type t)
 	case NX_Q5_0: return pk_q5_0;
 	case NX_Q5_1: return pk_q5_1;
 	case NX_Q8_0: return pk_q8_0;
+	case NX_IQ4_NL: return pk_iq4_nl;
 	default: return NULL;
 	}
 }

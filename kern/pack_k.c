@@ -1,4 +1,4 @@
-/* pack_k.c - the k-quants' packed layouts (kern/pack.h): packing, unpacking, the q6_k side values and the reference kernels.
+/* pack_k.c - the super-block types' packed layouts (kern/pack.h: q4_k, q5_k, q6_k, iq4_xs): packing, unpacking, the q6_k side values and the reference kernels.
  *
  * A group holds one super-block of 256 elements of its 16 rows after another,
  * each in the bytes of the 16 plain super-blocks. What the kernels would
@@ -17,7 +17,7 @@
 
 bool nx_pack_k_type(enum nx_type t)
 {
-	return t == NX_Q4_K || t == NX_Q5_K || t == NX_Q6_K;
+	return t == NX_Q4_K || t == NX_Q5_K || t == NX_Q6_K || t == NX_IQ4_XS;
 }
 
 /* ggml's 12-byte scale field of q4_k/q5_k (as kern/quant_ref.c: k4_scale_min):
@@ -81,12 +81,23 @@ static int q6_lane(const uint8_t *o, int blk, int w, int r, int k)
 
 static size_t sb_bytes(enum nx_type t)
 {
-	return t == NX_Q4_K ? PK_Q4_K_SB : t == NX_Q5_K ? PK_Q5_K_SB : PK_Q6_K_SB;
+	return t == NX_Q4_K ? PK_Q4_K_SB : t == NX_Q5_K ? PK_Q5_K_SB : t == NX_Q6_K ? PK_Q6_K_SB : PK_IQ4_XS_SB;
 }
 
 /* One plain super-block x of row r into group super-block o. */
 static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 {
+	if (t == NX_IQ4_XS) {
+		const struct nx_block_iq4_xs *b = (const struct nx_block_iq4_xs *)x;
+		for (int j = 0; j < 8; j++)
+			for (int c = 0; c < 4; c++)
+				memcpy(o + PK_XS_QS + 64 * (4 * j + c) + 4 * r, b->qs + 16 * j + 4 * c, 4);
+		for (int c = 0; c < 4; c++)
+			o[PK_XS_SL + 16 * c + r] = b->scales_l[c];
+		memcpy(o + PK_XS_SH + 2 * r, &b->scales_h, 2);
+		memcpy(o + PK_XS_D + 2 * r, &b->d, 2);
+		return;
+	}
 	if (t == NX_Q6_K) {
 		const struct nx_block_q6_k *b = (const struct nx_block_q6_k *)x;
 		for (int e = 0; e < QK_K; e++) {
@@ -124,6 +135,17 @@ static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 
 static void unpack_sb(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
 {
+	if (t == NX_IQ4_XS) {
+		struct nx_block_iq4_xs *b = (struct nx_block_iq4_xs *)x;
+		for (int j = 0; j < 8; j++)
+			for (int c = 0; c < 4; c++)
+				memcpy(b->qs + 16 * j + 4 * c, o + PK_XS_QS + 64 * (4 * j + c) + 4 * r, 4);
+		for (int c = 0; c < 4; c++)
+			b->scales_l[c] = o[PK_XS_SL + 16 * c + r];
+		memcpy(&b->scales_h, o + PK_XS_SH + 2 * r, 2);
+		memcpy(&b->d, o + PK_XS_D + 2 * r, 2);
+		return;
+	}
 	if (t == NX_Q6_K) {
 		struct nx_block_q6_k *b = (struct nx_block_q6_k *)x;
 		memset(b->ql, 0, sizeof(b->ql));
@@ -196,6 +218,8 @@ void nx_pack_act_prep_c16(const void *hi, const void *lo, int64_t n_in, int32_t 
  *   q6_k: i0, i1 = those of (q - 32) with halves 0 and 1 of block b (scales
  *       sc0, sc1);
  *       f = fma(d * sc1, (float)i1, (d * sc0) * (float)i0); acc = fma(f, d_a, acc)
+ *   iq4_xs: isum = that of sub-block b's codes grid[q] + 128 with block b, less
+ *       c_a; acc = fma(d * (ls - 32), (float)isum * d_a, acc)
  * and the result is acc. d * sc and dmin * m are exact in float (11 x 8 bits at
  * most), so it does not matter how a kernel forms them. The SIMD kernels do
  * exactly these steps per lane; a combined integer dot stays below 2^25 in
@@ -274,7 +298,44 @@ static void ref_q6_k(const void *group, const struct nx_pack_act *a, int n_act, 
 		}
 }
 
+/* Sub-block j's 6-bit scale (0..63; the scale is that - 32) of row r in a packed iq4_xs super-block. */
+static int xs_lane(const uint8_t *o, int j, int r)
+{
+	uint16_t h;
+	memcpy(&h, o + PK_XS_SH + 2 * r, 2);
+	return (o[PK_XS_SL + 16 * (j / 2) + r] >> 4 * (j % 2) & 15) | (h >> 2 * j & 3) << 4;
+}
+
+static void ref_iq4_xs(const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	for (int i = 0; i < n_act; i++)
+		for (int r = 0; r < NX_PACK_ROWS; r++) {
+			float acc = 0;
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * PK_IQ4_XS_SB;
+				const int j = (int)(b % 8);
+				nx_f16 dh;
+				memcpy(&dh, o + PK_XS_D + 2 * r, 2);
+				int32_t ip[2] = {0, 0};
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int c = 0; c < 4; c++)
+						for (int k = 0; k < 4; k++) {
+							const uint8_t v = o[PK_XS_QS + 64 * (4 * j + c) + 4 * r + k];
+							ip[part] += (nx_kvalues_iq4nl[v & 15] + 128) * y[4 * c + k] +
+								    (nx_kvalues_iq4nl[v >> 4] + 128) * y[16 + 4 * c + k];
+						}
+				}
+				const int32_t isum = 128 * ip[0] + ip[1] - a->c[i * nb + b];
+				const float d = nx_f16_to_f32(dh);
+				acc = fmaf(d * (float)(xs_lane(o, j, r) - 32), (float)isum * a->d[i * nb + b], acc);
+			}
+			out[i * NX_PACK_ROWS + r] = acc;
+		}
+}
+
 nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t)
 {
-	return t == NX_Q4_K ? ref_q4_k : t == NX_Q5_K ? ref_q5_k : t == NX_Q6_K ? ref_q6_k : NULL;
+	return t == NX_Q4_K ? ref_q4_k : t == NX_Q5_K ? ref_q5_k : t == NX_Q6_K ? ref_q6_k : t == NX_IQ4_XS ? ref_iq4_xs : NULL;
 }

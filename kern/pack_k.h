@@ -1,10 +1,10 @@
-/* pack_k.h - the k-quants' packed layouts (kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
+/* pack_k.h - the super-block types' packed layouts (q4_k, q5_k, q6_k, iq4_xs: kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
 #ifndef NX_PACK_K_H
 #define NX_PACK_K_H
 
 #include "kern/pack.h"
 
-/* True for the k-quants with a packed layout: q4_k, q5_k, q6_k. */
+/* True for the super-block types with a packed layout: q4_k, q5_k, q6_k, iq4_xs. */
 bool nx_pack_k_type(enum nx_type t);
 void nx_pack_k_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in);
 void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in);
@@ -26,5 +26,10 @@ nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t);
 #define PK_Q6_K_SC 3072     /* sc[16][16] int8 */
 #define PK_Q6_K_D 3328      /* d[16] f16 */
 #define PK_Q6_K_SB 3360     /* 16 x 210 */
+#define PK_XS_QS 0          /* iq4_xs: 8 x 4 nibble vectors */
+#define PK_XS_SL 2048       /* sl[4][16]: scales_l[c] of row r */
+#define PK_XS_SH 2112       /* sh[16] u16: scales_h */
+#define PK_XS_D 2144        /* d[16] f16 */
+#define PK_IQ4_XS_SB 2176   /* 16 x 136 */
 
 #endif

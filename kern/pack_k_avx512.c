@@ -1,4 +1,4 @@
-/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the k-quants' packed layouts (kern/pack.h): 16 weight rows x up to 4 tokens per call.
+/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the super-block types' packed layouts (kern/pack.h: q4_k, q5_k, q6_k, iq4_xs): 16 weight rows x up to 4 tokens per call.
  *
  * Per sub-block, the group's weights are decoded to bytes (nibbles split and
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
@@ -176,11 +176,68 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
 
+/* iq4_xs: per sub-block, the nibbles looked up as grid + 128 (unsigned codes, q8_0's
+ * offset -c as the lo part's start) and the 16 rows' d * (ls - 32) as floats. */
+INL void iq4_xs_tile(const void *group, const struct nx_pack_act *a, const int NA, float *out, int64_t n_in,
+		     const bool LO)
+{
+	const int64_t nb = n_in / 32;
+	const __m512i m4 = _mm512_set1_epi8(0x0f), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+	const __m512i grid = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl)),
+					     _mm512_set1_epi8((char)0x80));
+	__m512 acc[NX_PACK_ACT_MAX];
+#pragma GCC unroll 4
+	for (int i = 0; i < NA; i++)
+		acc[i] = _mm512_setzero_ps();
+	const uint8_t *o = group;
+	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += PK_IQ4_XS_SB) {
+		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + PK_XS_D)));
+		const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + PK_XS_SH)));
+#pragma GCC unroll 8
+		for (int j = 0; j < 8; j++) {
+			if (j % 2 == 0)
+				pf_ahead(o + PK_XS_QS + 64 * 4 * j, 512, NA);
+			const __m512i sl = _mm512_and_si512(_mm512_srli_epi32(lanes_u8(o + PK_XS_SL + 16 * (j / 2)), 4 * (j % 2)), m15);
+			const __m512i ls = or_and(sl, _mm512_slli_epi32(_mm512_srli_epi32(sh, 2 * j), 4), _mm512_slli_epi32(m3, 4));
+			const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))), d);
+			__m512i lo[4], hi[4];
+#pragma GCC unroll 4
+			for (int c = 0; c < 4; c++) {
+				const __m512i v = load(o + PK_XS_QS + 64 * (4 * j + c));
+				lo[c] = _mm512_shuffle_epi8(grid, _mm512_and_si512(v, m4));
+				hi[c] = _mm512_shuffle_epi8(grid, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+			}
+			const int64_t b = b0 + j;
+#pragma GCC unroll 4
+			for (int i = 0; i < NA; i++) {
+				__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
+				__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b, 16);
+				__m512i l0 = dp4_lo(_mm512_set1_epi32(-a->c[i * nb + b]), lo[0], a, i, b, 0, LO);
+				__m512i l1 = dp4_lo(_mm512_setzero_si512(), hi[0], a, i, b, 16, LO);
+#pragma GCC unroll 3
+				for (int c = 1; c < 4; c++) {
+					h0 = dp4(h0, lo[c], a, i, 0, b, 4 * c);
+					h1 = dp4(h1, hi[c], a, i, 0, b, 16 + 4 * c);
+					l0 = dp4_lo(l0, lo[c], a, i, b, 4 * c, LO);
+					l1 = dp4_lo(l1, hi[c], a, i, b, 16 + 4 * c, LO);
+				}
+				const __m512i s = comb(_mm512_add_epi32(h0, h1), _mm512_add_epi32(l0, l1));
+				const __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(a->d[i * nb + b]));
+				acc[i] = _mm512_fmadd_ps(dsc, t, acc[i]);
+			}
+		}
+	}
+#pragma GCC unroll 4
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
+}
+
 TILE_FN(q4_k)
 TILE_FN(q5_k)
 TILE_FN(q6_k)
+TILE_FN(iq4_xs)
 
 nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t)
 {
-	return t == NX_Q4_K ? pk_q4_k : t == NX_Q5_K ? pk_q5_k : t == NX_Q6_K ? pk_q6_k : NULL;
+	return t == NX_Q4_K ? pk_q4_k : t == NX_Q5_K ? pk_q5_k : t == NX_Q6_K ? pk_q6_k : t == NX_IQ4_XS ? pk_iq4_xs : NULL;
 }

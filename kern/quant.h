@@ -24,6 +24,8 @@ enum nx_type {
 	NX_Q5_K = 13,
 	NX_Q6_K = 14,
 	NX_Q8_K = 15,
+	NX_IQ4_NL = 20,
+	NX_IQ4_XS = 23,
 	NX_BF16 = 30,
 	NX_TYPE_COUNT = 40, /* ids below this may appear in a file; only some are supported */
 };
@@ -36,6 +38,7 @@ typedef uint16_t nx_bf16; /* bfloat16, raw bits */
 #define QK5_0 32
 #define QK5_1 32
 #define QK8_0 32
+#define QK4_NL 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -106,6 +109,46 @@ struct nx_block_q6_k {
 	nx_f16 d;
 };
 static_assert(sizeof(struct nx_block_q6_k) == 210, "q6_k block size");
+
+/* 16 sub-blocks of 16: x = d * (sc & 15) * q - dmin * (sc >> 4), q 2 bits, 2.625 bits per weight.
+ * qs: element e of a 128-half h (e = 32*j + l) at bits 2j..2j+1 of qs[32h + l]. */
+struct nx_block_q2_k {
+	uint8_t scales[QK_K / 16]; /* low nibble: scale, high nibble: min */
+	uint8_t qs[QK_K / 4];
+	nx_f16 d;
+	nx_f16 dmin;
+};
+static_assert(sizeof(struct nx_block_q2_k) == 84, "q2_k block size");
+
+/* 16 sub-blocks of 16: x = d * (sc - 32) * (q - 4), q 3 bits (2 in qs as q2_k, the
+ * third in hmask: bit e/32 of hmask[e%32]), sc 6 bits packed in 12 bytes, 3.4375 bits per weight. */
+struct nx_block_q3_k {
+	uint8_t hmask[QK_K / 8];
+	uint8_t qs[QK_K / 4];
+	uint8_t scales[K_SCALE_SIZE];
+	nx_f16 d;
+};
+static_assert(sizeof(struct nx_block_q3_k) == 110, "q3_k block size");
+
+/* x = d * kvalues_iq4nl[q], a fixed non-linear grid of 16 levels; q as q4_0's nibbles, 4.5 bits per weight. */
+struct nx_block_iq4_nl {
+	nx_f16 d;
+	uint8_t qs[QK4_NL / 2];
+};
+static_assert(sizeof(struct nx_block_iq4_nl) == 18, "iq4_nl block size");
+
+/* 8 sub-blocks of 32: x = d * (ls - 32) * kvalues_iq4nl[q], ls 6 bits (low 4 in scales_l's
+ * nibbles, high 2 in scales_h), each sub-block's nibbles as iq4_nl's, 4.25 bits per weight. */
+struct nx_block_iq4_xs {
+	nx_f16 d;
+	uint16_t scales_h;
+	uint8_t scales_l[QK_K / 64];
+	uint8_t qs[QK_K / 2];
+};
+static_assert(sizeof(struct nx_block_iq4_xs) == 136, "iq4_xs block size");
+
+/* The 16 levels of iq4_nl and iq4_xs (ggml's kvalues_iq4nl), in increasing order. */
+extern const int8_t nx_kvalues_iq4nl[16];
 
 /* Activation type for the k-quants: x = d * q with float d, plus sums of 16-groups. */
 struct nx_block_q8_k {

@@ -5,9 +5,11 @@
  * follow ggml's reference code (ggml-quants.c: quantize_row_*_ref,
  * dequantize_row_*), so a file we write reads the same in llama.cpp, and our
  * Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 blocks are bit-identical to ggml's and gguf-py's.
- * The k-quant quantizers are ggml's no-imatrix ones (make_qkx2_quants for
- * Q4_K/Q5_K, make_qx_quants for Q6_K), i.e. what `llama-quantize` produces
- * without an imatrix, byte for byte (tests/py/test_quant.py checks both). To
+ * The k-quant and IQ4 quantizers are ggml's no-imatrix ones (make_qkx2_quants
+ * for Q2_K/Q4_K/Q5_K, make_q3_quants for Q3_K, make_qx_quants for Q6_K, the
+ * scale search of quantize_row_iq4_nl_impl for IQ4_NL/IQ4_XS), i.e. what
+ * `llama-quantize` produces without an imatrix, byte for byte
+ * (tests/py/test_quant.py checks both). To
  * stay that exact, every float operation keeps ggml's order, and min/max
  * searches use ggml's strict comparisons (they decide the sign of a zero min).
  * Only difference: an all-zero Q8_K block gets zero bsums (ggml leaves them).
@@ -17,7 +19,8 @@
  *     d*sum(q) in an f16; we instead sum the Q8_0 block's integers inside the
  *     dot. One activation type fewer, and the min term is exact (no f16
  *     rounding of the sum); a SIMD kernel gets the sum from the same pass.
- *   Q4_K Q5_K Q6_K -> Q8_K (float d, bsums over groups of 16).
+ *   IQ4_NL -> Q8_0, as ggml.
+ *   Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS -> Q8_K (float d, bsums over groups of 16).
  *   F32 F16 BF16 -> F32 (float activations, no quantization).
  * Dots accumulate like ggml's generic code: an exact integer dot per block,
  * scaled by the block scales and summed in float; the float types sum float
@@ -523,12 +526,13 @@ static void quant2_q8_k(const float *src, void *hi, void *lo, int64_t n)
 /* ---------------------------------------------------------------- k-quant helpers */
 
 /* Fits x[0..n) ~ scale * L - min with L in 0..nmax, minimizing the weighted
- * squared error: starts from the min/max grid, then tries nstep+1 grids with
+ * squared error (absolute error with use_mad, as Q2_K asks): starts from the
+ * min/max grid, then tries nstep+1 grids with
  * nmax + rmin + rdelta*is levels across the range and solves the least-squares
  * scale and min for each assignment (ggml's make_qkx2_quants). Returns scale,
  * stores min (as a positive offset) in *the_min and the levels in L. */
 static float make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
-			      float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+			      float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep, bool use_mad)
 {
 	float min = x[0], max = x[0];
 	float sum_w = weights[0];
@@ -555,7 +559,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
 		const int l = nearest_int(iscale * (x[i] - min));
 		L[i] = (uint8_t)MAX(0, MIN(nmax, l));
 		const float diff = scale * L[i] + min - x[i];
-		best_error += weights[i] * (diff * diff);
+		best_error += weights[i] * (use_mad ? fabsf(diff) : diff * diff);
 	}
 	for (int is = 0; is <= nstep; is++) {
 		iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -579,7 +583,7 @@ static float make_qkx2_quants(int n, int nmax, const float *x, const float *weig
 			float err = 0;
 			for (int i = 0; i < n; i++) {
 				const float diff = this_scale * Laux[i] + this_min - x[i];
-				err += weights[i] * (diff * diff);
+				err += weights[i] * (use_mad ? fabsf(diff) : diff * diff);
 			}
 			if (err < best_error) {
 				memcpy(L, Laux, (size_t)n);
@@ -692,7 +696,7 @@ static void quant_k_super(const float *x, nx_f16 *d_out, nx_f16 *dmin_out, uint8
 		for (int l = 0; l < 32; l++)
 			weights[l] = av_x + fabsf(x[32 * j + l]);
 		scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-					     rmin, rdelta, nstep);
+					     rmin, rdelta, nstep, false);
 		/* strict >, so a -0 min (all-zero group) leaves max_min at +0 */
 		if (scales[j] > max_scale)
 			max_scale = scales[j];
@@ -944,6 +948,461 @@ static float dot_q6_k(const void *w, const void *a, int64_t n)
 	return sum;
 }
 
+/* ---------------------------------------------------------------- q2_k */
+
+/* Element e (e = 128h + 32j + l) has its level at bits 2j..2j+1 of qs[32h + l];
+ * its 16-group is e / 16. */
+static inline int q2_k_level(const uint8_t *qs, int e)
+{
+	const int h = e / 128, j = (e % 128) / 32, l = e % 32;
+	return (qs[32 * h + l] >> (2 * j)) & 3;
+}
+
+static void dequant_q2_k(const void *src, float *dst, int64_t n)
+{
+	const struct nx_block_q2_k *b = src;
+	for (int64_t i = 0; i < n / QK_K; i++, dst += QK_K) {
+		const float d = fp16(b[i].d), dmin = fp16(b[i].dmin);
+		for (int g = 0; g < QK_K / 16; g++) {
+			const float dl = d * (b[i].scales[g] & 0x0f), ml = dmin * (b[i].scales[g] >> 4);
+			for (int l = 0; l < 16; l++)
+				dst[16 * g + l] = dl * q2_k_level(b[i].qs, 16 * g + l) - ml;
+		}
+	}
+}
+
+/* Each 16-group fitted with make_qkx2_quants (levels 0..3, weights |x|, mean
+ * absolute error); scales and mins quantized to 4 bits against the
+ * super-block's d and dmin; then every value requantized against the rounded
+ * scales (ggml's quantize_row_q2_K_ref, what llama-quantize writes without an
+ * imatrix). */
+static void quant_q2_k(const float *src, void *dst, int64_t n)
+{
+	struct nx_block_q2_k *b = dst;
+	uint8_t L[QK_K], Laux[16];
+	float weights[16], mins[QK_K / 16], scales[QK_K / 16];
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		float max_scale = 0, max_min = 0;
+		for (int g = 0; g < QK_K / 16; g++) {
+			for (int l = 0; l < 16; l++)
+				weights[l] = fabsf(src[16 * g + l]);
+			scales[g] = make_qkx2_quants(16, 3, src + 16 * g, weights, L + 16 * g, &mins[g], Laux, -0.5f,
+						     0.1f, 15, true);
+			if (scales[g] > max_scale)
+				max_scale = scales[g];
+			if (mins[g] > max_min)
+				max_min = mins[g];
+		}
+		if (max_scale > 0) {
+			const float iscale = 15.f / max_scale;
+			for (int g = 0; g < QK_K / 16; g++)
+				b[i].scales[g] = (uint8_t)nearest_int(iscale * scales[g]);
+			b[i].d = nx_f32_to_f16(max_scale / 15.f);
+		} else {
+			memset(b[i].scales, 0, sizeof(b[i].scales));
+			b[i].d = nx_f32_to_f16(0.f);
+		}
+		if (max_min > 0) {
+			const float iscale = 15.f / max_min;
+			for (int g = 0; g < QK_K / 16; g++)
+				b[i].scales[g] |= (uint8_t)(nearest_int(iscale * mins[g]) << 4);
+			b[i].dmin = nx_f32_to_f16(max_min / 15.f);
+		} else {
+			b[i].dmin = nx_f32_to_f16(0.f);
+		}
+		for (int g = 0; g < QK_K / 16; g++) {
+			const float d = fp16(b[i].d) * (b[i].scales[g] & 0x0f);
+			if (!d)
+				continue; /* keep the fit's levels */
+			const float dm = fp16(b[i].dmin) * (b[i].scales[g] >> 4);
+			for (int l = 0; l < 16; l++) {
+				const int q = nearest_int((src[16 * g + l] + dm) / d);
+				L[16 * g + l] = (uint8_t)MAX(0, MIN(3, q));
+			}
+		}
+		memset(b[i].qs, 0, sizeof(b[i].qs));
+		for (int e = 0; e < QK_K; e++)
+			b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)(L[e] << (2 * ((e % 128) / 32)));
+	}
+}
+
+/* sum_g d*sc_g * (q . a)_g - dmin*m_g * (sum of a over group g), the sums from Q8_K's bsums. */
+static float dot_q2_k(const void *w, const void *a, int64_t n)
+{
+	const struct nx_block_q2_k *x = w;
+	const struct nx_block_q8_k *y = a;
+	float sum = 0;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		int isum = 0, msum = 0;
+		for (int g = 0; g < QK_K / 16; g++) {
+			int s = 0;
+			for (int l = 0; l < 16; l++)
+				s += q2_k_level(x[i].qs, 16 * g + l) * y[i].qs[16 * g + l];
+			isum += (x[i].scales[g] & 0x0f) * s;
+			msum += (x[i].scales[g] >> 4) * y[i].bsums[g];
+		}
+		sum += (fp16(x[i].d) * y[i].d) * isum - (fp16(x[i].dmin) * y[i].d) * msum;
+	}
+	return sum;
+}
+
+/* ---------------------------------------------------------------- q3_k */
+
+/* The 6-bit scale of 16-group g (0..63; the scale is that - 32): low 4 bits in
+ * the nibbles of bytes 0..7 (g < 8 low, else high nibble of byte g - 8), high 2
+ * bits at bits 2(g/4)..2(g/4)+1 of byte 8 + g%4. */
+static inline int q3_k_scale(const uint8_t *sc, int g)
+{
+	const int lo = g < 8 ? sc[g] & 0x0f : sc[g - 8] >> 4;
+	return lo | (((sc[8 + g % 4] >> (2 * (g / 4))) & 3) << 4);
+}
+
+/* Level -4..3 of element e: the q2_k bits, minus 4 where bit e/32 of hmask[e%32] is clear. */
+static inline int q3_k_level(const struct nx_block_q3_k *b, int e)
+{
+	return q2_k_level(b->qs, e) - ((b->hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
+}
+
+static void dequant_q3_k(const void *src, float *dst, int64_t n)
+{
+	const struct nx_block_q3_k *b = src;
+	for (int64_t i = 0; i < n / QK_K; i++, dst += QK_K) {
+		const float d = fp16(b[i].d);
+		for (int g = 0; g < QK_K / 16; g++) {
+			const float dl = d * (q3_k_scale(b[i].scales, g) - 32);
+			for (int l = 0; l < 16; l++)
+				dst[16 * g + l] = dl * q3_k_level(&b[i], 16 * g + l);
+		}
+	}
+}
+
+/* Fits x[0..n) ~ scale * L with L in -nmax..nmax-1 from the grid through the
+ * largest-magnitude value, then up to 5 rounds of moving single levels where
+ * that improves the x^2-weighted least-squares fit; returns the scale, stores
+ * L + nmax (ggml's make_q3_quants with do_rmse). */
+static float make_q3_quants(int n, int nmax, const float *x, int8_t *L)
+{
+	float max = 0, amax = 0;
+	for (int i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			max = x[i];
+		}
+	}
+	if (amax < GROUP_MAX_EPS) {
+		memset(L, 0, (size_t)n);
+		return 0.f;
+	}
+	const float iscale = -nmax / max;
+	float sumlx = 0, suml2 = 0;
+	for (int i = 0; i < n; i++) {
+		const int l = MAX(-nmax, MIN(nmax - 1, nearest_int(iscale * x[i])));
+		L[i] = (int8_t)l;
+		const float w = x[i] * x[i];
+		sumlx += w * x[i] * l;
+		suml2 += w * l * l;
+	}
+	for (int itry = 0; itry < 5; itry++) {
+		int n_changed = 0;
+		for (int i = 0; i < n; i++) {
+			const float w = x[i] * x[i];
+			float slx = sumlx - w * x[i] * L[i];
+			if (slx > 0) {
+				float sl2 = suml2 - w * L[i] * L[i];
+				const int new_l = MAX(-nmax, MIN(nmax - 1, nearest_int(x[i] * sl2 / slx)));
+				if (new_l != L[i]) {
+					slx += w * x[i] * new_l;
+					sl2 += w * new_l * new_l;
+					if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+						L[i] = (int8_t)new_l;
+						sumlx = slx;
+						suml2 = sl2;
+						n_changed++;
+					}
+				}
+			}
+		}
+		if (!n_changed)
+			break;
+	}
+	for (int i = 0; i < n; i++)
+		L[i] = (int8_t)(L[i] + nmax);
+	return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
+}
+
+/* Each 16-group fitted with make_q3_quants; the signed scales quantized to 6
+ * bits so that the largest-magnitude one is -32; every value requantized
+ * against the rounded scales (ggml's quantize_row_q3_K_ref, what
+ * llama-quantize writes without an imatrix). */
+static void quant_q3_k(const float *src, void *dst, int64_t n)
+{
+	struct nx_block_q3_k *b = dst;
+	int8_t L[QK_K];
+	float scales[QK_K / 16];
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		float max_scale = 0, amax = 0;
+		for (int g = 0; g < QK_K / 16; g++) {
+			scales[g] = make_q3_quants(16, 4, src + 16 * g, L + 16 * g);
+			if (fabsf(scales[g]) > amax) {
+				amax = fabsf(scales[g]);
+				max_scale = scales[g];
+			}
+		}
+		memset(b[i].scales, 0, sizeof(b[i].scales));
+		if (max_scale) {
+			const float iscale = -32.f / max_scale;
+			for (int g = 0; g < QK_K / 16; g++) {
+				const int l = MAX(-32, MIN(31, (int8_t)nearest_int(iscale * scales[g]))) + 32;
+				if (g < 8)
+					b[i].scales[g] = (uint8_t)(l & 0x0f);
+				else
+					b[i].scales[g - 8] |= (uint8_t)((l & 0x0f) << 4);
+				b[i].scales[8 + g % 4] |= (uint8_t)((l >> 4) << (2 * (g / 4)));
+			}
+			b[i].d = nx_f32_to_f16(1 / iscale);
+		} else {
+			b[i].d = nx_f32_to_f16(0.f);
+		}
+		for (int g = 0; g < QK_K / 16; g++) {
+			const float d = fp16(b[i].d) * (q3_k_scale(b[i].scales, g) - 32);
+			if (!d)
+				continue;
+			for (int l = 0; l < 16; l++) {
+				const int q = nearest_int(src[16 * g + l] / d);
+				L[16 * g + l] = (int8_t)(MAX(-4, MIN(3, q)) + 4);
+			}
+		}
+		memset(b[i].hmask, 0, sizeof(b[i].hmask));
+		memset(b[i].qs, 0, sizeof(b[i].qs));
+		for (int e = 0; e < QK_K; e++) {
+			const int q = L[e];
+			if (q > 3)
+				b[i].hmask[e % 32] |= (uint8_t)(1 << (e / 32));
+			b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)((q & 3) << (2 * ((e % 128) / 32)));
+		}
+	}
+}
+
+static float dot_q3_k(const void *w, const void *a, int64_t n)
+{
+	const struct nx_block_q3_k *x = w;
+	const struct nx_block_q8_k *y = a;
+	float sum = 0;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		int isum = 0;
+		for (int g = 0; g < QK_K / 16; g++) {
+			int s = 0;
+			for (int l = 0; l < 16; l++)
+				s += q3_k_level(&x[i], 16 * g + l) * y[i].qs[16 * g + l];
+			isum += (q3_k_scale(x[i].scales, g) - 32) * s;
+		}
+		sum += (fp16(x[i].d) * y[i].d) * isum;
+	}
+	return sum;
+}
+
+/* ---------------------------------------------------------------- iq4_nl, iq4_xs */
+
+const int8_t nx_kvalues_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* Index of the grid level nearest x; a tie goes to the upper one (ggml's best_index_int8). */
+static int iq4_nearest(float x)
+{
+	const int8_t *v = nx_kvalues_iq4nl;
+	if (x <= v[0])
+		return 0;
+	if (x >= v[15])
+		return 15;
+	int ml = 0, mu = 15;
+	while (mu - ml > 1) {
+		const int mid = (ml + mu) / 2;
+		if (x < v[mid])
+			mu = mid;
+		else
+			ml = mid;
+	}
+	return x - v[mu - 1] < v[mu] - x ? mu - 1 : mu;
+}
+
+/* Scale of one 32-group x ~ d * grid[L], weighting errors by x^2: starts from
+ * the grid's -127 at the largest-magnitude value, then tries the 15 grids
+ * through it at -120..-134, keeping the least-squares best. L gets the levels of
+ * the first grid; the caller requantizes against the scale it stores. 0 for an
+ * all-zero group, L left alone. (ggml's quantize_row_iq4_nl_impl, ntry 7, no
+ * importance weights.) */
+static float iq4_group_scale(const float *x, uint8_t *L)
+{
+	const int8_t *v = nx_kvalues_iq4nl;
+	float weight[32], amax = 0, max = 0;
+	for (int j = 0; j < 32; j++) {
+		weight[j] = x[j] * x[j];
+		if (fabsf(x[j]) > amax) {
+			amax = fabsf(x[j]);
+			max = x[j];
+		}
+	}
+	if (amax < GROUP_MAX_EPS)
+		return 0;
+	float d = -max / v[0], id = 1 / d;
+	float sumqx = 0, sumq2 = 0;
+	for (int j = 0; j < 32; j++) {
+		const int l = iq4_nearest(id * x[j]);
+		L[j] = (uint8_t)l;
+		const float q = v[l], w = weight[j];
+		sumqx += w * q * x[j];
+		sumq2 += w * q * q;
+	}
+	d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+	float best = d * sumqx;
+	for (int itry = -7; itry <= 7; itry++) {
+		id = (itry + v[0]) / max;
+		sumqx = sumq2 = 0;
+		for (int j = 0; j < 32; j++) {
+			const float q = v[iq4_nearest(id * x[j])], w = weight[j];
+			sumqx += w * q * x[j];
+			sumq2 += w * q * q;
+		}
+		if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+			d = sumqx / sumq2;
+			best = d * sumqx;
+		}
+	}
+	return d;
+}
+
+/* Low nibbles elements 0..15 of each 32, high nibbles 16..31. */
+static void iq4_pack(const uint8_t L[32], uint8_t qs[16])
+{
+	for (int j = 0; j < 16; j++)
+		qs[j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+}
+
+static void dequant_iq4_nl(const void *src, float *dst, int64_t n)
+{
+	const struct nx_block_iq4_nl *b = src;
+	for (int64_t i = 0; i < n / QK4_NL; i++, dst += QK4_NL) {
+		const float d = fp16(b[i].d);
+		for (int j = 0; j < QK4_NL / 2; j++) {
+			dst[j] = d * nx_kvalues_iq4nl[b[i].qs[j] & 0x0f];
+			dst[j + QK4_NL / 2] = d * nx_kvalues_iq4nl[b[i].qs[j] >> 4];
+		}
+	}
+}
+
+/* As ggml's quantize_iq4_nl without an imatrix (what llama-quantize writes):
+ * the searched scale, then every value requantized against it. ggml's
+ * quantize_row_iq4_nl_ref skips the search (ntry -1); its blocks differ. */
+static void quant_iq4_nl(const float *src, void *dst, int64_t n)
+{
+	struct nx_block_iq4_nl *b = dst;
+	uint8_t L[QK4_NL];
+	for (int64_t i = 0; i < n / QK4_NL; i++, src += QK4_NL) {
+		const float d = iq4_group_scale(src, L);
+		b[i].d = nx_f32_to_f16(d);
+		const float id = d ? 1 / d : 0;
+		for (int j = 0; j < QK4_NL; j++)
+			L[j] = (uint8_t)iq4_nearest(id * src[j]);
+		iq4_pack(L, b[i].qs);
+	}
+}
+
+static float dot_iq4_nl(const void *w, const void *a, int64_t n)
+{
+	const struct nx_block_iq4_nl *x = w;
+	const struct nx_block_q8_0 *y = a;
+	float sum = 0;
+	for (int64_t i = 0; i < n / QK4_NL; i++) {
+		int isum = 0;
+		for (int j = 0; j < QK4_NL / 2; j++) {
+			isum += nx_kvalues_iq4nl[x[i].qs[j] & 0x0f] * y[i].qs[j];
+			isum += nx_kvalues_iq4nl[x[i].qs[j] >> 4] * y[i].qs[j + QK4_NL / 2];
+		}
+		sum += isum * (fp16(x[i].d) * fp16(y[i].d));
+	}
+	return sum;
+}
+
+/* The 6-bit scale of sub-block ib (0..63; the scale is that - 32). */
+static inline int iq4_xs_scale(const struct nx_block_iq4_xs *b, int ib)
+{
+	return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+}
+
+static void dequant_iq4_xs(const void *src, float *dst, int64_t n)
+{
+	const struct nx_block_iq4_xs *b = src;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		const float d = fp16(b[i].d);
+		for (int ib = 0; ib < QK_K / 32; ib++, dst += 32) {
+			const float dl = d * (iq4_xs_scale(&b[i], ib) - 32);
+			const uint8_t *qs = b[i].qs + 16 * ib;
+			for (int j = 0; j < 16; j++) {
+				dst[j] = dl * nx_kvalues_iq4nl[qs[j] & 0x0f];
+				dst[j + 16] = dl * nx_kvalues_iq4nl[qs[j] >> 4];
+			}
+		}
+	}
+}
+
+/* Each 32-group's scale searched as iq4_nl's, then quantized to 6 bits against
+ * d = -(largest-magnitude scale) / 32 (which the f16 d rounds), and every value
+ * requantized against d * (ls - 32) in float (ggml's quantize_row_iq4_xs_ref). */
+static void quant_iq4_xs(const float *src, void *dst, int64_t n)
+{
+	struct nx_block_iq4_xs *b = dst;
+	uint8_t L[32];
+	float scales[QK_K / 32];
+	for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		float max_scale = 0, amax_scale = 0;
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			scales[ib] = iq4_group_scale(src + 32 * ib, L);
+			if (fabsf(scales[ib]) > amax_scale) {
+				amax_scale = fabsf(scales[ib]);
+				max_scale = scales[ib];
+			}
+		}
+		const float d = -max_scale / 32;
+		b[i].d = nx_f32_to_f16(d);
+		b[i].scales_h = 0;
+		const float id = d ? 1 / d : 0.f;
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const int l = MAX(-32, MIN(31, nearest_int(id * scales[ib])));
+			const float dl = d * l, idl = dl ? 1 / dl : 0.f;
+			for (int j = 0; j < 32; j++)
+				L[j] = (uint8_t)iq4_nearest(idl * src[32 * ib + j]);
+			iq4_pack(L, b[i].qs + 16 * ib);
+			const int ls = l + 32;
+			if (ib % 2 == 0)
+				b[i].scales_l[ib / 2] = (uint8_t)(ls & 0x0f);
+			else
+				b[i].scales_l[ib / 2] |= (uint8_t)((ls & 0x0f) << 4);
+			b[i].scales_h |= (uint16_t)((ls >> 4) << (2 * ib));
+		}
+	}
+}
+
+static float dot_iq4_xs(const void *w, const void *a, int64_t n)
+{
+	const struct nx_block_iq4_xs *x = w;
+	const struct nx_block_q8_k *y = a;
+	float sum = 0;
+	for (int64_t i = 0; i < n / QK_K; i++) {
+		int isum = 0;
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const uint8_t *qs = x[i].qs + 16 * ib;
+			const int8_t *a8 = y[i].qs + 32 * ib;
+			int s = 0;
+			for (int j = 0; j < 16; j++) {
+				s += nx_kvalues_iq4nl[qs[j] & 0x0f] * a8[j];
+				s += nx_kvalues_iq4nl[qs[j] >> 4] * a8[j + 16];
+			}
+			isum += (iq4_xs_scale(&x[i], ib) - 32) * s;
+		}
+		sum += (fp16(x[i].d) * y[i].d) * isum;
+	}
+	return sum;
+}
+
 /* ---------------------------------------------------------------- dot_rows */
 
 /* The reference for nx_dot_rows_fn: a loop over the type's dot (bit-identical to it by construction). */
@@ -965,6 +1424,10 @@ REF_DOT_ROWS(q8_0)
 REF_DOT_ROWS(q4_k)
 REF_DOT_ROWS(q5_k)
 REF_DOT_ROWS(q6_k)
+REF_DOT_ROWS(q2_k)
+REF_DOT_ROWS(q3_k)
+REF_DOT_ROWS(iq4_nl)
+REF_DOT_ROWS(iq4_xs)
 
 /* ---------------------------------------------------------------- the table */
 
@@ -979,8 +1442,8 @@ static const struct nx_type_traits ref_traits[] = {
 	[NX_Q5_1] = { "q5_1", QK5_1, sizeof(struct nx_block_q5_1), dequant_q5_1, quant_q5_1, NX_Q8_0, dot_q5_1, dot_rows_q5_1 },
 	[NX_Q8_0] = { "q8_0", QK8_0, sizeof(struct nx_block_q8_0), dequant_q8_0, quant_q8_0, NX_Q8_0, dot_q8_0, dot_rows_q8_0, quant2_q8_0 },
 	[NX_Q8_1] = { "q8_1", 32, 36, NULL, NULL, NX_Q8_1, NULL },
-	[NX_Q2_K] = { "q2_k", QK_K, 84, NULL, NULL, NX_Q8_K, NULL },
-	[NX_Q3_K] = { "q3_k", QK_K, 110, NULL, NULL, NX_Q8_K, NULL },
+	[NX_Q2_K] = { "q2_k", QK_K, sizeof(struct nx_block_q2_k), dequant_q2_k, quant_q2_k, NX_Q8_K, dot_q2_k, dot_rows_q2_k },
+	[NX_Q3_K] = { "q3_k", QK_K, sizeof(struct nx_block_q3_k), dequant_q3_k, quant_q3_k, NX_Q8_K, dot_q3_k, dot_rows_q3_k },
 	[NX_Q4_K] = { "q4_k", QK_K, sizeof(struct nx_block_q4_k), dequant_q4_k, quant_q4_k, NX_Q8_K, dot_q4_k, dot_rows_q4_k },
 	[NX_Q5_K] = { "q5_k", QK_K, sizeof(struct nx_block_q5_k), dequant_q5_k, quant_q5_k, NX_Q8_K, dot_q5_k, dot_rows_q5_k },
 	[NX_Q6_K] = { "q6_k", QK_K, sizeof(struct nx_block_q6_k), dequant_q6_k, quant_q6_k, NX_Q8_K, dot_q6_k, dot_rows_q6_k },
@@ -990,10 +1453,10 @@ static const struct nx_type_traits ref_traits[] = {
 	[17] = { "iq2_xs", QK_K, 74, NULL, NULL, NX_Q8_K, NULL },
 	[18] = { "iq3_xxs", QK_K, 98, NULL, NULL, NX_Q8_K, NULL },
 	[19] = { "iq1_s", QK_K, 50, NULL, NULL, NX_Q8_K, NULL },
-	[20] = { "iq4_nl", 32, 18, NULL, NULL, NX_Q8_0, NULL },
+	[NX_IQ4_NL] = { "iq4_nl", QK4_NL, sizeof(struct nx_block_iq4_nl), dequant_iq4_nl, quant_iq4_nl, NX_Q8_0, dot_iq4_nl, dot_rows_iq4_nl },
 	[21] = { "iq3_s", QK_K, 110, NULL, NULL, NX_Q8_K, NULL },
 	[22] = { "iq2_s", QK_K, 82, NULL, NULL, NX_Q8_K, NULL },
-	[23] = { "iq4_xs", QK_K, 136, NULL, NULL, NX_Q8_K, NULL },
+	[NX_IQ4_XS] = { "iq4_xs", QK_K, sizeof(struct nx_block_iq4_xs), dequant_iq4_xs, quant_iq4_xs, NX_Q8_K, dot_iq4_xs, dot_rows_iq4_xs },
 	[24] = { "i8", 1, 1, NULL, NULL, NX_F32, NULL },
 	[25] = { "i16", 1, 2, NULL, NULL, NX_F32, NULL },
 	[26] = { "i32", 1, 4, NULL, NULL, NX_F32, NULL },

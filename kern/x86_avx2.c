@@ -84,8 +84,9 @@ INL const void *act_row(const uint8_t *a, size_t as, int r)
 /* ---------------------------------------------------------------- 32-element blocks x Q8_0 */
 
 /* The integer part of block x[i] . y, by type: signed levels go through the sign
- * trick; q4_1 / q5_1 keep unsigned levels and also sum y for the min term. */
-enum k32 { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0 };
+ * trick; q4_1 / q5_1 keep unsigned levels and also sum y for the min term.
+ * iq4_nl's levels are its grid's values (-127..113), looked up from the nibbles. */
+enum k32 { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL };
 
 static inline size_t k32_size(enum k32 k)
 {
@@ -98,9 +99,17 @@ static inline size_t k32_size(enum k32 k)
 		return sizeof(struct nx_block_q5_0);
 	case K_Q5_1:
 		return sizeof(struct nx_block_q5_1);
+	case K_IQ4_NL:
+		return sizeof(struct nx_block_iq4_nl);
 	default:
 		return sizeof(struct nx_block_q8_0);
 	}
+}
+
+/* The iq4 grid in both 128-bit lanes, for a byte lookup by nibble. */
+INL __m256i iq4_grid(void)
+{
+	return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl));
 }
 
 /* A weight block unpacked: levels (signed types: x and |x|), scale, min. */
@@ -139,6 +148,12 @@ INL struct wblk k32_unpack(enum k32 k, const uint8_t *b)
 		w.q = _mm256_or_si256(nibbles32(x->qs), qh_bits32(x->qh));
 		w.d = f16(x->d);
 		w.m = f16(x->m);
+		break;
+	}
+	case K_IQ4_NL: {
+		const struct nx_block_iq4_nl *x = (const void *)b;
+		w.q = _mm256_shuffle_epi8(iq4_grid(), nibbles32(x->qs));
+		w.d = f16(x->d);
 		break;
 	}
 	default: {
@@ -215,6 +230,10 @@ INL void q5_1_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, f
 INL void q8_0_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
 {
 	k32_k(K_Q8_0, w, a, as, nr, n / QK8_0, out);
+}
+INL void iq4_nl_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k32_k(K_IQ4_NL, w, a, as, nr, n / QK4_NL, out);
 }
 
 /* ---------------------------------------------------------------- k-quants x Q8_K */
@@ -359,6 +378,145 @@ INL void q6_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, f
 			const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5); /* 32 * sc . bsums */
 			const __m256i s = _mm256_sub_epi32(sumi[r], off);
 			acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+		}
+	}
+	ROWS(r) out[r] = hsum8(acc[r]);
+}
+
+/* Bytes g x8, g+1 x8 of sc8 as 16 int16: the scales of 16-groups g (low lane) and g+1 (high lane). */
+INL __m256i scale_pair16(__m128i sc8, int g)
+{
+	const __m128i pick = _mm_set_epi8((char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)(g + 1),
+					  (char)(g + 1), (char)(g + 1), (char)(g + 1), (char)g, (char)g, (char)g, (char)g,
+					  (char)g, (char)g, (char)g, (char)g);
+	return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+}
+
+/* Q3_K's 16 six-bit scales (12 packed bytes) as 16 int8, each minus 32: group g's
+ * low 4 bits are nibble g / 8 of byte g % 8, its high 2 bits at bit 2 (g / 4)
+ * of byte 8 + g % 4. */
+INL __m128i q3_k_scales(const uint8_t *q)
+{
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m128i b8 = _mm_loadl_epi64((const __m128i *)q);
+	const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(b8, m4), _mm_and_si128(_mm_srli_epi16(b8, 4), m4));
+	uint32_t h;
+	memcpy(&h, q + 8, 4);
+	/* 32-bit lane k = bytes 4k..4k+3 = groups 4k..4k+3: h >> 2k, 2 bits per byte */
+	const __m128i hs = _mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_set_epi32(6, 4, 2, 0));
+	const __m128i hi = _mm_slli_epi16(_mm_and_si128(hs, _mm_set1_epi8(3)), 4);
+	return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+
+/* Q2_K and Q3_K (three: the third bit from hmask). Element 128h + 32j + l has its
+ * two low bits at bits 2j of qs[32h + l]; 32 of them per vector, 16-groups
+ * 8h + 2j and 8h + 2j + 1 in its two lanes. Levels are dotted unsigned: q2_k's
+ * min term and q3_k's -4 offset come once per block from the activation's
+ * 16-group sums (bsums), which match the scale groups. */
+INL void k23_k(bool three, const void *w, const uint8_t *a, size_t as, int nr, int64_t nb, float *out)
+{
+	const size_t bs = three ? sizeof(struct nx_block_q3_k) : sizeof(struct nx_block_q2_k);
+	const __m256i m3 = _mm256_set1_epi8(3);
+	__m256 acc[ROWS_MAX];
+	ROWS(r) acc[r] = _mm256_setzero_ps();
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *blk = (const uint8_t *)w + (size_t)i * bs;
+		const struct nx_block_q2_k *x2 = (const void *)blk;
+		const struct nx_block_q3_k *x3 = (const void *)blk;
+		const uint8_t *qs = three ? x3->qs : x2->qs;
+		__m128i sc8;
+		__m256i mins = _mm256_setzero_si256(), hm = _mm256_setzero_si256();
+		if (three) {
+			sc8 = q3_k_scales(x3->scales);
+			hm = _mm256_loadu_si256((const __m256i *)x3->hmask);
+		} else {
+			const __m128i raw = _mm_loadu_si128((const __m128i *)x2->scales);
+			sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+			mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+		}
+		const float d = f16(three ? x3->d : x2->d);
+		__m256i sumi[ROWS_MAX];
+		ROWS(r) sumi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			const __m256i qb = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+			for (int j = 0; j < 4; j++) {
+				__m256i q = _mm256_and_si256(_mm256_srli_epi16(qb, 2 * j), m3);
+				if (three) { /* +4 where bit 4h + j of hmask[l] is set */
+					const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + j)));
+					const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+					q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(4)));
+				}
+				const __m256i sc = scale_pair16(sc8, 8 * h + 2 * j);
+				ROWS(r)
+				{
+					const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+					const __m256i yq = _mm256_loadu_si256((const __m256i *)(y->qs + 128 * h + 32 * j));
+					sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(sc, _mm256_maddubs_epi16(q, yq)));
+				}
+			}
+		}
+		ROWS(r)
+		{
+			const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+			const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+			if (three) {
+				const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+				const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2); /* 4 * sc . bsums */
+				const __m256i s = _mm256_sub_epi32(sumi[r], off);
+				acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(s), acc[r]);
+			} else {
+				const __m256i msum = _mm256_madd_epi16(mins, bsums); /* m_g * sum of group g, in pairs */
+				acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+				acc[r] = _mm256_fnmadd_ps(_mm256_set1_ps(f16(x2->dmin) * y->d), _mm256_cvtepi32_ps(msum),
+							  acc[r]);
+			}
+		}
+	}
+	ROWS(r) out[r] = hsum8(acc[r]);
+}
+
+INL void q2_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k23_k(false, w, a, as, nr, n / QK_K, out);
+}
+INL void q3_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k23_k(true, w, a, as, nr, n / QK_K, out);
+}
+
+/* IQ4_XS: per 32-group, the grid values looked up from the nibbles (signed, so
+ * through the sign trick), their int16 pair sums scaled by the group's ls - 32. */
+INL void iq4_xs_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	const struct nx_block_iq4_xs *x = w;
+	const int64_t nb = n / QK_K;
+	const __m256i grid = iq4_grid();
+	__m256 acc[ROWS_MAX];
+	ROWS(r) acc[r] = _mm256_setzero_ps();
+	for (int64_t i = 0; i < nb; i++) {
+		const float d = f16(x[i].d);
+		__m256i sumi[ROWS_MAX];
+		ROWS(r) sumi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const int ls = (((x[i].scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f) |
+					(((x[i].scales_h >> (2 * ib)) & 3) << 4)) - 32;
+			const __m256i q = _mm256_shuffle_epi8(grid, nibbles32(x[i].qs + 16 * ib));
+			const __m256i aq = _mm256_sign_epi8(q, q), sc = _mm256_set1_epi16((short)ls);
+			ROWS(r)
+			{
+				const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+				const __m256i yq = _mm256_loadu_si256((const __m256i *)(y->qs + 32 * ib));
+				const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(yq, q));
+				sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(p, sc));
+			}
+		}
+		ROWS(r)
+		{
+			const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+			acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
 		}
 	}
 	ROWS(r) out[r] = hsum8(acc[r]);

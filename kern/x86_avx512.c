@@ -68,7 +68,7 @@ INL const void *act_row(const uint8_t *a, size_t as, int r)
 
 /* ---------------------------------------------------------------- 32-element blocks x Q8_0 */
 
-enum k32 { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0 };
+enum k32 { K_Q4_0, K_Q4_1, K_Q5_0, K_Q5_1, K_Q8_0, K_IQ4_NL };
 
 static inline size_t k32_size(enum k32 k)
 {
@@ -81,9 +81,17 @@ static inline size_t k32_size(enum k32 k)
 		return sizeof(struct nx_block_q5_0);
 	case K_Q5_1:
 		return sizeof(struct nx_block_q5_1);
+	case K_IQ4_NL:
+		return sizeof(struct nx_block_iq4_nl);
 	default:
 		return sizeof(struct nx_block_q8_0);
 	}
+}
+
+/* The iq4 grid in every 128-bit lane, for a byte lookup by nibble. */
+INL __m512i iq4_grid(void)
+{
+	return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl));
 }
 
 static inline bool k32_unsigned(enum k32 k)
@@ -116,6 +124,11 @@ INL struct wpair k32_unpack(enum k32 k, const uint8_t *b0, const uint8_t *b1)
 	struct wpair w;
 	uint64_t hmask;
 	switch (k) {
+	case K_IQ4_NL: { /* the upper half of a lone block looks up grid[0]; its d and y are 0 */
+		const struct nx_block_iq4_nl *x0 = (const void *)b0, *x1 = (const void *)b1;
+		w.q = _mm512_shuffle_epi8(iq4_grid(), nibbles_pair(x0->qs, b1 ? x1->qs : NULL));
+		break;
+	}
 	case K_Q4_0:
 	case K_Q4_1: {
 		const struct nx_block_q4_0 *x0 = (const void *)b0, *x1 = (const void *)b1;
@@ -303,6 +316,10 @@ INL void q8_0_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, f
 {
 	k32_k(K_Q8_0, w, a, as, nr, n / QK8_0, out);
 }
+INL void iq4_nl_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k32_k(K_IQ4_NL, w, a, as, nr, n / QK4_NL, out);
+}
 
 /* ---------------------------------------------------------------- k-quants x Q8_K */
 
@@ -444,6 +461,162 @@ INL void q6_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, f
 			const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 5); /* 32 * sc . bsums */
 			const __m512i s = _mm512_sub_epi32(sumi[r], _mm512_zextsi256_si512(off));
 			acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(s), acc[r]);
+		}
+	}
+	ROWS(r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* vpermw indices for 4 consecutive 16-groups from group 4j: 8 int16 each. */
+INL __m512i group4_idx(int j)
+{
+	return _mm512_add_epi16(_mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
+						 0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0),
+				_mm512_set1_epi16((short)(4 * j)));
+}
+
+/* Q3_K's 16 six-bit scales (12 packed bytes) as 16 int8, each minus 32: group g's
+ * low 4 bits are nibble g / 8 of byte g % 8, its high 2 bits at bit 2 (g / 4)
+ * of byte 8 + g % 4. */
+INL __m128i q3_k_scales(const uint8_t *q)
+{
+	const __m128i m4 = _mm_set1_epi8(0x0f);
+	const __m128i b8 = _mm_loadl_epi64((const __m128i *)q);
+	const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(b8, m4), _mm_and_si128(_mm_srli_epi16(b8, 4), m4));
+	uint32_t h;
+	memcpy(&h, q + 8, 4);
+	/* 32-bit lane k = bytes 4k..4k+3 = groups 4k..4k+3: h >> 2k, 2 bits per byte */
+	const __m128i hs = _mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_set_epi32(6, 4, 2, 0));
+	const __m128i hi = _mm_slli_epi16(_mm_and_si128(hs, _mm_set1_epi8(3)), 4);
+	return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+
+/* Q2_K and Q3_K, 64 elements per zmm: a 128-half's 32 bytes of qs, broadcast to
+ * both halves and shifted per half, give elements 0..63 (bits 0..3) and 64..127
+ * (bits 4..7); q3_k adds 4 where its hmask bit is set. Levels are dotted
+ * unsigned; q2_k's min term and q3_k's -4 offset come once per block from the
+ * activation's 16-group sums. */
+INL void k23_k(bool three, const void *w, const uint8_t *a, size_t as, int nr, int64_t nb, float *out)
+{
+	const size_t bs = three ? sizeof(struct nx_block_q3_k) : sizeof(struct nx_block_q2_k);
+	const __m512i m3 = _mm512_set1_epi8(3);
+	const __m512i sh01 = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0), sh23 = _mm512_set_epi64(6, 6, 6, 6, 4, 4, 4, 4);
+	__m512i gidx[4];
+	for (int j = 0; j < 4; j++)
+		gidx[j] = group4_idx(j);
+	__m512 acc[ROWS_MAX];
+	ROWS(r) acc[r] = _mm512_setzero_ps();
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *blk = (const uint8_t *)w + (size_t)i * bs;
+		const struct nx_block_q2_k *x2 = (const void *)blk;
+		const struct nx_block_q3_k *x3 = (const void *)blk;
+		const uint8_t *qs = three ? x3->qs : x2->qs;
+		__m128i sc8;
+		__m256i mins = _mm256_setzero_si256();
+		__m512i hm = _mm512_setzero_si512();
+		if (three) {
+			sc8 = q3_k_scales(x3->scales);
+			hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x3->hmask));
+		} else {
+			const __m128i raw = _mm_loadu_si128((const __m128i *)x2->scales);
+			sc8 = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+			mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f)));
+		}
+		const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+		const __m512i sc16z = _mm512_castsi256_si512(sc16);
+		const float d = f16(three ? x3->d : x2->d);
+		__m512i sumi[ROWS_MAX];
+		ROWS(r) sumi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			const __m512i qb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+			__m512i q01 = _mm512_and_si512(_mm512_srlv_epi64(qb, sh01), m3);
+			__m512i q23 = _mm512_and_si512(_mm512_srlv_epi64(qb, sh23), m3);
+			if (three) { /* element 128h + 32j + l: bit 4h + j of hmask[l] */
+				const __m512i four = _mm512_set1_epi8(4);
+				const __m512i b01 = _mm512_inserti64x4(
+					_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (4 * h)))),
+					_mm256_set1_epi8((char)(1 << (4 * h + 1))), 1);
+				const __m512i b23 = _mm512_inserti64x4(
+					_mm512_castsi256_si512(_mm256_set1_epi8((char)(1 << (4 * h + 2)))),
+					_mm256_set1_epi8((char)(1 << (4 * h + 3))), 1);
+				q01 = _mm512_mask_add_epi8(q01, _mm512_test_epi8_mask(hm, b01), q01, four);
+				q23 = _mm512_mask_add_epi8(q23, _mm512_test_epi8_mask(hm, b23), q23, four);
+			}
+			const __m512i s01 = _mm512_permutexvar_epi16(gidx[2 * h], sc16z);
+			const __m512i s23 = _mm512_permutexvar_epi16(gidx[2 * h + 1], sc16z);
+			ROWS(r)
+			{
+				const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+				const __m512i y01 = _mm512_loadu_si512((const void *)(y->qs + 128 * h));
+				const __m512i y23 = _mm512_loadu_si512((const void *)(y->qs + 128 * h + 64));
+				sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(q01, y01), s01);
+				sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(q23, y23), s23);
+			}
+		}
+		ROWS(r)
+		{
+			const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+			const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+			if (three) {
+				const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bsums), 2); /* 4 * sc . bsums */
+				const __m512i s = _mm512_sub_epi32(sumi[r], _mm512_zextsi256_si512(off));
+				acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(s), acc[r]);
+			} else {
+				const __m256i msum = _mm256_madd_epi16(mins, bsums);
+				acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
+				acc[r] = _mm512_fnmadd_ps(_mm512_set1_ps(f16(x2->dmin) * y->d),
+							  _mm512_cvtepi32_ps(_mm512_zextsi256_si512(msum)), acc[r]);
+			}
+		}
+	}
+	ROWS(r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+INL void q2_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k23_k(false, w, a, as, nr, n / QK_K, out);
+}
+INL void q3_k_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	k23_k(true, w, a, as, nr, n / QK_K, out);
+}
+
+/* IQ4_XS, two 32-groups per zmm (their 32 bytes of qs in element order): grid
+ * values looked up from the nibbles, dotted as |q| (unsigned) with y negated
+ * where q < 0 (vpmaddubsw; |q| <= 127 and |y| <= 127, so pairs never saturate),
+ * then vpdpwssd with each group's ls - 32. */
+INL void iq4_xs_k(const void *w, const uint8_t *a, size_t as, int nr, int64_t n, float *out)
+{
+	const struct nx_block_iq4_xs *x = w;
+	const int64_t nb = n / QK_K;
+	const __m512i grid = iq4_grid();
+	__m512 acc[ROWS_MAX];
+	ROWS(r) acc[r] = _mm512_setzero_ps();
+	for (int64_t i = 0; i < nb; i++) {
+		const float d = f16(x[i].d);
+		__m512i sumi[ROWS_MAX];
+		ROWS(r) sumi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+		for (int c = 0; c < QK_K / 64; c++) {
+			const int ls0 = ((x[i].scales_l[c] & 0x0f) | (((x[i].scales_h >> (4 * c)) & 3) << 4)) - 32;
+			const int ls1 = ((x[i].scales_l[c] >> 4) | (((x[i].scales_h >> (4 * c + 2)) & 3) << 4)) - 32;
+			const __m512i q = _mm512_shuffle_epi8(grid, nibbles_pair(x[i].qs + 32 * c, x[i].qs + 32 * c + 16));
+			const __m512i aq = _mm512_abs_epi8(q);
+			const __mmask64 neg = _mm512_movepi8_mask(q);
+			const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)ls0)),
+							      _mm256_set1_epi16((short)ls1), 1);
+			ROWS(r)
+			{
+				const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+				const __m512i yq = _mm512_loadu_si512((const void *)(y->qs + 64 * c));
+				const __m512i ys = _mm512_mask_sub_epi8(yq, neg, _mm512_setzero_si512(), yq);
+				sumi[r] = _mm512_dpwssd_epi32(sumi[r], _mm512_maddubs_epi16(aq, ys), sc);
+			}
+		}
+		ROWS(r)
+		{
+			const struct nx_block_q8_k *y = (const struct nx_block_q8_k *)act_row(a, as, r) + i;
+			acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(d * y->d), _mm512_cvtepi32_ps(sumi[r]), acc[r]);
 		}
 	}
 	ROWS(r) out[r] = _mm512_reduce_add_ps(acc[r]);

@@ -52,6 +52,10 @@ DOT_FNS(q8_0)
 DOT_FNS(q4_k)
 DOT_FNS(q5_k)
 DOT_FNS(q6_k)
+DOT_FNS(q2_k)
+DOT_FNS(q3_k)
+DOT_FNS(iq4_nl)
+DOT_FNS(iq4_xs)
 DOT_FNS(f32)
 DOT_FNS(f16)
 DOT_FNS(bf16)
@@ -74,6 +78,10 @@ static void install_set(struct nx_type_traits *tab, size_t n)
 	set_dot(tab, n, NX_Q4_K, dot_q4_k, dot_rows_q4_k);
 	set_dot(tab, n, NX_Q5_K, dot_q5_k, dot_rows_q5_k);
 	set_dot(tab, n, NX_Q6_K, dot_q6_k, dot_rows_q6_k);
+	set_dot(tab, n, NX_Q2_K, dot_q2_k, dot_rows_q2_k);
+	set_dot(tab, n, NX_Q3_K, dot_q3_k, dot_rows_q3_k);
+	set_dot(tab, n, NX_IQ4_NL, dot_iq4_nl, dot_rows_iq4_nl);
+	set_dot(tab, n, NX_IQ4_XS, dot_iq4_xs, dot_rows_iq4_xs);
 	set_dot(tab, n, NX_F32, dot_f32, dot_rows_f32);
 	set_dot(tab, n, NX_F16, dot_f16, dot_rows_f16);
 	set_dot(tab, n, NX_BF16, dot_bf16, dot_rows_bf16);

@@ -123,6 +123,6 @@ int nx_fold_type_parse(const char *name, enum nx_type *out, struct nx_err *err)
 			}
 		}
 	}
-	return nx_errf(err, "fold: unknown or unsupported type '%.32s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)",
+	return nx_errf(err, "fold: unknown or unsupported type '%.32s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs)",
 		       name);
 }

@@ -40,7 +40,8 @@ static struct kset ksets[] = {
 #define N_SETS (sizeof(ksets) / sizeof(ksets[0]))
 
 static const enum nx_type all_types[] = { NX_Q4_1, NX_Q8_0, NX_Q4_0, NX_Q4_K, NX_Q6_K, NX_Q5_K,
-					  NX_Q5_0, NX_Q5_1, NX_F16, NX_BF16, NX_F32 };
+					  NX_Q5_0, NX_Q5_1, NX_F16, NX_BF16, NX_F32, NX_Q2_K,
+					  NX_Q3_K, NX_IQ4_NL, NX_IQ4_XS };
 
 static double now(void)
 {

@@ -2,7 +2,7 @@
  * decode step's layer matrices: how fast the kernels stream the weights from DRAM
  * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
  *
- *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0] [-s steps]
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl] [-s steps]
  *
  * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
  * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
@@ -127,15 +127,15 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0] "
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl] "
 			"[-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
 	exit(2);
 }
 
-/* The legacy types only: the k-quants need rows of multiples of 256, and 576 is not. */
+/* The 32-element types only: the k-quants need rows of multiples of 256, and 576 is not. */
 static bool parse_type(const char *name)
 {
-	static const enum nx_type ok[] = {NX_Q4_1, NX_Q4_0, NX_Q5_0, NX_Q5_1, NX_Q8_0};
+	static const enum nx_type ok[] = {NX_Q4_1, NX_Q4_0, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!strcmp(name, nx_type_name(ok[i]))) {
 			wtype = ok[i];

@@ -71,7 +71,8 @@ static void set_table(const struct kset *ks, struct nx_type_traits *tab)
 
 /* Weight types in the lead's priority order. */
 static const enum nx_type wtypes[] = { NX_Q4_1, NX_Q8_0, NX_Q4_0, NX_Q4_K, NX_Q6_K, NX_Q5_K,
-				       NX_Q5_0, NX_Q5_1, NX_F16, NX_BF16, NX_F32 };
+				       NX_Q5_0, NX_Q5_1, NX_F16, NX_BF16, NX_F32, NX_Q2_K,
+				       NX_Q3_K, NX_IQ4_NL, NX_IQ4_XS };
 #define N_WTYPES (sizeof(wtypes) / sizeof(wtypes[0]))
 
 /* ---------------------------------------------------------------- random data */
@@ -110,6 +111,26 @@ static nx_f16 rand_scale(void)
 	return nx_f32_to_f16(rng_next() & 1 ? -v : v);
 }
 
+/* Byte offset of a block's f16 d; a min scale (has_min) follows it. */
+static size_t d_offset(enum nx_type t)
+{
+	switch (t) {
+	case NX_Q6_K:
+		return offsetof(struct nx_block_q6_k, d);
+	case NX_Q2_K:
+		return offsetof(struct nx_block_q2_k, d);
+	case NX_Q3_K:
+		return offsetof(struct nx_block_q3_k, d);
+	default:
+		return 0;
+	}
+}
+
+static bool has_min(enum nx_type t)
+{
+	return t == NX_Q4_1 || t == NX_Q5_1 || t == NX_Q4_K || t == NX_Q5_K || t == NX_Q2_K;
+}
+
 /* Overwrites every byte of a quantized row with random bits, then gives the f16
  * scale fields sane values: every level, scale and bit pattern gets exercised. */
 static void randomize_blocks(enum nx_type t, uint8_t *row, int64_t n)
@@ -122,20 +143,7 @@ static void randomize_blocks(enum nx_type t, uint8_t *row, int64_t n)
 	for (int64_t b = 0; b < nb; b++) {
 		uint8_t *blk = row + (size_t)b * bs;
 		nx_f16 s[2] = { rand_scale(), rand_scale() };
-		switch (t) {
-		case NX_Q4_1:
-		case NX_Q5_1:
-		case NX_Q4_K:
-		case NX_Q5_K:
-			memcpy(blk, s, 4); /* d, then m / dmin */
-			break;
-		case NX_Q6_K:
-			memcpy(blk + offsetof(struct nx_block_q6_k, d), s, 2);
-			break;
-		default:
-			memcpy(blk, s, 2);
-			break;
-		}
+		memcpy(blk + d_offset(t), s, has_min(t) ? 4 : 2); /* d, then m / dmin */
 	}
 }
 
@@ -146,13 +154,8 @@ static void split_blocks(enum nx_type t, uint8_t *row, int64_t n, int keep)
 	const int64_t nb = n / tr->blck;
 	for (int64_t b = 0; b < nb; b++) {
 		uint8_t *blk = row + (size_t)b * tr->type_size;
-		memset(blk + (keep ? 0 : 2), 0, 2);
+		memset(blk + d_offset(t) + (keep ? 0 : 2), 0, 2);
 	}
-}
-
-static bool has_min(enum nx_type t)
-{
-	return t == NX_Q4_1 || t == NX_Q5_1 || t == NX_Q4_K || t == NX_Q5_K;
 }
 
 /* T of the bound: sum of the magnitudes of the dot's addends (see the top of the file). */
@@ -314,11 +317,7 @@ static void test_dot_extremes(void **state)
 			/* put the scales back */
 			for (int64_t b = 0; b < n / tr->blck; b++) {
 				uint8_t *blk = w + (size_t)b * tr->type_size, *src = keep + (size_t)b * tr->type_size;
-				if (t == NX_Q6_K)
-					memcpy(blk + offsetof(struct nx_block_q6_k, d),
-					       src + offsetof(struct nx_block_q6_k, d), 2);
-				else
-					memcpy(blk, src, has_min(t) ? 4 : 2);
+				memcpy(blk + d_offset(t), src + d_offset(t), has_min(t) ? 4 : 2);
 			}
 			if (t == NX_Q8_0 && pat >= 2) /* -128, which the quantizer never makes, but a file may hold */
 				for (int64_t b = 0; b < n / 32; b++)

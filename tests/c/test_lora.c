@@ -996,7 +996,9 @@ static void test_fold(void **state)
 	expect_ok(nx_fold_type_parse("Q5_1", &ty, &err), err);
 	assert_int_equal(ty, NX_Q5_1);
 	expect_err(nx_fold_type_parse("q8_k", &ty, &err), err, "'q8_k'");
-	expect_err(nx_fold_type_parse("iq4_nl", &ty, &err), err, "unsupported");
+	expect_err(nx_fold_type_parse("iq2_xxs", &ty, &err), err, "unsupported");
+	expect_ok(nx_fold_type_parse("IQ4_XS", &ty, &err), err);
+	assert_int_equal(ty, NX_IQ4_XS);
 	t.n_in = DIM;
 	expect_err(nx_fold_check(w, &t, NX_F16, &err), err, "blk.0.ffn_down.weight");
 

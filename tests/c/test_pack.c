@@ -58,7 +58,7 @@ static void mat_free(struct mat *m)
 	free(m->deq);
 }
 
-static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0};
+static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL};
 static const int64_t lens[] = {32, 64, 96, 224, 576, 1536}; /* 1, 2, 3, 7, 18, 48 blocks */
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
 #define N_LENS (sizeof(lens) / sizeof(lens[0]))

@@ -18,8 +18,8 @@
 #include "kern/pack.h"
 #include "tests/c/pack_acts.h"
 
-static const enum nx_type types[] = {NX_Q4_K, NX_Q5_K, NX_Q6_K};
-#define N_TYPES 3
+static const enum nx_type types[] = {NX_Q4_K, NX_Q5_K, NX_Q6_K, NX_IQ4_XS};
+#define N_TYPES 4
 
 struct mat {
 	enum nx_type t;
@@ -37,6 +37,8 @@ static void set_scales(enum nx_type t, uint8_t *blk)
 	const nx_f16 d = nx_f32_to_f16(0.001f + 0.01f * fabsf(rng_sym())), dm = nx_f32_to_f16(0.01f * fabsf(rng_sym()));
 	if (t == NX_Q6_K) {
 		memcpy(blk + offsetof(struct nx_block_q6_k, d), &d, 2);
+	} else if (t == NX_IQ4_XS) {
+		memcpy(blk, &d, 2);
 	} else {
 		memcpy(blk, &d, 2); /* d, dmin lead q4_k and q5_k */
 		memcpy(blk + 2, &dm, 2);
@@ -82,7 +84,7 @@ static void mat_make(struct mat *m, enum nx_type t, int n_out, int64_t n_in, boo
 			}
 		}
 		tr->dequant(zq, m->mins + r * n_in, n_in);
-		for (int64_t i = 0; t == NX_Q6_K && i < n_in; i++)
+		for (int64_t i = 0; t != NX_Q4_K && t != NX_Q5_K && i < n_in; i++)
 			m->mins[r * n_in + i] = 0;
 	}
 	free(zq);

@@ -45,7 +45,11 @@ static float float_of(uint32_t u)
  *   q5_1      0.038    0.045    0.045    0.054
  *   q4_k      0.071    0.085    0.087    0.10     (4.5 bits, below q4_1's 5)
  *   q5_k      0.036    0.043    0.043    0.052
- *   q6_k      0.0178   0.021    0.027    0.032 */
+ *   q6_k      0.0178   0.021    0.027    0.032
+ *   q2_k      0.302    0.36     0.345    0.41     (2.625 bits)
+ *   q3_k      0.152    0.18     0.217    0.26
+ *   iq4_nl    0.0764   0.092    0.112    0.135
+ *   iq4_xs    0.0772   0.093    0.114    0.137    (4.25 bits) */
 struct type_case {
 	enum nx_type t;
 	double max_gauss, max_weights;
@@ -55,7 +59,8 @@ static const struct type_case weight_types[] = {
 	{ NX_F32, 0, 0 },           { NX_F16, 3e-4, 3e-4 },      { NX_BF16, 2e-3, 2e-3 },
 	{ NX_Q8_0, 0.0065, 0.011 }, { NX_Q4_0, 0.10, 0.17 },     { NX_Q4_1, 0.092, 0.11 },
 	{ NX_Q5_0, 0.05, 0.088 },   { NX_Q5_1, 0.045, 0.054 },   { NX_Q4_K, 0.085, 0.10 },
-	{ NX_Q5_K, 0.043, 0.052 },  { NX_Q6_K, 0.021, 0.032 },
+	{ NX_Q5_K, 0.043, 0.052 },  { NX_Q6_K, 0.021, 0.032 },  { NX_Q2_K, 0.36, 0.41 },
+	{ NX_Q3_K, 0.18, 0.26 },    { NX_IQ4_NL, 0.092, 0.135 }, { NX_IQ4_XS, 0.093, 0.137 },
 };
 #define N_WEIGHT_TYPES (sizeof(weight_types) / sizeof(weight_types[0]))
 
@@ -270,6 +275,10 @@ static void test_type_table(void **state)
 	assert_int_equal(nx_type_ref(NX_Q4_0)->vec_dot_type, NX_Q8_0);
 	assert_int_equal(nx_type_ref(NX_Q4_1)->vec_dot_type, NX_Q8_0);
 	assert_int_equal(nx_type_ref(NX_Q6_K)->vec_dot_type, NX_Q8_K);
+	assert_int_equal(nx_type_ref(NX_Q2_K)->vec_dot_type, NX_Q8_K);
+	assert_int_equal(nx_type_ref(NX_Q3_K)->vec_dot_type, NX_Q8_K);
+	assert_int_equal(nx_type_ref(NX_IQ4_NL)->vec_dot_type, NX_Q8_0);
+	assert_int_equal(nx_type_ref(NX_IQ4_XS)->vec_dot_type, NX_Q8_K);
 	assert_int_equal(nx_type_ref(NX_BF16)->vec_dot_type, NX_F32);
 
 	assert_string_equal(nx_type_name(NX_Q4_K), "q4_k");
@@ -281,15 +290,15 @@ static void test_type_table(void **state)
 	assert_string_equal(nx_type_name(UINT32_MAX), "?");
 
 	/* readable but not computable: known layout, no kernels */
-	assert_false(nx_type_supported(NX_Q2_K));
-	assert_false(nx_type_supported(NX_Q3_K));
+	assert_false(nx_type_supported(16)); /* iq2_xxs */
+	assert_false(nx_type_supported(21)); /* iq3_s */
 	assert_false(nx_type_supported(NX_Q8_1));
 	assert_false(nx_type_supported(NX_Q8_K)); /* activation type only */
 	assert_false(nx_type_supported(4));
 	assert_false(nx_type_supported(NX_TYPE_COUNT));
 	assert_false(nx_type_supported(UINT32_MAX));
-	assert_non_null(nx_type_ref(NX_Q2_K));
-	assert_null(nx_type_ref(NX_Q2_K)->dequant);
+	assert_non_null(nx_type_ref(16));
+	assert_null(nx_type_ref(16)->dequant);
 	assert_null(nx_type_ref((enum nx_type)4));
 	assert_null(nx_type_ref((enum nx_type)5000));
 	assert_null(nx_type_get((enum nx_type)4));
@@ -312,6 +321,9 @@ static void test_row_size(void **state)
 	assert_int_equal(nx_row_size(NX_Q8_K, 256), 292);
 	assert_int_equal(nx_row_size(NX_Q2_K, 256), 84);
 	assert_int_equal(nx_row_size(NX_Q3_K, 256), 110);
+	assert_int_equal(nx_row_size(NX_IQ4_NL, 64), 36);
+	assert_int_equal(nx_row_size(NX_IQ4_XS, 512), 272);
+	assert_int_equal(nx_row_size(NX_IQ4_XS, 32), -1);
 
 	/* not a multiple of the block */
 	assert_int_equal(nx_row_size(NX_Q4_0, 31), -1);

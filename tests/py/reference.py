@@ -21,7 +21,7 @@ alone, all positions at once under a causal mask.
 Reference(path, emulate=True) additionally rounds values where the engine's
 design stores them in a narrower format - the input of every matmul with a
 quantized weight to that weight's activation type (Q8_0 for the 32-blocks,
-Q8_K for the k-quants: GGUF's block formats; Q8_0 for a k-quant matrix the
+Q8_K for the k-quants and IQ4_XS, Q8_0 for IQ4_NL: GGUF's block formats; Q8_0 for a k-quant matrix the
 engine packs for its tile kernels, named in `packed`), in two parts as the engine does
 (hi = Q(x), lo = x - hi in float32 in finer levels: Q8_K's own, Q8_0's at hi's
 scale / 128; the matmul sees hi + lo), and K/V to
@@ -34,8 +34,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-_Q8_0_ACT = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
-_Q8_K_ACT = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
+_Q8_0_ACT = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.IQ4_NL}
+_Q8_K_ACT = {QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_XS}
 
 
 def round_q8_0(x):

@@ -46,13 +46,15 @@ class Err(ctypes.Structure):
     _fields_ = [("msg", ctypes.c_char * 512)]
 
 
-TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K,
+         QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS]
 KQUANTS = {QT.Q4_K, QT.Q5_K, QT.Q6_K}
 GGUF_QUANTIZES = {QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1}  # gguf-py 0.19 can quantize these
 # Relative RMS error of one quantization of gaussian-like rows (tests/py/test_quant.py), with 1.5x headroom
 # for rows of 512 (fewer blocks per row than there) and the k-quant test weights' flatter distribution.
 REL_RMS_BOUND = {QT.F32: 1e-7, QT.F16: 3e-4, QT.BF16: 2e-3, QT.Q8_0: 0.0065, QT.Q4_0: 0.10, QT.Q4_1: 0.092,
-                 QT.Q5_0: 0.05, QT.Q5_1: 0.045, QT.Q4_K: 0.085, QT.Q5_K: 0.043, QT.Q6_K: 0.021}
+                 QT.Q5_0: 0.05, QT.Q5_1: 0.045, QT.Q4_K: 0.085, QT.Q5_K: 0.043, QT.Q6_K: 0.021,
+                 QT.Q2_K: 0.36, QT.Q3_K: 0.18, QT.IQ4_NL: 0.092, QT.IQ4_XS: 0.093}
 
 
 class Lib:
@@ -212,7 +214,7 @@ def test_fold_rejects_bad_targets(lib):
     with pytest.raises(ValueError, match="rows of 96 elements do not fit q4_k blocks of 256"):
         lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, QT.Q4_K)
     with pytest.raises(ValueError, match="cannot produce type"):
-        lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, 20)  # iq4_nl: no quantizer
+        lib.fold(blocks, QT.Q8_0, 96, 4, a, b, 1.0, 16)  # iq2_xxs: no quantizer
 
 
 # ---------------------------------------------------------------- runtime delta (ctypes)

@@ -7,8 +7,8 @@ fused multiply-add, so there is no rounding difference to allow for.
 
 Quantization must equal gguf.quants.quantize byte for byte where gguf-py
 implements it (gguf 0.19.0: F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; its
-Q8_0/Q4_0/... are ports of ggml's reference quantizers). For the k-quants,
-which gguf-py only dequantizes, our blocks dequantized by gguf-py must be
+Q8_0/Q4_0/... are ports of ggml's reference quantizers). For the k-quants and
+IQ4_NL / IQ4_XS, which gguf-py only dequantizes, our blocks dequantized by gguf-py must be
 within the same error bounds as in tests/c/test_quant.c, and on a fixed input
 they must hash to what llama.cpp's own reference quantizer produced.
 
@@ -43,19 +43,24 @@ DEQUANT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_i
 QUANT_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 DOT_FN = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 
-WEIGHT_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K]
+WEIGHT_TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q5_K, QT.Q6_K,
+                QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS]
+# The types gguf-py only dequantizes: ours are checked against llama.cpp's blocks.
+SEARCHED_TYPES = [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q2_K, QT.Q3_K, QT.IQ4_NL, QT.IQ4_XS]
 Q8_K = 15  # not in gguf-py's enum: an activation-only type
 
 # Byte offsets of the f16 scale fields in each block (kern/quant.h, ggml-common.h).
 F16_FIELDS = {
     QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q8_0: [0],
-    QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
+    QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208], QT.Q2_K: [80, 82], QT.Q3_K: [108],
+    QT.IQ4_NL: [0], QT.IQ4_XS: [0],
 }
 
 # rms error bound of quantize -> dequantize relative to the data's rms, gaussian data (as test_quant.c).
 REL_RMS_BOUND = {
     QT.F32: 0.0, QT.F16: 3e-4, QT.BF16: 2e-3, QT.Q8_0: 0.0065, QT.Q4_0: 0.10, QT.Q4_1: 0.092,
     QT.Q5_0: 0.05, QT.Q5_1: 0.045, QT.Q4_K: 0.085, QT.Q5_K: 0.043, QT.Q6_K: 0.021,
+    QT.Q2_K: 0.36, QT.Q3_K: 0.18, QT.IQ4_NL: 0.092, QT.IQ4_XS: 0.093,
 }
 
 
@@ -169,7 +174,8 @@ def test_type_table_matches_gguf(lib):
 
 def test_vec_dot_types(lib):
     want = {QT.F32: 0, QT.F16: 0, QT.BF16: 0, QT.Q8_0: 8, QT.Q4_0: 8, QT.Q4_1: 8, QT.Q5_0: 8,
-            QT.Q5_1: 8, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
+            QT.Q5_1: 8, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K, QT.Q2_K: Q8_K, QT.Q3_K: Q8_K,
+            QT.IQ4_NL: 8, QT.IQ4_XS: Q8_K}
     for t, a in want.items():
         assert lib.traits(t).vec_dot_type == a, t.name
         g = lib.so.nx_type_get(int(t)).contents
@@ -253,9 +259,9 @@ def test_quant_equals_gguf(lib, t):
         pytest.fail(f"{t.name}: {blk.size} blocks differ, first {blk[0]}: {ours.reshape(-1, ts)[blk[0]]} vs {theirs.reshape(-1, ts)[blk[0]]}")
 
 
-@pytest.mark.parametrize("t", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", SEARCHED_TYPES, ids=lambda t: t.name)
 def test_kquant_through_gguf(lib, t):
-    """gguf-py cannot quantize the k-quants (if a later version can, the blocks
+    """gguf-py cannot quantize the k-quants and iq4 types (if a later version can, the blocks
     must then be identical): our blocks, read back by gguf-py, are within the bound."""
     rng = np.random.default_rng(3000 + int(t))
     x = rng.standard_normal(1 << 16).astype(np.float32)
@@ -308,26 +314,31 @@ def golden_input():
     return x.reshape(-1)
 
 
-# sha256 of the blocks llama.cpp's quantize_row_q4_K_ref / q5_K / q6_K produce
-# for golden_input(): ggml/src/ggml-quants.c as vendored in the llama-cpp-python
-# 0.3.36 sdist, compiled with gcc -O2 for x86-64 (no FMA contraction, like
-# kern/quant_ref.c). That is what `llama-quantize` writes without an imatrix.
+# sha256 of the blocks llama.cpp's quantize_row_{q4_K,q5_K,q6_K,q2_K,q3_K,iq4_xs}_ref
+# and quantize_iq4_nl (no imatrix) produce for golden_input():
+# ggml/src/ggml-quants.c as vendored in the llama-cpp-python 0.3.36 sdist,
+# compiled with gcc -O2 for x86-64 (no FMA contraction, like kern/quant_ref.c).
+# That is what `llama-quantize` writes without an imatrix. (For iq4_nl it is
+# quantize_iq4_nl, which searches the scale; quantize_row_iq4_nl_ref does not.)
 LLAMA_CPP_KQUANT_SHA256 = {
     QT.Q4_K: "da3f2feb0c4f11580ef07eb68f491a371ef2b70220e6b56abd0fb5cdc9c443a3",
     QT.Q5_K: "2b2efd5bdc484370bf127e9b1dc64f7cabb6206781519752be4fe969fbc5d154",
     QT.Q6_K: "021a66f00b6aaf71ea9775cb778cdead80c3cc15fb02e54be335b98cd062050f",
+    QT.Q2_K: "766282378476c46170bc41b2231689df67eaabb8b1f208a76f250518794b64cc",
+    QT.Q3_K: "e533dec2dee56a5568f65d46471bd00ff36863c07d98353445287693608cf7ce",
+    QT.IQ4_NL: "9873ebbf373b5509eb6d18895fd3eb2f5d9fc8d88133a86199a8a65a9c114284",
+    QT.IQ4_XS: "d385a74f41f8947e56a5dff093efec37baf87c7dde496f5d0b6c3ad2c5e327c0",
 }
 
 
-@pytest.mark.parametrize("t", [QT.Q4_K, QT.Q5_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", SEARCHED_TYPES, ids=lambda t: t.name)
 def test_kquant_equals_llama_cpp(lib, t):
     x = golden_input()
     assert hashlib.sha256(x.tobytes()).hexdigest() == "8f95547e468919945440794366c6fa44cf3e1f690566ce6ac06dcaca9e6241b2"
     assert hashlib.sha256(lib.quant(t, x).tobytes()).hexdigest() == LLAMA_CPP_KQUANT_SHA256[t]
 
 
-@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t not in (QT.Q4_K, QT.Q5_K, QT.Q6_K)],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [t for t in WEIGHT_TYPES if t not in SEARCHED_TYPES], ids=lambda t: t.name)
 def test_quant_error_bound(lib, t):
     rng = np.random.default_rng(4000 + int(t))
     x = rng.standard_normal(1 << 16).astype(np.float32)

@@ -1,0 +1,125 @@
+"""test_forward_quant.py - the low-bit weight types (Q2_K, Q3_K, IQ4_NL, IQ4_XS) through the whole forward pass.
+
+Tiny random models (tests/fixtures/make_tiny.py) in each type, llama, qwen2 and
+qwen3, and models mixing types as llama-quantize's Q2_K, Q3_K_M and IQ4_XS
+files do, graded exactly as tests/py/test_forward.py grades the other types:
+bit-identical logits under every batching plan and 1-3 threads, within the
+two-part-activation bounds of the float64 reference (weights dequantized by
+gguf-py, never by nxd), and closer still to the reference emulating the
+engine's rounding points. IQ4_NL dots take Q8_0 activations, the others Q8_K
+(kern/quant_ref.c), and a matrix packed for the tile kernels (IQ4_NL, IQ4_XS
+with AVX-512) Q8_0.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import make_tiny
+from reference import Reference
+from test_forward import EMULATED, EMULATED_ONE, SEQ_LENS, TOL, TOL_ONE, packed_matrices, plans, run_eval
+
+FAMILY = {"F16": "float", "Q8_0": "q8_0", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k",
+          "Q2_K": "q8_k", "Q3_K": "q8_k", "IQ4_NL": "q8_0", "IQ4_XS": "q8_k"}
+ORDER = ["float", "q8_0", "q8_k"]
+
+VARIANTS = {}
+for _i, _ty in enumerate(make_tiny.LOW_BIT_TYPES):
+    for _j, _arch in enumerate(("llama", "qwen2")):
+        _tied = (_i + _j) % 2 == 0
+        VARIANTS[f"{_arch}-{_ty.lower()}-{'tied' if _tied else 'untied'}"] = dict(
+            arch=_arch, wtype=_ty, tied=_tied, seed=300 + 2 * _i + _j)
+VARIANTS["qwen3-q3_k-untied"] = dict(arch="qwen3", wtype="Q3_K", seed=310, head_dim=128, n_head=8, n_head_kv=2)
+VARIANTS["qwen3-iq4_xs-tied"] = dict(arch="qwen3", wtype="IQ4_XS", seed=311, tied=True, head_dim=128, n_head=8,
+                                     n_head_kv=2)
+# What llama-quantize's mixes put where (llama_tensor_get_type): Q2_K files keep
+# attn_v / ffn_down at Q3_K-Q4_K and the output at Q6_K; Q3_K_M puts attn_v and
+# ffn_down at Q4_K/Q5_K; IQ4_XS files keep the output at Q6_K and fall back to
+# IQ4_NL for rows that are no multiple of 256.
+VARIANTS["llama-q2_k-mix"] = dict(arch="llama", wtype="Q2_K", seed=320,
+                                  types=dict(embd="Q2_K", output="Q6_K", v="Q4_K", down="Q3_K"))
+VARIANTS["llama-q3_k_m-mix"] = dict(arch="llama", wtype="Q3_K", seed=321,
+                                    types=dict(embd="Q3_K", output="Q6_K", v="Q5_K", down="Q4_K"))
+VARIANTS["qwen2-iq4_xs-mix"] = dict(arch="qwen2", wtype="IQ4_XS", seed=322,
+                                    types=dict(embd="IQ4_XS", output="Q6_K", k="IQ4_NL", v="IQ4_NL", down="IQ4_NL"))
+
+
+def family(kw):
+    types = [kw.get("wtype", "Q8_0"), *kw.get("types", {}).values()]
+    return max((FAMILY[t] for t in types), key=ORDER.index)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_quant")
+    return {name: make_tiny.build(d / f"{name}.gguf", **kw) for name, kw in VARIANTS.items()}
+
+
+def split(logits, seqs):
+    return np.split(logits, np.cumsum([len(t) for t in seqs.values()])[:-1])
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_logits_match_reference(tiny, name, report):
+    model, kw = tiny[name], VARIANTS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    ref = Reference(model)
+    seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
+
+    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in plans().items() for th in (1, 2, 3)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by " \
+                                            f"{np.abs(logits - base).max()}"
+    assert np.isfinite(base).all()
+
+    emu = Reference(model, emulate=True, packed=packed_matrices(ref))
+    errs, close, top1, n_pos = [], [], 0, 0
+    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        top1 += (got.argmax(1) == want.argmax(1)).sum()
+        n_pos += len(toks)
+    err, close = np.concatenate(errs), np.concatenate(close)
+    fam = family(kw)
+    max_tol, mean_tol = TOL[fam]
+    emu_close, emu_min_frac = EMULATED[fam]
+    frac_close = np.mean(close <= emu_close)
+    report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
+           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
+    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
+    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
+    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
+    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
+                                       f"within {emu_close:.1e}"
+
+
+@pytest.mark.parametrize("name", ["llama-q2_k-tied", "qwen2-iq4_nl-untied", "llama-q3_k_m-mix", "qwen2-iq4_xs-mix"])
+def test_fast_activations_match_one_part_reference(tiny, name, report):
+    """nxd --activations fast (hi alone) against the reference rounding each matmul input to hi alone."""
+    model = tiny[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    ref = Reference(model)
+    seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
+    fast = ("--activations", "fast")
+    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode") for th in (1, 2)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    emu = Reference(model, emulate=True, packed=packed_matrices(ref), one_part=True)
+    close, errs = [], []
+    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+    close, err = np.concatenate(close), np.concatenate(errs)
+    emu_close, emu_min_frac = EMULATED_ONE
+    frac_close = np.mean(close <= emu_close)
+    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} "
+           f"one-part emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
+    assert frac_close >= emu_min_frac
+    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
+
