@@ -1,4 +1,4 @@
-/* model.c - binds a llama / qwen2 / qwen3 model to the tensors of a parsed GGUF file, checking every key, shape and type. */
+/* model.c - binds a llama / qwen2 / qwen3 / gemma2 / gemma3 model to the tensors of a parsed GGUF file, checking every key, shape and type. */
 #include "model/model.h"
 
 #include <math.h>
@@ -17,10 +17,19 @@ static const struct family {
 	bool qkv_bias;    /* attn_q.bias, attn_k.bias, attn_v.bias */
 	bool qk_norm;     /* attn_q_norm.weight, attn_k_norm.weight: RMSNorm of each head before RoPE */
 	bool rope_freqs;  /* rope_freqs.weight may divide the RoPE frequencies */
+	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU, post_attention_norm
+	 * and post_ffw_norm, sliding-window layers but the last of every swa_pattern */
+	bool gemma;
+	int swa_pattern;
+	const char *const *keys; /* keys of the namespace the family reads besides key_rules' (NULL-ended) */
 } families[] = {
-	{ "llama", NX_ARCH_LLAMA, false, false, false, true },
-	{ "qwen2", NX_ARCH_QWEN2, true, true, false, false },
-	{ "qwen3", NX_ARCH_QWEN3, true, false, true, false },
+	{ "llama", NX_ARCH_LLAMA, false, false, false, true, false, 0, NULL },
+	{ "qwen2", NX_ARCH_QWEN2, true, true, false, false, false, 0, NULL },
+	{ "qwen3", NX_ARCH_QWEN3, true, false, true, false, false, 0, NULL },
+	{ "gemma2", NX_ARCH_GEMMA2, true, false, false, false, true, 2,
+	  (const char *const[]){ "attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping", NULL } },
+	{ "gemma3", NX_ARCH_GEMMA3, true, false, true, false, true, 6,
+	  (const char *const[]){ "attention.sliding_window", "final_logit_softcapping", "rope.freq_base_swa", NULL } },
 };
 
 static const struct family *family_of(enum nx_arch a)
@@ -189,14 +198,26 @@ static bool is_neutral(const struct key_rule *r, const struct gguf_value *v, uin
 	}
 }
 
+/* Whether the family reads key `name` (len bytes) of its namespace beyond key_rules' common ones. */
+static bool family_reads(const struct family *fam, const char *name, size_t len)
+{
+	for (const char *const *k = fam->keys; k && *k; k++)
+		if (strlen(*k) == len && !memcmp(*k, name, len))
+			return true;
+	return false;
+}
+
 /* Every key of the {arch}. namespace is one nxd reads, or one holding its
  * neutral value: anything else is refused by name (DESIGN.md "Model families"). */
-static int check_keys(const struct gguf_file *g, const char *arch, uint32_t n_ctx, struct nx_err *err)
+static int check_keys(const struct gguf_file *g, const struct family *fam, uint32_t n_ctx, struct nx_err *err)
 {
+	const char *arch = fam->name;
 	const size_t al = strlen(arch);
 	for (uint64_t i = 0; i < g->n_kv; i++) {
 		const struct gguf_str *k = &g->kv[i].key;
 		if (k->len <= al + 1 || memcmp(k->p, arch, al) || k->p[al] != '.')
+			continue;
+		if (family_reads(fam, k->p + al + 1, (size_t)k->len - al - 1))
 			continue;
 		const struct key_rule *r = key_rule(k->p + al + 1, (size_t)k->len - al - 1);
 		if (r && (!r->why || is_neutral(r, &g->kv[i].val, n_ctx)))
@@ -281,6 +302,58 @@ err:
 	return -1;
 }
 
+/* Gemma's hyper-parameters, as llama.cpp's loader reads them (llama-model.cpp,
+ * LLM_ARCH_GEMMA2 / GEMMA3) for Hugging Face's Gemma2 / Gemma3 models:
+ * - the attention scale 1/sqrt(query_pre_attn_scalar), which the file does not
+ *   hold: head_dim, except for the 27B models (46 gemma2 layers, 62 gemma3),
+ *   whose scalar is dim / n_head (gemma_pytorch's config);
+ * - attention.sliding_window: gemma2's defaults to 4096 (every other layer,
+ *   from the first); gemma3's absent or 0 means no sliding layers, else five
+ *   of every six, rotating with base 10000 (or rope.freq_base_swa) unscaled;
+ * - gemma2's soft-caps default to 50 (attention) and 30 (logits), HF's and
+ *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it. */
+static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const struct family *fam, struct nx_err *err)
+{
+	const char *arch = fam->name;
+	const bool g2 = fam->arch == NX_ARCH_GEMMA2;
+	uint32_t window = g2 ? 4096 : 0;
+	float attn_cap = g2 ? 50 : 0, final_cap = g2 ? 30 : 0, base_swa = 10000.0f;
+	if (arch_u32(g, arch, "attention.sliding_window", &window, false, err) ||
+	    (g2 && arch_f32(g, arch, "attn_logit_softcapping", &attn_cap, false, err)) ||
+	    arch_f32(g, arch, "final_logit_softcapping", &final_cap, false, err) ||
+	    (!g2 && arch_f32(g, arch, "rope.freq_base_swa", &base_swa, false, err)))
+		return -1;
+	if (hp->rope_scaling == NX_ROPE_YARN)
+		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
+			       arch, arch);
+	if (g2 && window == 0)
+		return nx_errf(err, "model: key '%s.attention.sliding_window' = 0: expected a window of at least 1 "
+			       "position", arch);
+	if (window > INT32_MAX)
+		window = INT32_MAX;
+	if (!(attn_cap >= 0 && isfinite(attn_cap)) || (g2 && attn_cap == 0))
+		return nx_errf(err, "model: key '%s.attn_logit_softcapping' = %g: expected a positive cap", arch, attn_cap);
+	char key[128];
+	snprintf(key, sizeof(key), "%s.final_logit_softcapping", arch);
+	if (!(final_cap >= 0 && isfinite(final_cap)) || (final_cap == 0 && gguf_get(g, key)))
+		return nx_errf(err, "model: key '%s.final_logit_softcapping' = %g: expected a positive cap", arch,
+			       final_cap);
+	if (!(base_swa > 1 && isfinite(base_swa)))
+		return nx_errf(err, "model: key '%s.rope.freq_base_swa' = %g: expected > 1", arch, base_swa);
+	hp->gelu = true;
+	hp->post_norms = true;
+	hp->embd_scale = (float)sqrt((double)hp->dim);
+	const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
+	const int scalar = is_27b ? hp->dim / hp->n_head : hp->head_dim;
+	hp->attn_scale = 1.0f / sqrtf((float)scalar);
+	hp->attn_softcap = attn_cap;
+	hp->final_softcap = final_cap;
+	hp->swa_window = (int)window;
+	hp->swa_pattern = fam->swa_pattern;
+	hp->rope_base_swa = window > 0 && !g2 ? base_swa : 0;
+	return 0;
+}
+
 /* Upper bound on any single dimension: keeps products of a few of them far
  * from overflowing int64 / size_t and rejects absurd headers early. */
 #define NX_MAX_DIM (1 << 24)
@@ -295,7 +368,7 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 		if (!strcmp(arch, families[i].name))
 			fam = &families[i];
 	if (!fam) {
-		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3)", arch);
+		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, gemma2, gemma3)", arch);
 		free(arch);
 		return -1;
 	}
@@ -306,7 +379,7 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	    arch_u32(g, arch, "embedding_length", &dim, true, err) ||
 	    arch_u32(g, arch, "feed_forward_length", &n_ff, true, err) ||
 	    arch_u32(g, arch, "attention.head_count", &n_head, true, err) ||
-	    arch_u32(g, arch, "context_length", &n_ctx, true, err) || check_keys(g, arch, n_ctx, err))
+	    arch_u32(g, arch, "context_length", &n_ctx, true, err) || check_keys(g, fam, n_ctx, err))
 		goto err;
 	uint32_t n_head_kv = n_head;
 	if (arch_u32(g, arch, "attention.head_count_kv", &n_head_kv, false, err))
@@ -383,7 +456,7 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->norm_eps = eps;
 	hp->rope_neox = fam->neox;
 	hp->qk_norm = fam->qk_norm;
-	if (read_rope_scaling(hp, g, arch, err))
+	if (read_rope_scaling(hp, g, arch, err) || (fam->gemma && read_gemma(hp, g, fam, err)))
 		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
@@ -519,6 +592,11 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 		    bind_vec(&L->k_norm, g, NAME("attn_k_norm.weight"), hp->head_dim, err))
 			return -1;
 	}
+	if (hp->post_norms) { /* gguf-py's ATTN_POST_NORM, FFN_POST_NORM */
+		if (bind_vec(&L->attn_post_norm, g, NAME("post_attention_norm.weight"), dim, err) ||
+		    bind_vec(&L->ffn_post_norm, g, NAME("post_ffw_norm.weight"), dim, err))
+			return -1;
+	}
 #undef NAME
 	return 0;
 }
@@ -554,7 +632,7 @@ static bool is_bound(const struct nx_model *m, const void *p)
 		const struct nx_layer *L = &m->layers[il];
 		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
 					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
-					     L->w_up.data, L->w_down.data };
+					     L->w_up.data, L->w_down.data, L->attn_post_norm, L->ffn_post_norm };
 		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
 			if (p == ptrs[i])
 				return true;

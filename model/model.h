@@ -1,4 +1,4 @@
-/* model.h - a llama / qwen2 / qwen3 model bound to the tensors of a parsed GGUF file.
+/* model.h - a llama / qwen2 / qwen3 / gemma2 / gemma3 model bound to the tensors of a parsed GGUF file.
  *
  * nx_model is plain data (no heap pointers of its own), so the daemon can copy
  * it into shared memory and swap one weight between steps (LoRA fold). */
@@ -14,9 +14,9 @@
 
 #define NX_MAX_LAYERS 128
 
-enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3 };
+enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3, NX_ARCH_GEMMA2, NX_ARCH_GEMMA3 };
 
-/* general.architecture's name of a family ("llama", "qwen2", "qwen3"). */
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "gemma2", "gemma3"). */
 const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
@@ -47,8 +47,29 @@ struct nx_hparams {
 	float norm_eps;
 	/* What the family does besides llama's (model.c: families): */
 	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3) instead of (2i, 2i+1) (llama) */
-	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3) */
+	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3, gemma3) */
+	/* Gemma's block (gemma2, gemma3); all zero / false for the others: */
+	bool gelu;          /* the FFN gate through GELU (tanh approximation), not SiLU: GeGLU */
+	bool post_norms;    /* RMSNorm of the attention and FFN outputs before each residual add
+			     * (attn_post_norm, ffn_post_norm) */
+	float embd_scale;   /* 0: none; else every embedding row times it (sqrt(dim)) */
+	float attn_scale;   /* 0: 1/sqrt(head_dim); else the scores' scale (1/sqrt(query_pre_attn_scalar)) */
+	float attn_softcap; /* 0: none; else each score s becomes cap * tanh(s / cap), before the mask */
+	float final_softcap;/* 0: none; else each logit likewise */
+	/* Sliding-window layers: a token of such a layer attends to the last swa_window
+	 * positions only (its own included). Layer il is one iff swa_window > 0 and
+	 * il % swa_pattern < swa_pattern - 1 (nx_layer_swa); they rotate with
+	 * base rope_base_swa, unscaled (gemma3), or as the other layers when it is 0. */
+	int swa_window;
+	int swa_pattern;
+	float rope_base_swa;
 };
+
+/* Whether layer il attends through a sliding window (struct nx_hparams). */
+static inline bool nx_layer_swa(const struct nx_hparams *hp, int il)
+{
+	return hp->swa_window > 0 && il % hp->swa_pattern < hp->swa_pattern - 1;
+}
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
  * starts at data + r * row_bytes. */
@@ -72,10 +93,12 @@ struct nx_layer {
 	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL otherwise */
 	const float *q_norm, *k_norm; /* (head_dim) qwen3's per-head RMSNorm weights; NULL otherwise */
 	struct nx_wt wo;            /* (dim, n_head*head_dim) */
+	const float *attn_post_norm; /* (dim) post_norms: of Wo's output before the residual add; NULL otherwise */
 	const float *ffn_norm;      /* (dim) */
 	struct nx_wt w_gate;        /* (n_ff, dim) */
 	struct nx_wt w_up;          /* (n_ff, dim) */
 	struct nx_wt w_down;        /* (dim, n_ff) */
+	const float *ffn_post_norm; /* (dim) post_norms: of Wdown's output before the residual add; NULL otherwise */
 };
 
 struct nx_model {
