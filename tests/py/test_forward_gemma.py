@@ -20,7 +20,7 @@ import gguf
 
 import make_tiny
 from reference import GemmaReference, hf_rope
-from test_forward import (EMULATED, FAMILY, LONG_LENS, ORDER, SEQ_LENS, TOL, long_plans, packed_matrices, plans,
+from test_forward import (EMULATED, EMULATED_ONE, FAMILY, TOL_ONE, LONG_LENS, ORDER, SEQ_LENS, TOL, long_plans, packed_matrices, plans,
                           run_eval, eval_error)
 
 
@@ -139,6 +139,9 @@ VARIANTS["gemma3-q8_0-linear"] = (gemma3_config(rope_scaling={"rope_type": "line
                                   dict(wtype="Q8_0", seed=343, n_layer=7))
 VARIANTS["gemma3-q8_0-finalcap"] = (gemma3_config(final_logit_softcapping=4.0), dict(wtype="Q8_0", seed=344,
                                                                                       n_layer=7))
+# Without sliding_window (sliding_window_pattern 1: the converter writes none) every layer is global.
+VARIANTS["gemma3-q8_0-nowindow"] = (gemma3_config(sliding_window=None, sliding_window_pattern=1),
+                                    dict(wtype="Q8_0", seed=347, n_layer=7))
 # The 27B models' query_pre_attn_scalar is dim / n_head, not head_dim: llama.cpp (and nxd) tell them by
 # their layer count, 46 (gemma2) and 62 (gemma3).
 VARIANTS["gemma2-27b-scalar"] = (gemma2_config(query_pre_attn_scalar=128 // 4),
@@ -207,6 +210,36 @@ def test_logits_match_reference(tiny, name, report):
     assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
     assert name in MANY_LAYERS or frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
                                        f"within {emu_close:.1e}"
+
+
+@pytest.mark.parametrize("name", ["gemma2-q8_0", "gemma3-q4_k", "gemma3-mixed"])
+def test_fast_activations_match_one_part_reference(tiny, name, report):
+    """--activations fast, held as test_forward holds the other families: to the reference rounding each
+    matmul input to one part."""
+    model, hf = tiny[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    ref = GemmaReference(model, hf)
+    seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
+    fast = ("--activations", "fast")
+    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
+            for th in (1, 2)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    emu = GemmaReference(model, hf, emulate=True, packed=packed_matrices(ref), one_part=True)
+    close, errs = [], []
+    for toks, got in zip(seqs.values(), split(base, seqs)):
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+    close, err = np.concatenate(close), np.concatenate(errs)
+    emu_close, emu_min_frac = EMULATED_ONE
+    frac_close = np.mean(close <= emu_close)
+    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} one-part emulated: "
+           f"{frac_close:.2f} within {emu_close:.1e}")
+    assert frac_close >= emu_min_frac
+    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
 
 
 # Each Gemma feature, taken out of the reference (what nxd computing without it would be graded
