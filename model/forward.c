@@ -70,19 +70,20 @@ static int attn_spans(int n_pos)
 	return (n_pos + NX_ATTN_SPAN - 1) / NX_ATTN_SPAN;
 }
 
-/* The first position a token at pos attends to: pos - n_swa + 1 within a
- * sliding window (hp->n_swa), else 0. */
-static int attn_first(const struct nx_hparams *hp, int pos)
+/* Positions a token at pos attends to in a layer of window `window`
+ * (nx_layer_window): the last `window` of 0..pos (its own among them), as
+ * Hugging Face's sliding mask (kv > q - W) and llama.cpp's is_masked_swa have
+ * it, or all of them when window is 0. */
+static int attn_len(int window, int pos)
 {
-	return hp->n_swa && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0;
+	return window && pos + 1 > window ? window : pos + 1;
 }
 
-/* The spans of positions a token at pos attends over: those of [attn_first,
- * pos], on the same fixed boundaries (multiples of NX_ATTN_SPAN) for every
- * token, so a window changes which spans, never how a span is cut. */
-static int tok_spans(const struct nx_hparams *hp, int pos)
+/* The spans of a token's attn_len positions, cut from the first of them: a
+ * window of at most NX_ATTN_SPAN is one span, the path without a merge. */
+static int tok_spans(int window, int pos)
 {
-	return pos / NX_ATTN_SPAN - attn_first(hp, pos) / NX_ATTN_SPAN + 1;
+	return attn_spans(attn_len(window, pos));
 }
 
 /* Walks the state layout once for both sizing and carving: mem NULL sizes it. */
@@ -100,6 +101,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	if (!add_buf(&total, B * dim, sizeof(float)) || !add_buf(&total, B * q_dim, sizeof(float)) ||
 	    !add_buf(&total, B * kv_dim, sizeof(float)) || !add_buf(&total, B * kv_dim, sizeof(float)) ||
 	    !add_buf(&total, B * q_dim, sizeof(float)) || !add_buf(&total, B * n_ff, sizeof(float)) ||
+	    !add_buf(&total, hp->post_norms ? B * dim : 0, sizeof(float)) ||
 	    !add_buf(&total, cache, sizeof(nx_f16)) || !add_buf(&total, cache, sizeof(nx_f16)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
@@ -114,6 +116,7 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->v = take(&p, B * kv_dim, sizeof(float));
 		s->att_out = take(&p, B * q_dim, sizeof(float));
 		s->hb = take(&p, B * n_ff, sizeof(float));
+		s->y = take(&p, hp->post_norms ? B * dim : 0, sizeof(float));
 		s->k_cache = take(&p, cache, sizeof(nx_f16));
 		s->v_cache = take(&p, cache, sizeof(nx_f16));
 		s->logits = take(&p, (size_t)c->max_logits * n_vocab, sizeof(float));
@@ -208,7 +211,9 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
 	    !add_buf(&total, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float)) ||
 	    !add_buf(&total, B * (size_t)hp->n_head * hp->head_dim, sizeof(float)) ||
-	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) || !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
+	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) ||
+	    !add_buf(&total, hp->rope_base_swa ? B * hp->rope_dim : 0, sizeof(float)) ||
+	    !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
 	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
 		return 0;
 	if (mem) {
@@ -223,6 +228,7 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->att = take(&p, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float));
 		sc->att_in = take(&p, B * (size_t)hp->n_head * hp->head_dim, sizeof(float));
 		sc->rope = take(&p, B * hp->rope_dim, sizeof(float));
+		sc->rope_swa = take(&p, hp->rope_base_swa ? B * hp->rope_dim : 0, sizeof(float));
 		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
 		sc->lora_y = take(&p, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float));
 	}
@@ -483,7 +489,14 @@ enum mm_op {
 	MM_STORE = NX_PACK_STORE,   /* y = W a (+ bias) */
 	MM_ADD = NX_PACK_ADD,       /* y += W a        (residual) */
 	MM_SWIGLU = NX_PACK_SWIGLU, /* y = silu(y) * (W a), y holding the gate */
+	MM_GEGLU = NX_PACK_SWIGLU + 1, /* y = gelu(y) * (W a), y holding the gate (forward.c's own epilogue) */
 };
+
+/* GELU, the tanh approximation (HF's gelu_pytorch_tanh, ggml's gelu): Gemma's FFN gate. */
+static inline float gelu_tanh(float x)
+{
+	return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
 
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
@@ -523,7 +536,12 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 			yt[t] = y + (size_t)(toks ? toks[t0 + t].logits_row : t0 + t) * ldy + r0;
 		for (int r = r0; r < r1; r += NX_PACK_ROWS) {
 			kern((const uint8_t *)w->packed + (size_t)(r / NX_PACK_ROWS) * gbytes, &pa, cnt, out, w->n_in);
-			epi((enum nx_pack_op)op, yt, out, bias ? bias + r : NULL, cnt);
+			if (op == MM_GEGLU)
+				for (int t = 0; t < cnt; t++)
+					for (int k = 0; k < NX_PACK_ROWS; k++)
+						yt[t][k] = gelu_tanh(yt[t][k]) * out[t * NX_PACK_ROWS + k];
+			else
+				epi((enum nx_pack_op)op, yt, out, bias ? bias + r : NULL, cnt);
 			for (int t = 0; t < cnt; t++)
 				yt[t] += NX_PACK_ROWS;
 		}
@@ -562,6 +580,9 @@ static void matmul(const struct nx_wt *w, struct act a, int n, int r0, int r1, f
 					break;
 				case MM_SWIGLU:
 					*yr = *yr / (1.0f + expf(-*yr)) * d;
+					break;
+				case MM_GEGLU:
+					*yr = gelu_tanh(*yr) * d;
 					break;
 				}
 			}
@@ -814,7 +835,7 @@ static void lora_add(const struct nx_state *s, struct nx_scratch *sc, const stru
  * so its result does not depend on the batch around it. */
 static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const struct nx_tok_in *toks, int n, int il,
 			const struct nx_wt *w, struct act a, const float *xn, int dim, float *hb, int n_ff, int r0,
-			int r1, const float *ax_up)
+			int r1, const float *ax_up, bool gelu)
 {
 	const nx_pack_epi_fn epi = nx_pack_epilogue();
 	int t = 0;
@@ -825,7 +846,7 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 			while (t1 < n && !tok_rank(s, &toks[t1], il, NX_LORA_UP))
 				t1++;
 			struct act at = act_from(a, t, w->n_in);
-			matmul(w, at, t1 - t, r0, r1, hb + (size_t)t * n_ff, (size_t)n_ff, NULL, MM_SWIGLU);
+			matmul(w, at, t1 - t, r0, r1, hb + (size_t)t * n_ff, (size_t)n_ff, NULL, gelu ? MM_GEGLU : MM_SWIGLU);
 			t = t1;
 			continue;
 		}
@@ -862,8 +883,12 @@ static void lora_swiglu(const struct nx_state *s, struct nx_scratch *sc, const s
 							0, c1 - c0);
 					u += lt->rank;
 				}
-				/* h = silu(h) * (W_up + deltas), 16 rows at a time as the fused matmul does it */
+				/* h = silu(h) * (W_up + deltas), 16 rows at a time as the fused matmul does it;
+				 * gelu(h) * (...) as matmul does it, one row at a time */
 				int r = c0;
+				if (gelu)
+					for (float *h = hb + (size_t)i * n_ff; r < c1; r++)
+						h[r] = gelu_tanh(h[r]) * yi[r - c0];
 				for (float *h; r + NX_PACK_ROWS <= c1; r += NX_PACK_ROWS) {
 					h = hb + (size_t)i * n_ff + r;
 					epi(NX_PACK_SWIGLU, &h, yi + (r - c0), NULL, 1);
@@ -942,8 +967,12 @@ struct pass {
 	/* Attention's units: (token, span of positions, kv head, chunk of its query heads). */
 	bool attn_fast;      /* nx_attend_f16 */
 	int ns_max;          /* spans per (token, head) that att_part / att_ms hold */
-	bool multi_span;     /* some token has more than one span */
-	int n_chunk, n_units;
+	float attn_scale;    /* the scores' scale (hp->attn_scale, else 1/sqrt(head_dim)) */
+	/* per kind of layer (nx_layer_window): [0] global, [1] sliding (hp->swa_window) */
+	struct attn_plan {
+		bool multi_span; /* some token has more than one span */
+		int n_chunk, n_units;
+	} plan[2];
 };
 
 static struct pass pass_begin(const struct nx_model *m, struct nx_state *s, const struct nx_tok_in *toks, int n,
@@ -955,12 +984,19 @@ static struct pass pass_begin(const struct nx_model *m, struct nx_state *s, cons
 			    .lora = deltas_plan(s, sc, toks, n, band, n_bands),
 			    .attn_fast = nx_attn_fast(hp->head_dim), .ns_max = attn_spans(s->cfg.n_ctx)};
 	pass.dyn = !pass.lora.on || pass.lora.once;
-	int n_span_all = 0; /* spans of all tokens */
-	for (int t = 0; t < n; t++)
-		n_span_all += tok_spans(hp, toks[t].pos);
-	pass.multi_span = n_span_all > n;
-	pass.n_chunk = attn_chunks(hp, n_span_all, n_bands);
-	pass.n_units = n_span_all * hp->n_head_kv * pass.n_chunk;
+	pass.attn_scale = hp->attn_scale ? hp->attn_scale : 1.0f / sqrtf((float)hp->head_dim);
+	/* the soft-cap is in the scalar attend only */
+	pass.attn_fast = pass.attn_fast && !hp->attn_softcap;
+	for (int k = 0; k < 2; k++) {
+		const int window = k ? hp->swa_window : 0;
+		int n_span_all = 0; /* spans of all tokens */
+		for (int t = 0; t < n; t++)
+			n_span_all += tok_spans(window, toks[t].pos);
+		struct attn_plan *pl = &pass.plan[k];
+		pl->multi_span = n_span_all > n;
+		pl->n_chunk = attn_chunks(hp, n_span_all, n_bands);
+		pl->n_units = n_span_all * hp->n_head_kv * pl->n_chunk;
+	}
 	return pass;
 }
 
@@ -1027,13 +1063,13 @@ static void norm_rows(struct pass *pass, const float *w, bool only_logits)
 
 /* ---------------------------------------------------------------- the pass */
 
-/* Attention of one (token, head): softmax(q . k_j / sqrt(hd)) over j <= pos, times v
- * (key and value j at kc + j * ld, vc + j * ld); ms: NULL or the largest score
+/* Attention of one (token, head): softmax(scale * q . k_j) over j <= pos, times v
+ * (key and value j at kc + j * ld, vc + j * ld), each score s soft-capped to
+ * cap * tanh(s / cap) when cap > 0 (gemma2); ms: NULL or the largest score
  * and the sum of e^(score - largest), as nx_attend_f16 gives them. */
 static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int pos, size_t ld, int hd,
-		   float *att, float *ms)
+		   float scale, float cap, float *att, float *ms)
 {
-	const float scale = 1.0f / sqrtf((float)hd);
 	float mx = -INFINITY;
 	for (int j = 0; j <= pos; j++) {
 		const nx_f16 *k = kc + (size_t)j * ld;
@@ -1041,6 +1077,8 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 		for (int i = 0; i < hd; i++)
 			d += q[i] * f16_to_f32(k[i]);
 		att[j] = d * scale;
+		if (cap > 0)
+			att[j] = cap * tanhf(att[j] / cap);
 		if (att[j] > mx)
 			mx = att[j];
 	}
@@ -1098,9 +1136,21 @@ static void embed(struct pass *pass)
 	const struct nx_type_traits *emb = nx_type_get(e->type);
 	int lo, hi;
 	band_range(pass->n, 1, pass->band, pass->n_bands, &lo, &hi);
-	for (int t = lo; t < hi; t++)
-		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
-			     pass->s->x + (size_t)t * hp->dim, hp->dim);
+	for (int t = lo; t < hi; t++) {
+		float *x = pass->s->x + (size_t)t * hp->dim;
+		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes, x, hp->dim);
+		for (int i = 0; hp->embd_scale && i < hp->dim; i++)
+			x[i] *= hp->embd_scale;
+	}
+	for (int i = 0; hp->rope_base_swa && i < hp->rope_dim / 2; i++) { /* sliding layers' own, unscaled */
+		const double f = pow(hp->rope_base_swa, -2.0 * i / hp->rope_dim);
+		for (int t = 0; t < pass->n; t++) {
+			float *cs = pass->sc->rope_swa + (size_t)t * hp->rope_dim;
+			const double th = pass->toks[t].pos * f;
+			cs[2 * i] = (float)cos(th);
+			cs[2 * i + 1] = (float)sin(th);
+		}
+	}
 	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale
 			  : pass->m->rope_long ? hp->rope_attn_factor : 1.0;
 	const float *div = nx_model_rope_factors(pass->m, pass->s->cfg.n_ctx);
@@ -1127,6 +1177,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	const int n = pass->n, dim = hp->dim, q_dim = s->q_dim, kv_dim = s->kv_dim, hd = hp->head_dim;
 	const int n_ctx = s->cfg.n_ctx;
 	const bool ropes = nx_layer_ropes(hp, il);
+	const float *rope = hp->rope_base_swa && nx_layer_window(hp, il) ? sc->rope_swa : sc->rope;
 	norm_rows(pass, L->attn_norm, false);
 	capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, pass->band);
 	sc->xq_src = NULL;
@@ -1141,7 +1192,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		prof_to(sc, NX_PROF_OTHER);
 		head_norm_rows(s->q, q_dim, n, lo, hi, L->q_norm, hp);
 		if (ropes)
-			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
+			rope_rows(s->q, q_dim, n, lo, hi, rope, hp);
 		prof_to(sc, NX_PROF_MATMUL);
 	}
 	if (!pass->lora.split)
@@ -1159,7 +1210,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		prof_to(sc, NX_PROF_OTHER);
 		head_norm_rows(s->k, kv_dim, n, lo, hi, L->k_norm, hp);
 		if (ropes)
-			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
+			rope_rows(s->k, kv_dim, n, lo, hi, rope, hp);
 		for (int t = 0; t < n; t++)
 			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
 				const int kh = c / hd;
@@ -1174,9 +1225,9 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	}
 }
 
-/* [B] attention over positions attn_first..pos of the token's slot (0..pos
- * without a sliding window), per (token, kv head,
- * chunk of that kv head's query heads, span of positions): a chunk's heads share
+/* [B] attention over the last attn_len positions of the token's slot (all of
+ * 0..pos in a global layer), per (token, kv head, chunk of that kv head's
+ * query heads, span of positions): a chunk's heads share
  * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
  * more, each span's output and (max, sum) to att_part / att_ms, merged in [C]. */
 static void attention(struct pass *pass, int il)
@@ -1185,25 +1236,25 @@ static void attention(struct pass *pass, int il)
 	const struct nx_state *s = pass->s;
 	const struct nx_tok_in *toks = pass->toks;
 	const int q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head, group = hp->n_head / hp->n_head_kv;
-	const int n_ctx = s->cfg.n_ctx, n_chunk = pass->n_chunk, ns_max = pass->ns_max;
+	const int window = nx_layer_window(hp, il);
+	const struct attn_plan *plan = &pass->plan[window != 0];
+	const int n_ctx = s->cfg.n_ctx, n_chunk = plan->n_chunk, ns_max = pass->ns_max;
 	const nx_f16 *kc = layer_cache(s->k_cache, s, il), *vc = layer_cache(s->v_cache, s, il);
 	const size_t stride = slot_stride(s);
 	const int per_span = hp->n_head_kv * n_chunk;
 	int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
 	int lo, hi;
-	for (struct split sp = op_rows(pass, 0, pass->n_units, 1); split_next(&sp, &lo, &hi);)
+	for (struct split sp = op_rows(pass, 0, plan->n_units, 1); split_next(&sp, &lo, &hi);)
 		for (int u = lo; u < hi; u++) {
 			if (u < t_base) /* a range behind the last one (taken from another band's end) */
 				t = t_base = 0;
-			while (u >= t_base + per_span * tok_spans(hp, toks[t].pos))
-				t_base += per_span * tok_spans(hp, toks[t++].pos);
-			const int ns = tok_spans(hp, toks[t].pos), r = u - t_base, sn = r % ns;
+			while (u >= t_base + per_span * tok_spans(window, toks[t].pos))
+				t_base += per_span * tok_spans(window, toks[t++].pos);
+			const int len = attn_len(window, toks[t].pos), first = toks[t].pos + 1 - len;
+			const int ns = attn_spans(len), r = u - t_base, sn = r % ns;
 			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
-			/* span sn of the token's: the sn-th from the one holding its first position */
-			const int first = attn_first(hp, toks[t].pos), a = first / NX_ATTN_SPAN + sn;
-			const int p0 = a * NX_ATTN_SPAN > first ? a * NX_ATTN_SPAN : first;
-			const int np = (sn + 1 < ns ? (a + 1) * NX_ATTN_SPAN : toks[t].pos + 1) - p0;
+			const int p0 = first + sn * NX_ATTN_SPAN, np = sn + 1 < ns ? NX_ATTN_SPAN : len - sn * NX_ATTN_SPAN;
 			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * hd;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
@@ -1213,12 +1264,13 @@ static void attention(struct pass *pass, int il)
 				ms = s->att_ms + at * 2;
 			}
 			if (pass->attn_fast)
-				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, np, (size_t)hd, hd,
-					      1.0f / sqrtf((float)hd), pass->sc->att, ms);
+				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, np, (size_t)hd, hd, pass->attn_scale,
+					      pass->sc->att, ms);
 			else
 				for (int h = 0; h < h1 - h0; h++)
 					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, np - 1,
-					       (size_t)hd, hd, pass->sc->att, ms ? ms + 2 * h : NULL);
+					       (size_t)hd, hd, pass->attn_scale, hp->attn_softcap, pass->sc->att,
+					       ms ? ms + 2 * h : NULL);
 		}
 }
 
@@ -1231,10 +1283,11 @@ static void attn_out(struct pass *pass, const struct nx_layer *L, int il)
 	struct nx_scratch *sc = pass->sc;
 	const int n = pass->n, dim = hp->dim, q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head;
 	const float *att = s->att_out;
-	if (pass->multi_span) {
+	const int window = nx_layer_window(hp, il);
+	if (pass->plan[window != 0].multi_span) {
 		for (int i = 0; i < n; i++) {
 			float *dst = sc->att_in + (size_t)i * q_dim;
-			const int ns = tok_spans(hp, pass->toks[i].pos);
+			const int ns = tok_spans(window, pass->toks[i].pos);
 			if (ns == 1)
 				memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
 			else
@@ -1247,10 +1300,12 @@ static void attn_out(struct pass *pass, const struct nx_layer *L, int il)
 	sc->xq_src = NULL;
 	delta_ax(pass, il, LORA_BIT(NX_LORA_O), att, q_dim);
 	int lo, hi;
+	/* with a post-norm, Wo att goes to y first (post_norm_add) */
+	float *const y = L->attn_post_norm ? s->y : s->x;
 	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
-		matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, pass->toks, false), n, lo, hi, s->x, dim, NULL,
-		       MM_ADD);
-		delta_add(pass, il, NX_LORA_O, att, q_dim, s->x, dim, lo, hi);
+		matmul(&L->wo, prep_act(sc, att, n, q_dim, &L->wo, pass->toks, false), n, lo, hi, y, dim, NULL,
+		       L->attn_post_norm ? MM_STORE : MM_ADD);
+		delta_add(pass, il, NX_LORA_O, att, q_dim, y, dim, lo, hi);
 	}
 }
 
@@ -1274,9 +1329,9 @@ static void ffn_gate_up(struct pass *pass, const struct nx_layer *L, int il)
 		const struct act up = prep_act(sc, sc->xn, n, dim, &L->w_up, toks, false);
 		if (pass->lora.on) /* up's delta must land before the product */
 			lora_swiglu(s, sc, toks, n, il, &L->w_up, up, sc->xn, dim, s->hb, n_ff, lo, hi,
-				    pass->lora.ax[NX_LORA_UP]);
+				    pass->lora.ax[NX_LORA_UP], hp->gelu);
 		else
-			matmul(&L->w_up, up, n, lo, hi, s->hb, n_ff, NULL, MM_SWIGLU);
+			matmul(&L->w_up, up, n, lo, hi, s->hb, n_ff, NULL, hp->gelu ? MM_GEGLU : MM_SWIGLU);
 	}
 }
 
@@ -1290,10 +1345,26 @@ static void ffn_down(struct pass *pass, const struct nx_layer *L, int il)
 	sc->xq_src = NULL;
 	delta_ax(pass, il, LORA_BIT(NX_LORA_DOWN), s->hb, n_ff);
 	int lo, hi;
+	float *const y = L->ffn_post_norm ? s->y : s->x; /* as in attn_out */
 	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
-		matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, pass->toks, false), n, lo, hi, s->x, dim,
-		       NULL, MM_ADD);
-		delta_add(pass, il, NX_LORA_DOWN, s->hb, n_ff, s->x, dim, lo, hi);
+		matmul(&L->w_down, prep_act(sc, s->hb, n, n_ff, &L->w_down, pass->toks, false), n, lo, hi, y, dim,
+		       NULL, L->ffn_post_norm ? MM_STORE : MM_ADD);
+		delta_add(pass, il, NX_LORA_DOWN, s->hb, n_ff, y, dim, lo, hi);
+	}
+}
+
+/* [C'], [E'] (post_norms) x += rmsnorm(y) * w, one band per token: y is Wo's or
+ * Wdown's output, whole rows only after the barrier that ends the matmul. */
+static void post_norm_add(struct pass *pass, const float *w)
+{
+	const int dim = pass->hp->dim;
+	int lo, hi;
+	band_range(pass->n, 1, pass->band, pass->n_bands, &lo, &hi);
+	for (int t = lo; t < hi; t++) {
+		float *y = pass->s->y + (size_t)t * dim, *x = pass->s->x + (size_t)t * dim;
+		nx_rmsnorm(y, y, w, dim, pass->hp->norm_eps);
+		for (int i = 0; i < dim; i++)
+			x[i] += y[i];
 	}
 }
 
@@ -1314,6 +1385,13 @@ static void logits(struct pass *pass)
 		const struct nx_wt *out = &pass->m->output;
 		matmul_logits(out, prep_act(sc, sc->xn, n, hp->dim, out, toks, true), toks, n, lo, hi, s->logits,
 			      hp->n_vocab);
+		const float cap = hp->final_softcap;
+		for (int t = 0; cap > 0 && t < n; t++) /* gemma2's soft-cap: cap * tanh(logit / cap) */
+			if (toks[t].logits_row >= 0) {
+				float *row = s->logits + (size_t)toks[t].logits_row * hp->n_vocab;
+				for (int r = lo; r < hi; r++)
+					row[r] = cap * tanhf(row[r] / cap);
+			}
 		for (int t = 0; t < n; t++) /* while the rows are in this core's cache */
 			if (toks[t].logits_row >= 0)
 				nx_sample_group_max(s->logits + (size_t)toks[t].logits_row * hp->n_vocab + lo, hi - lo,
@@ -1340,10 +1418,18 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 		band_sync(sync, sc, NX_PROF_QUANT);
 		attn_out(&pass, L, il);
 		band_sync(sync, sc, NX_PROF_QUANT);
+		if (L->attn_post_norm) {
+			post_norm_add(&pass, L->attn_post_norm);
+			band_sync(sync, sc, NX_PROF_QUANT);
+		}
 		ffn_gate_up(&pass, L, il);
 		band_sync(sync, sc, NX_PROF_QUANT);
 		ffn_down(&pass, L, il);
 		band_sync(sync, sc, NX_PROF_QUANT);
+		if (L->ffn_post_norm) {
+			post_norm_add(&pass, L->ffn_post_norm);
+			band_sync(sync, sc, NX_PROF_QUANT);
+		}
 	}
 	logits(&pass);
 	band_sync(sync, sc, NX_PROF_OTHER);

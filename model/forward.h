@@ -96,7 +96,8 @@ struct nx_state {
 	float *k;       /* (max_batch, kv_dim) keys before RoPE (they reach k_cache rotated, as f16) */
 	float *v;       /* (max_batch, kv_dim) values (copied to v_cache as f16 by the band that made them) */
 	float *att_out; /* (max_batch, q_dim) attention output */
-	float *hb;      /* (max_batch, n_ff) SwiGLU output */
+	float *hb;      /* (max_batch, n_ff) SwiGLU (GeGLU) output */
+	float *y;       /* (max_batch, dim) with post_norms: Wo's or Wdown's output before its norm; else none */
 	/* (n_slots, n_layer, n_head_kv, n_ctx, head_dim): each kv head's keys in
 	 * one run, which attention reads front to back (not every third 128-byte
 	 * piece of a position's row, as with (n_ctx, kv_dim) per layer) */
@@ -143,6 +144,7 @@ struct nx_scratch {
 	float *att_in;  /* (max_batch, n_head * head_dim) the step's attention output with its
 			 * tokens' spans merged: Wo's input when a token has more than one span */
 	float *rope;    /* (max_batch, rope_dim/2, 2) cos, sin of each token's rotation angles */
+	float *rope_swa;/* the same for sliding-window layers with their own base (rope_base_swa); else none */
 	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta (forward.c lora_runs' layout):
 			 * the step's for two matrices, one per half, or a few tokens' for one */
 	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */

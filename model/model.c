@@ -1,4 +1,4 @@
-/* model.c - binds a llama / qwen2 / qwen3 / phi3 / smollm3 model to the tensors of a parsed GGUF file, checking every key, shape and type. */
+/* model.c - binds a model of a family below to the tensors of a parsed GGUF file, checking every key, shape and type. */
 #include "model/model.h"
 
 #include <math.h>
@@ -20,22 +20,40 @@ static const struct family {
 	bool fused_qkv;   /* attn_qkv.weight: Q's rows, then K's, then V's (no attn_q / attn_k / attn_v) */
 	bool fused_gate_up; /* ffn_up.weight holds gate's rows, then up's (no ffn_gate) */
 	bool long_rope;   /* rope_factors_long.weight / rope_factors_short.weight may divide the frequencies */
-	bool swa;         /* attention.sliding_window is read: the window attention keeps (0: none) */
 	int nope_every;   /* every nope_every-th layer has no RoPE; 0: none */
-	/* keys of the namespace this family reads beyond key_rules' (NULL-terminated) */
+	/* Sliding-window attention (read_window): attention.sliding_window is
+	 * read, the window of the layers that slide: every layer but each
+	 * swa_global_every-th (0: every layer); swa_default is the window when
+	 * the key is absent (0: none), or -1 when the file must say it */
+	bool swa;
+	int swa_global_every;
+	int swa_default;
+	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU,
+	 * post_attention_norm and post_ffw_norm, the soft-caps */
+	bool gemma;
+	/* keys of the namespace this family reads beyond key_rules' and read_window's (NULL-terminated) */
 	const char *const *reads;
 } families[] = {
 	{ "llama", NX_ARCH_LLAMA, .rope_freqs = true },
 	{ "qwen2", NX_ARCH_QWEN2, .neox = true, .qkv_bias = true },
 	{ "qwen3", NX_ARCH_QWEN3, .neox = true, .qk_norm = true },
 	/* Phi-3, Phi-3.5, Phi-4(-mini): Hugging Face's Phi3 (rotate_half RoPE, its
-	 * qkv_proj and gate_up_proj kept fused by llama.cpp's converter) */
+	 * qkv_proj and gate_up_proj kept fused by llama.cpp's converter); one
+	 * window for every layer */
 	{ "phi3", NX_ARCH_PHI3, .neox = true, .fused_qkv = true, .fused_gate_up = true, .long_rope = true, .swa = true,
-	  .reads = (const char *const[]){ "attention.sliding_window", "rope.scaling.attn_factor", NULL } },
+	  .swa_default = -1,
+	  .reads = (const char *const[]){ "rope.scaling.attn_factor", NULL } },
 	/* SmolLM3: llama's block (the converter permutes Q/K as for llama) without
 	 * RoPE in every 4th layer; llama.cpp fixes the 4 (no key), as does
 	 * Hugging Face's default no_rope_layers */
 	{ "smollm3", NX_ARCH_SMOLLM3, .nope_every = 4 },
+	/* Gemma 2: every other layer slides, from the first (HF's default window 4096) */
+	{ "gemma2", NX_ARCH_GEMMA2, .neox = true, .gemma = true, .swa = true, .swa_global_every = 2,
+	  .swa_default = 4096,
+	  .reads = (const char *const[]){ "attn_logit_softcapping", "final_logit_softcapping", NULL } },
+	/* Gemma 3: five layers of every six slide; no key, no sliding layers */
+	{ "gemma3", NX_ARCH_GEMMA3, .neox = true, .qk_norm = true, .gemma = true, .swa = true, .swa_global_every = 6,
+	  .reads = (const char *const[]){ "final_logit_softcapping", "rope.freq_base_swa", NULL } },
 };
 
 static const struct family *family_of(enum nx_arch a)
@@ -204,8 +222,12 @@ static bool is_neutral(const struct key_rule *r, const struct gguf_value *v, uin
 	}
 }
 
+/* Whether the family reads key `name` (len bytes) of its namespace beyond key_rules' common ones. */
 static bool family_reads(const struct family *fam, const char *name, size_t len)
 {
+	static const char window[] = "attention.sliding_window"; /* read_window's */
+	if (fam->swa && len == sizeof(window) - 1 && !memcmp(window, name, len))
+		return true;
 	for (const char *const *k = fam->reads; k && *k; k++)
 		if (strlen(*k) == len && !memcmp(*k, name, len))
 			return true;
@@ -308,23 +330,72 @@ err:
 	return -1;
 }
 
-/* {arch}.attention.sliding_window (phi3): attention keeps the last W
- * positions, the token's own among them (Hugging Face's sliding-window mask,
- * kv > q - W); 0 (what the converter writes for none: Phi-4) is none.
- * Required, as llama.cpp's loader has it. llama.cpp ignores phi3's window;
+/* {arch}.attention.sliding_window (fam->swa): the window of the layers that
+ * slide (nx_layer_window), whose tokens attend to their last W positions, the
+ * token's own among them (Hugging Face's sliding-window mask, kv > q - W);
+ * 0 is none (what the converter writes for phi3 without one: Phi-4; gemma3
+ * without sliding layers). Absent: the family's default, or refused where
+ * llama.cpp's loader requires the key (phi3: files from converters that did
+ * not write it do not say their window; Phi-3-mini-4k's is 2047, which
+ * llama.cpp guesses from the shapes). llama.cpp ignores phi3's window;
  * Hugging Face applies it, and nxd is graded against Hugging Face. */
-static int read_window(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, struct nx_err *err)
+static int read_window(struct nx_hparams *hp, const struct gguf_file *g, const struct family *fam, struct nx_err *err)
 {
-	uint32_t w = 0;
+	const char *arch = fam->name;
 	char key[128];
 	snprintf(key, sizeof(key), "%s.attention.sliding_window", arch);
-	/* files from converters that did not write it do not say their window
-	 * (Phi-3-mini-4k's is 2047: llama.cpp guesses it from the shapes) */
-	if (!gguf_get(g, key))
+	if (fam->swa_default < 0 && !gguf_get(g, key))
 		return nx_errf(err, "model: key '%s' is missing: the file does not say its sliding window; refused", key);
-	if (arch_u32(g, arch, "attention.sliding_window", &w, true, err))
+	uint32_t w = fam->swa_default < 0 ? 0 : (uint32_t)fam->swa_default;
+	if (arch_u32(g, arch, "attention.sliding_window", &w, false, err))
 		return -1;
-	hp->n_swa = w > INT32_MAX ? INT32_MAX : (int)w;
+	hp->swa_window = w > INT32_MAX ? INT32_MAX : (int)w;
+	hp->swa_global_every = fam->swa_global_every;
+	return 0;
+}
+
+/* Gemma's hyper-parameters, as llama.cpp's loader reads them (llama-model.cpp,
+ * LLM_ARCH_GEMMA2 / GEMMA3) for Hugging Face's Gemma2 / Gemma3 models:
+ * - the attention scale 1/sqrt(query_pre_attn_scalar), which the file does not
+ *   hold: head_dim, except for the 27B models (46 gemma2 layers, 62 gemma3),
+ *   whose scalar is dim / n_head (gemma_pytorch's config);
+ * - gemma2's sliding window (read_window) is never 0; gemma3's sliding layers
+ *   rotate with base 10000 (or rope.freq_base_swa) unscaled;
+ * - gemma2's soft-caps default to 50 (attention) and 30 (logits), HF's and
+ *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it. */
+static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const struct family *fam, struct nx_err *err)
+{
+	const char *arch = fam->name;
+	const bool g2 = fam->arch == NX_ARCH_GEMMA2;
+	float attn_cap = g2 ? 50 : 0, final_cap = g2 ? 30 : 0, base_swa = 10000.0f;
+	if ((g2 && arch_f32(g, arch, "attn_logit_softcapping", &attn_cap, false, err)) ||
+	    arch_f32(g, arch, "final_logit_softcapping", &final_cap, false, err) ||
+	    (!g2 && arch_f32(g, arch, "rope.freq_base_swa", &base_swa, false, err)))
+		return -1;
+	if (hp->rope_scaling == NX_ROPE_YARN)
+		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
+			       arch, arch);
+	if (g2 && hp->swa_window == 0)
+		return nx_errf(err, "model: key '%s.attention.sliding_window' = 0: expected a window of at least 1 "
+			       "position", arch);
+	if (!(attn_cap >= 0 && isfinite(attn_cap)) || (g2 && attn_cap == 0))
+		return nx_errf(err, "model: key '%s.attn_logit_softcapping' = %g: expected a positive cap", arch, attn_cap);
+	char key[128];
+	snprintf(key, sizeof(key), "%s.final_logit_softcapping", arch);
+	if (!(final_cap >= 0 && isfinite(final_cap)) || (final_cap == 0 && gguf_get(g, key)))
+		return nx_errf(err, "model: key '%s.final_logit_softcapping' = %g: expected a positive cap", arch,
+			       final_cap);
+	if (!(base_swa > 1 && isfinite(base_swa)))
+		return nx_errf(err, "model: key '%s.rope.freq_base_swa' = %g: expected > 1", arch, base_swa);
+	hp->gelu = true;
+	hp->post_norms = true;
+	hp->embd_scale = (float)sqrt((double)hp->dim);
+	const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
+	const int scalar = is_27b ? hp->dim / hp->n_head : hp->head_dim;
+	hp->attn_scale = 1.0f / sqrtf((float)scalar);
+	hp->attn_softcap = attn_cap;
+	hp->final_softcap = final_cap;
+	hp->rope_base_swa = hp->swa_window > 0 && !g2 ? base_swa : 0;
 	return 0;
 }
 
@@ -342,7 +413,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 		if (!strcmp(arch, families[i].name))
 			fam = &families[i];
 	if (!fam) {
-		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, phi3, smollm3)", arch);
+		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, phi3, smollm3, gemma2, "
+			"gemma3)", arch);
 		free(arch);
 		return -1;
 	}
@@ -431,7 +503,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->rope_neox = fam->neox;
 	hp->qk_norm = fam->qk_norm;
 	hp->nope_every = fam->nope_every;
-	if (read_rope_scaling(hp, g, arch, err) || (fam->swa && read_window(hp, g, arch, err)))
+	if (read_rope_scaling(hp, g, arch, err) || (fam->swa && read_window(hp, g, fam, err)) ||
+	    (fam->gemma && read_gemma(hp, g, fam, err)))
 		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
@@ -599,6 +672,11 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 		    bind_vec(&L->k_norm, g, NAME("attn_k_norm.weight"), hp->head_dim, err))
 			return -1;
 	}
+	if (hp->post_norms) { /* gguf-py's ATTN_POST_NORM, FFN_POST_NORM */
+		if (bind_vec(&L->attn_post_norm, g, NAME("post_attention_norm.weight"), dim, err) ||
+		    bind_vec(&L->ffn_post_norm, g, NAME("post_ffw_norm.weight"), dim, err))
+			return -1;
+	}
 #undef NAME
 	return 0;
 }
@@ -691,7 +769,7 @@ static bool is_bound(const struct nx_model *m, const void *p)
 		const struct nx_layer *L = &m->layers[il];
 		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
 					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
-					     L->w_up.data, L->w_down.data };
+					     L->w_up.data, L->w_down.data, L->attn_post_norm, L->ffn_post_norm };
 		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
 			if (p == ptrs[i])
 				return true;

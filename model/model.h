@@ -1,4 +1,4 @@
-/* model.h - a llama / qwen2 / qwen3 / phi3 / smollm3 model bound to the tensors of a parsed GGUF file.
+/* model.h - a model of one of nxd's families (model.c: families) bound to the tensors of a parsed GGUF file.
  *
  * nx_model is plain data (no heap pointers of its own), so the daemon can copy
  * it into shared memory and swap one weight between steps (LoRA fold). */
@@ -14,9 +14,17 @@
 
 #define NX_MAX_LAYERS 128
 
-enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3, NX_ARCH_PHI3, NX_ARCH_SMOLLM3 };
+enum nx_arch {
+	NX_ARCH_LLAMA,
+	NX_ARCH_QWEN2,
+	NX_ARCH_QWEN3,
+	NX_ARCH_PHI3,
+	NX_ARCH_SMOLLM3,
+	NX_ARCH_GEMMA2,
+	NX_ARCH_GEMMA3,
+};
 
-/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3"). */
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3"). */
 const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
@@ -51,13 +59,29 @@ struct nx_hparams {
 	int rope_orig_ctx;
 	float norm_eps;
 	/* What the family does besides llama's (model.c: families): */
-	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3) instead of (2i, 2i+1) (llama) */
-	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3) */
-	/* Attention reads the last n_swa positions only (the token's own among
-	 * them), as Hugging Face's sliding-window mask; 0: all (phi3) */
-	int n_swa;
+	/* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3, phi3, gemma2, gemma3) instead of (2i, 2i+1) (llama) */
+	bool rope_neox;
+	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3, gemma3) */
 	/* Layers il with (il + 1) % nope_every == 0 apply no RoPE; 0: all do (smollm3: 4) */
 	int nope_every;
+	/* Gemma's block (gemma2, gemma3); all zero / false for the others: */
+	bool gelu;          /* the FFN gate through GELU (tanh approximation), not SiLU: GeGLU */
+	bool post_norms;    /* RMSNorm of the attention and FFN outputs before each residual add
+			     * (attn_post_norm, ffn_post_norm) */
+	float embd_scale;   /* 0: none; else every embedding row times it (sqrt(dim)) */
+	float attn_scale;   /* 0: 1/sqrt(head_dim); else the scores' scale (1/sqrt(query_pre_attn_scalar)) */
+	float attn_softcap; /* 0: none; else each score s becomes cap * tanh(s / cap), before the mask */
+	float final_softcap;/* 0: none; else each logit likewise */
+	/* Sliding-window attention: a token of a sliding layer attends to the
+	 * last swa_window positions only (its own among them), as Hugging Face's
+	 * sliding-window mask; any other layer to all of them. With swa_window
+	 * > 0 every layer slides (phi3) but, when swa_global_every > 0, those
+	 * with (il + 1) % swa_global_every == 0 (gemma2: 2, gemma3: 6):
+	 * nx_layer_window. Sliding layers rotate with base rope_base_swa,
+	 * unscaled, when it is > 0 (gemma3), else as the other layers. */
+	int swa_window;
+	int swa_global_every;
+	float rope_base_swa;
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -82,10 +106,12 @@ struct nx_layer {
 	const float *bq, *bk, *bv;  /* qwen2 biases, same lengths as the rows above; NULL otherwise */
 	const float *q_norm, *k_norm; /* (head_dim) qwen3's per-head RMSNorm weights; NULL otherwise */
 	struct nx_wt wo;            /* (dim, n_head*head_dim) */
+	const float *attn_post_norm; /* (dim) post_norms: of Wo's output before the residual add; NULL otherwise */
 	const float *ffn_norm;      /* (dim) */
 	struct nx_wt w_gate;        /* (n_ff, dim) */
 	struct nx_wt w_up;          /* (n_ff, dim) */
 	struct nx_wt w_down;        /* (dim, n_ff) */
+	const float *ffn_post_norm; /* (dim) post_norms: of Wdown's output before the residual add; NULL otherwise */
 };
 
 struct nx_model {
@@ -118,6 +144,14 @@ const float *nx_model_rope_factors(const struct nx_model *m, int n_ctx);
 static inline bool nx_layer_ropes(const struct nx_hparams *hp, int il)
 {
 	return !hp->nope_every || (il + 1) % hp->nope_every != 0;
+}
+
+/* Layer il's attention window (struct nx_hparams: swa_window): a token
+ * attends to its last that many positions, or to all of them when it is 0. */
+static inline int nx_layer_window(const struct nx_hparams *hp, int il)
+{
+	const bool global = hp->swa_global_every && (il + 1) % hp->swa_global_every == 0;
+	return global ? 0 : hp->swa_window;
 }
 
 #endif

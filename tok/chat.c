@@ -75,6 +75,8 @@ enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 		return detect_mistral(jinja);
 	if (phi3_variant(jinja) >= 0)
 		return NX_CHAT_PHI3;
+	if (strstr(jinja, "<start_of_turn>"))
+		return NX_CHAT_GEMMA;
 	return NX_CHAT_UNKNOWN;
 }
 
@@ -91,6 +93,7 @@ static const char *const tmpl_names[NX_CHAT_N_KNOWN] = {
 	[NX_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
 	[NX_CHAT_DEEPSEEK_R1] = "deepseek-r1",
 	[NX_CHAT_PHI3] = "phi3",
+	[NX_CHAT_GEMMA] = "gemma",
 };
 
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
@@ -103,7 +106,7 @@ const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
 const char *nx_chat_tmpl_names(void)
 {
 	return "raw, chatml, llama2, llama3, llama3.1, qwen3, mistral-v3, mistral-v3-tekken, mistral-v7, "
-	       "mistral-v7-tekken, deepseek-r1, phi3";
+	       "mistral-v7-tekken, deepseek-r1, phi3, gemma";
 }
 
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
@@ -1153,6 +1156,36 @@ int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err 
 	return 0;
 }
 
+/* Gemma 2 / 3 (chat.h). A template without Gemma 2's refusal folds the system message as Gemma 3's does. */
+static int render_gemma(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen,
+			struct nx_err *err)
+{
+	int first = 0;
+	if (strcmp(m[0].role, "system") == 0) {
+		if (jinja && strstr(jinja, "System role not supported"))
+			return nx_errf(err, "chat: message 0 has role \"system\"; the model's gemma template does not take "
+				       "one (\"System role not supported\")");
+		first = 1;
+	}
+	if (check_alternating(m, first, n, NX_CHAT_GEMMA, err))
+		return -1;
+	sb_str(b, "<bos>");
+	for (int i = first; i < n; i++) {
+		sb_str(b, "<start_of_turn>");
+		sb_str(b, strcmp(m[i].role, "assistant") == 0 ? "model" : m[i].role);
+		sb_str(b, "\n");
+		if (i == first && first == 1) {
+			sb_str(b, m[0].content);
+			sb_str(b, "\n\n");
+		}
+		sb_stripped(b, m[i].content);
+		sb_str(b, "<end_of_turn>\n");
+	}
+	if (gen)
+		sb_str(b, "<start_of_turn>model\n");
+	return 0;
+}
+
 int nx_chat_render(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_msg *msgs, int n,
 		   bool add_generation_prompt, char **out, struct nx_err *err)
 {
@@ -1214,6 +1247,9 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 		break;
 	case NX_CHAT_PHI3:
 		render_phi3(&b, jinja, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_GEMMA:
+		rc = render_gemma(&b, jinja, msgs, n, add_generation_prompt, err);
 		break;
 	default:
 		break;

@@ -68,6 +68,14 @@
  *     <|{role}|>\n{content}<|end|>\n ... + "<|assistant|>\n" with
  *     add_generation_prompt, else the eos_token "<|endoftext|>". Content is
  *     not trimmed; Phi-3.5's template leaves out an empty system message.
+ *   Gemma (Gemma 2 and 3 instruct: "<start_of_turn>" in the template):
+ *     <bos><start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n{content}<end_of_turn>\n ...
+ *     + "<start_of_turn>model\n" with add_generation_prompt; the assistant's
+ *     role is "model", content is trimmed, user and assistant must alternate
+ *     starting with user (the template raises otherwise). Gemma 3's folds a
+ *     system message into the first turn: "{system}\n\n" (not trimmed)
+ *     before its content; Gemma 2's raises "System role not supported", and
+ *     so does nxd for a template that says so.
  *   Raw (no template in the file): the contents one after another, nothing
  *     added, for base models that just continue text.
  *   Unknown: a template that is none of these (a ChatML one that opens
@@ -76,7 +84,7 @@
  *     instruction), Mistral's [INST] without <<SYS>>, ...). Rendering it
  *     is an error naming nxd --chat-template: never a guess.
  *
- * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>"): the
+ * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>", "<bos>"): the
  * tokenizer must be run with special-token parsing on the rendered prompt,
  * and must not add another BOS of its own for Llama 2 / Llama 3 prompts.
  *
@@ -102,6 +110,7 @@ enum nx_chat_tmpl {
 	NX_CHAT_MISTRAL_V7_TEKKEN,
 	NX_CHAT_DEEPSEEK_R1,
 	NX_CHAT_PHI3,
+	NX_CHAT_GEMMA,
 	NX_CHAT_N_KNOWN, /* the templates above can be rendered and named */
 	NX_CHAT_UNKNOWN = NX_CHAT_N_KNOWN,
 };
@@ -120,12 +129,14 @@ struct nx_chat_msg {
  * and "[/INST]" literals with the system message in the last user turn ->
  * Mistral v3 ("[INST] ") or v3 tekken ("[INST]"); "<｜User｜>" and
  * "<｜Assistant｜>" cutting "</think>" -> DeepSeek R1; Phi-3's or Phi-3.5's
- * template -> Phi-3; anything else (ChatML with other "<think>" handling or
- * with "<|im_sep|>", Mistral v1's "[INST] ... [/INST]") -> UNKNOWN. */
+ * template -> Phi-3; "<start_of_turn>" -> Gemma; anything else (ChatML with
+ * other "<think>" handling or with "<|im_sep|>", Mistral v1's "[INST] ...
+ * [/INST]") -> UNKNOWN. */
 enum nx_chat_tmpl nx_chat_detect(const char *jinja);
 
 /* "raw", "chatml", "llama2", "llama3", "llama3.1", "qwen3", "mistral-v3",
- * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "deepseek-r1", "phi3"; "unknown". */
+ * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "deepseek-r1", "phi3",
+ * "gemma"; "unknown". */
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
 
 /* The inverse of nx_chat_tmpl_name for the known ones (nxd --chat-template). */

@@ -282,3 +282,92 @@ class Reference:
     def logits(self, tokens):
         """Logits (T, n_vocab) float64 of one sequence, every position."""
         return self._mm(self.hidden(tokens), self.out_name)
+
+
+class GemmaReference(Reference):
+    """gemma2 / gemma3 (text model) in float64, written from Hugging Face's modeling_gemma2.py and
+    modeling_gemma3.py, given the config the file was converted from (hf: its keys below), not the GGUF
+    keys nxd reads:
+
+    - the embedding times sqrt(hidden_size);
+    - GemmaRMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w) - llama.cpp's converter stores 1 + w, so w is the
+      GGUF weight minus 1 here;
+    - per layer: h += post_attention_layernorm(attn(input_layernorm(h)));
+      h += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))), mlp = down(gelu_tanh(gate) * up);
+    - attention scores (q . k) * query_pre_attn_scalar^-0.5, soft-capped to cap * tanh(s / cap) when
+      attn_logit_softcapping is set (gemma2), then the causal mask, and in sliding layers also every key
+      at sliding_window or more positions back (q - kv >= sliding_window);
+    - gemma2: layer i slides when i is even; gemma3: when (i + 1) % sliding_window_pattern != 0, and then
+      rotates with rope_local_base_freq unscaled, the global layers with rope_theta and rope_scaling;
+    - gemma3: Gemma3RMSNorm of each head of Q and K (q_norm, k_norm) before RoPE;
+    - RoPE by rotate_half (pairs i, i + head_dim/2);
+    - the logits soft-capped by final_logit_softcapping when set.
+    hf keys: query_pre_attn_scalar, sliding_window, attn_logit_softcapping, final_logit_softcapping,
+    rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern (gemma3)."""
+
+    def __init__(self, path, hf, emulate=False, packed=(), one_part=False):
+        super().__init__(path, emulate=emulate, packed=packed, one_part=one_part,
+                         rope_scaling=hf.get("rope_scaling") or {"rope_type": "default"})
+        assert self.arch in ("gemma2", "gemma3"), self.arch
+        self.hf = hf
+        self.neox = True
+        self.global_rope = hf_rope(hf["rope_theta"], self.rope_dim, hf.get("rope_scaling"))
+        self.local_rope = hf_rope(hf.get("rope_local_base_freq", hf["rope_theta"]), self.rope_dim, None) \
+            if self.arch == "gemma3" else self.global_rope
+
+    def is_sliding(self, il):
+        if self.hf.get("sliding_window") is None:
+            return False
+        if self.arch == "gemma2":
+            return il % 2 == 0
+        return (il + 1) % self.hf["sliding_window_pattern"] != 0
+
+    def _gnorm(self, x, name):
+        w = self._w(name) - 1.0  # the converter's + 1 undone: HF's own weight
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (1.0 + w)
+
+    def hidden(self, tokens):
+        tokens = np.asarray(tokens)
+        T, hd, H, Hkv, hf = len(tokens), self.head_dim, self.n_head, self.n_head_kv, self.hf
+        pos = np.arange(T, dtype=np.float64)
+        x = self.t["token_embd.weight"][tokens].astype(np.float64) * np.sqrt(self.dim)
+        qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+        causal = np.where(ki > qi, -np.inf, 0.0)
+        window = hf.get("sliding_window")
+        sliding = np.where((ki > qi) | (qi - ki >= (window or T + 1)), -np.inf, 0.0)
+        scaling = hf["query_pre_attn_scalar"] ** -0.5
+        cap = hf.get("attn_logit_softcapping")
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            self.inv_freq, self.rope_att = self.local_rope if self.is_sliding(il) else self.global_rope
+            xn = self._gnorm(x, p + "attn_norm.weight")
+            q = self._mm(xn, p + "attn_q.weight").reshape(T, H, hd)
+            k = self._mm(xn, p + "attn_k.weight").reshape(T, Hkv, hd)
+            v = self._mm(xn, p + "attn_v.weight").reshape(T, Hkv, hd)
+            if self.arch == "gemma3":
+                q = self._gnorm(q, p + "attn_q_norm.weight")
+                k = self._gnorm(k, p + "attn_k_norm.weight")
+            q = self._rope(q, pos)
+            k = self._kv(self._rope(k, pos))
+            v = self._kv(v)
+            k = np.repeat(k, H // Hkv, axis=1)
+            v = np.repeat(v, H // Hkv, axis=1)
+            s = np.einsum("thd,uhd->htu", q, k) * scaling
+            if cap is not None:
+                s = np.tanh(s / cap) * cap
+            s = s + (sliding if self.is_sliding(il) else causal)
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
+            x = x + self._gnorm(self._mm(att, p + "attn_output.weight"), p + "post_attention_norm.weight")
+            xn = self._gnorm(x, p + "ffn_norm.weight")
+            g = self._mm(xn, p + "ffn_gate.weight")
+            u = self._mm(xn, p + "ffn_up.weight")
+            gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+            x = x + self._gnorm(self._mm(gelu * u, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+        return self._gnorm(x, "output_norm.weight")
+
+    def logits(self, tokens):
+        out = self._mm(self.hidden(tokens), self.out_name)
+        cap = self.hf.get("final_logit_softcapping")
+        return out if cap is None else np.tanh(out / cap) * cap

@@ -85,7 +85,7 @@ def test_render_matches_the_template(lib, case):
     assert detect(lib, src) == case["family"]
     got, err = nxd_render(lib, src, case["messages"], think=case.get("enable_thinking"))
     if "error" in case:  # the template raises: nxd refuses too, saying why
-        assert got is None and "alternate" in err and case["family"] in err
+        assert got is None and case["family"] in err and ("alternate" in err or "System role not supported" in err)
         return
     assert got is not None, err
     want = case["text"]
