@@ -23,7 +23,8 @@ import make_tiny
 import make_tiny_moe
 from conftest import build_dir, tool
 from reference import Reference
-from test_forward import EMULATED, FAMILY, ORDER, SEQ_LENS, TOL, _Wt, packed_matrices, plans, run_eval
+from test_forward import (EMULATED, EMULATED_ONE, FAMILY, ORDER, SEQ_LENS, TOL, TOL_ONE, _Wt, packed_matrices, plans,
+                          run_eval)
 
 VARIANTS = {name: (kw, norm) for name, kw, norm in make_tiny_moe.VARIANTS}
 
@@ -102,6 +103,37 @@ def test_moe_logits_match_reference(tiny_moe, name, report):
     # the normalisation is visible: computing the other one would fail the bound many times over
     if wrong:
         assert max(wrong) > 20 * max_tol, f"the other routing normalisation is only {max(wrong):.2e} away"
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-q8_0", "qwen3moe-q4_k", "mixtral-q4_0"])
+def test_moe_fast_activations_match_one_part_reference(tiny_moe, name, report):
+    """nxd --activations fast (one 8-bit part per matmul input): test_forward's bounds against the
+    reference rounding each input to that one part, the experts' inputs too."""
+    model = tiny_moe[name]
+    _, norm = VARIANTS[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    ref = Reference(model, norm_topk_prob=norm)
+    seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
+    fast = ("--activations", "fast")
+    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
+            for th in (1, 2)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
+    emu = Reference(model, emulate=True, packed=packed_experts(ref), one_part=True, norm_topk_prob=norm)
+    close, errs = [], []
+    for (s, toks), got in zip(seqs.items(), ours):
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+    close, err = np.concatenate(close), np.concatenate(errs)
+    frac_close = np.mean(close <= EMULATED_ONE[0])
+    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} "
+           f"one-part emulated: {frac_close:.2f} within {EMULATED_ONE[0]:.1e} (max {close.max():.1e})")
+    assert frac_close >= EMULATED_ONE[1]
+    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1]
 
 
 def test_moe_generate_matches_teacher_forcing(tiny_moe):
