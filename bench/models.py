@@ -1,5 +1,6 @@
 """models.py - the benchmark's model files: re-quantizations of the default model with OUR quantizer
-(build/libnx.so, nx_type_ref(t)->quant) and a Qwen2.5-0.5B-shaped qwen2 model with random weights.
+(build/libnx.so, nx_type_ref(t)->quant), a Qwen2.5-0.5B-shaped qwen2 model with random weights and a
+Qwen3-30B-A3B-shaped qwen3moe model (fewer layers) with random weights.
 
 Type choice follows llama.cpp's llama_tensor_get_type() so that our "Q4_K_M" is what llama-quantize
 would make from the same weights:
@@ -352,14 +353,115 @@ def make_qwen(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print):
     make_random(libpath, dst, QWEN, mode, threads, seed, log)
 
 
+# ---------------------------------------------------------------- Qwen3-30B-A3B-shaped MoE model
+
+# Qwen3-30B-A3B's config (48 layers there), its layers cut to what this machine holds twice over
+# (nxd's copy and the page cache llama.cpp reads): the same 128 experts, 8 per token, 768 each.
+QWEN3MOE = dict(dim=2048, n_layer=12, n_head=32, n_kv=4, head_dim=128, ffn=6144, ffn_exp=768, n_expert=128,
+                n_used=8, vocab=151936, n_ctx=40960, rope_base=1000000.0, eps=1e-6)
+DRAWS = 8  # distinct random experts per tensor; expert e holds draw e % DRAWS
+
+
+def make_qwen3moe(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print, n_layer=None):
+    """Qwen3-30B-A3B's shapes (untied output, per-head Q/K norms, 128 experts of which 8 per token, the
+    router F32 as the converter keeps it) with random weights, quantized by us as llama.cpp's Q4_K_M
+    picks types. To keep the build short, each expert tensor's experts repeat DRAWS random draws: the
+    bytes a token reads are as many (each expert has its own copy), only the values repeat."""
+    t0 = time.time()
+    q = dict(QWEN3MOE)
+    if n_layer:
+        q["n_layer"] = n_layer
+    d, nl, hd, ne, ff = q["dim"], q["n_layer"], q["head_dim"], q["n_expert"], q["ffn_exp"]
+    qd, kvd = q["n_head"] * hd, q["n_kv"] * hd
+    rng = np.random.default_rng(seed)
+    nq = NxQuant(libpath, threads)
+    tmp = dst + ".tmp"
+    w = gguf.GGUFWriter(tmp, "qwen3moe")
+    w.add_name(f"Qwen3-30B-A3B-shaped random, {nl} layers (nxd bench)")
+    w.add_block_count(nl)
+    w.add_context_length(q["n_ctx"])
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(q["ffn"])
+    w.add_head_count(q["n_head"])
+    w.add_head_count_kv(q["n_kv"])
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_freq_base(q["rope_base"])
+    w.add_layer_norm_rms_eps(q["eps"])
+    w.add_expert_count(ne)
+    w.add_expert_used_count(q["n_used"])
+    w.add_expert_feed_forward_length(ff)
+    w.add_file_type(FTYPE[mode])
+    toks, types, merges = synthetic_vocab(q["vocab"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(151643)
+    w.add_eos_token_id(151645)
+    w.add_pad_token_id(151643)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+    def quantized(name, ne0, ne1, std):
+        t = pick_type(mode, name, ne0, nl, has_output=True)
+        x = rng.standard_normal((ne1, ne0), dtype=np.float32) * np.float32(std)
+        return nq.quant(t, x), t
+
+    def weight(name, ne0, ne1, std=0.02):
+        data, t = quantized(name, ne0, ne1, std)
+        w.add_tensor(name, data, raw_dtype=t)
+
+    def experts(name, ne0, ne1, std=0.02):
+        draws = [quantized(name, ne0, ne1, std) for _ in range(DRAWS)]
+        data = np.stack([draws[e % DRAWS][0] for e in range(ne)])  # (n_expert, ne1, bytes)
+        w.add_tensor(name, data, raw_dtype=draws[0][1])
+
+    def vec(name, n, val=1.0):
+        w.add_tensor(name, np.full(n, val, np.float32), raw_dtype=T.F32)
+
+    weight("token_embd.weight", d, q["vocab"])
+    for i in range(nl):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", d)
+        weight(p + "attn_q.weight", d, qd)
+        weight(p + "attn_k.weight", d, kvd)
+        weight(p + "attn_v.weight", d, kvd)
+        vec(p + "attn_q_norm.weight", hd)
+        vec(p + "attn_k_norm.weight", hd)
+        weight(p + "attn_output.weight", qd, d)
+        vec(p + "ffn_norm.weight", d)
+        router = rng.standard_normal((ne, d), dtype=np.float32) * np.float32(0.02)
+        w.add_tensor(p + "ffn_gate_inp.weight", router, raw_dtype=T.F32)
+        experts(p + "ffn_gate_exps.weight", d, ff)
+        experts(p + "ffn_up_exps.weight", d, ff)
+        experts(p + "ffn_down_exps.weight", ff, d)
+    vec("output_norm.weight", d)
+    weight("output.weight", d, q["vocab"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, dst)
+    log(f"models: wrote {dst} (qwen3moe 30B-A3B-shaped, {nl} layers, random, {mode}) in {time.time() - t0:.1f} s")
+
+
 def bytes_per_token(path):
     """Weight bytes one decode step reads: every layer tensor, the output norm and the output matrix
-    (token_embd when tied); the embedding row for the input token is negligible and left out."""
+    (token_embd when tied); the embedding row for the input token is negligible and left out. Of a
+    mixture-of-experts tensor (ffn_*_exps), the experts one token takes: expert_used_count of
+    expert_count (the active bytes)."""
     r = gguf.GGUFReader(path)
     names = {t.name for t in r.tensors}
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    n_exp = r.fields.get(f"{arch}.expert_count")
+    share = int(r.fields[f"{arch}.expert_used_count"].contents()) / int(n_exp.contents()) if n_exp else 1.0
     total = 0
     for t in r.tensors:
-        if t.name.startswith("blk.") or t.name in ("output.weight", "output_norm.weight"):
+        if t.name.endswith("_exps.weight"):
+            total += int(t.n_bytes * share)
+        elif t.name.startswith("blk.") or t.name in ("output.weight", "output_norm.weight"):
             total += int(t.n_bytes)
         elif t.name == "token_embd.weight" and "output.weight" not in names:
             total += int(t.n_bytes)
@@ -377,10 +479,12 @@ def describe(path):
 
 
 if __name__ == "__main__":
-    # python bench/models.py LIBNX SRC DST q4_k_m|q8_0     or     python bench/models.py LIBNX qwen DST
+    # python bench/models.py LIBNX SRC DST q4_k_m|q8_0     or     python bench/models.py LIBNX qwen|qwen3moe DST
     lib, what, dst = sys.argv[1:4]
     if what == "qwen":
         make_qwen(lib, dst)
+    elif what == "qwen3moe":
+        make_qwen3moe(lib, dst)
     else:
         requantize(lib, what, dst, sys.argv[4])
     print(describe(dst))

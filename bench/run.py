@@ -1,7 +1,7 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
     .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,qwen3,llama1b,
-                                                             chat,http,clients]
+                                                             moe,chat,http,clients,spec,structured]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -18,6 +18,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
   qwen3       a Qwen3-0.6B-shaped qwen3 model (per-head Q/K norms), random weights, Q4_K_M: decode, prefill
   llama1b     a Llama-3.2-1B-shaped llama model (RoPE frequency factors, 128k vocabulary), random weights, in
               Q4_K_M and Q4_0: decode (with its % of the bandwidth limit; it does not fit in cache) and prefill
+  moe         a Qwen3-30B-A3B-shaped qwen3moe model (128 experts, 8 per token; 12 of its 48 layers)
+              with random weights in Q4_K_M: decode (%bw of the active bytes: the 8 experts a token
+              takes, not all 128) and prefill
   chat        a conversation's next turn: time to the first token of a follow-up question after a
               long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
               client with the same long instruction as one that is decoding; and 4 clients that send
@@ -62,8 +65,8 @@ import nxd_side  # noqa: E402
 import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients",
-             "spec", "structured"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "moe", "chat", "http",
+             "clients", "spec", "structured"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -968,6 +971,15 @@ def main():
         prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         l = concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx) fast", qpath, reps, llama=l, **FAST)
+
+    # -------------------------------------------------------- Qwen3-30B-A3B-shaped mixture of experts
+    if "moe" in cases:
+        mpath = os.path.join(mdir, f"qwen3moe-30b-a3b-shape-{models.QWEN3MOE['n_layer']}l-random.nx-Q4_K_M.gguf")
+        if not os.path.exists(mpath):
+            log("bench: moe: making the Qwen3-30B-A3B-shaped model (once)")
+            models.make_qwen3moe(libnx, mpath, threads=THREADS, log=log)
+        decode_case("moe", "qwen3moe-30b-a3b-shape Q4_K_M(nx)", mpath, a.reps)
+        prefill_case("moe", "qwen3moe-30b-a3b-shape Q4_K_M(nx)", mpath, a.reps)
 
     # -------------------------------------------------------- Qwen3-0.6B- and Llama-3.2-1B-shaped
     def shaped(case, shape, mode, fname):

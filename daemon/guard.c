@@ -48,6 +48,7 @@ static bool state_same(const struct nx_state *a, const struct nx_state *b)
 	       a->x == b->x && a->q == b->q && a->k == b->k && a->v == b->v && a->att_out == b->att_out &&
 	       a->hb == b->hb && a->k_cache == b->k_cache && a->v_cache == b->v_cache && a->logits == b->logits &&
 	       a->logit_gmax == b->logit_gmax && a->att_part == b->att_part && a->att_ms == b->att_ms && a->lora_u == b->lora_u &&
+	       a->moe_logits == b->moe_logits && a->moe_h == b->moe_h &&
 	       a->lora == b->lora && a->n_lora == b->n_lora; /* lora.c sets both copies: the mix table */
 }
 
@@ -56,7 +57,11 @@ static bool scratch_same(const struct nx_scratch *a, const struct nx_scratch *b)
 	return a->xn == b->xn && a->xq == b->xq && a->xq_stride == b->xq_stride && a->xq_d == b->xq_d &&
 	       a->xq_s == b->xq_s && a->xq_c == b->xq_c && a->xq_c16 == b->xq_c16 && a->att == b->att &&
 	       a->att_in == b->att_in && a->rope == b->rope && a->lora_u == b->lora_u && a->lora_y == b->lora_y &&
-	       a->act_one_part == b->act_one_part;
+	       a->act_one_part == b->act_one_part && a->moe_x == b->moe_x && a->moe_y == b->moe_y &&
+	       a->route.expert == b->route.expert && a->route.off == b->route.off &&
+	       a->route.row_tok == b->route.row_tok && a->route.row_w == b->route.row_w &&
+	       a->route.tok_sel == b->route.tok_sel && a->route.tok_w == b->route.tok_w &&
+	       a->route.count == b->route.count; /* not n_active: each layer's */
 }
 
 static void state_restore(struct nx_state *a, const struct nx_state *b)
@@ -67,6 +72,7 @@ static void state_restore(struct nx_state *a, const struct nx_state *b)
 	a->x = b->x, a->q = b->q, a->k = b->k, a->v = b->v, a->att_out = b->att_out, a->hb = b->hb;
 	a->k_cache = b->k_cache, a->v_cache = b->v_cache, a->logits = b->logits, a->logit_gmax = b->logit_gmax;
 	a->att_part = b->att_part, a->att_ms = b->att_ms, a->lora_u = b->lora_u;
+	a->moe_logits = b->moe_logits, a->moe_h = b->moe_h;
 	a->lora = b->lora, a->n_lora = b->n_lora;
 }
 
@@ -77,6 +83,7 @@ static void scratch_restore(struct nx_scratch *a, const struct nx_scratch *b)
 	a->rope = b->rope;
 	a->lora_u = b->lora_u, a->lora_y = b->lora_y;
 	a->act_one_part = b->act_one_part;
+	a->moe_x = b->moe_x, a->moe_y = b->moe_y, a->route = b->route;
 	a->xq_src = NULL; /* forget what xq held */
 }
 

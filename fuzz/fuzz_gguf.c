@@ -223,6 +223,10 @@ static void check_model(const struct gguf_file *g)
 		touch_wt(&L->w_gate);
 		touch_wt(&L->w_up);
 		touch_wt(&L->w_down);
+		touch_wt(&L->moe_router);
+		touch_wt(&L->moe_gate);
+		touch_wt(&L->moe_up);
+		touch_wt(&L->moe_down);
 	}
 	run_step(&m);
 }

@@ -168,6 +168,11 @@ static int pair_up(struct nx_lora_src *src, struct cand *c, size_t n, int config
 				goto out;
 			}
 			const struct nx_wt *base = nx_lora_base(m, il, (enum nx_lora_which)w);
+			if (!base->data) { /* a mixture-of-experts layer: its FFN is the experts (model.h) */
+				nx_errf(err, "lora: '%s' adapts %s of a mixture-of-experts layer; adapters of the experts "
+					"are not implemented", a->name, nx_lora_which_gguf((enum nx_lora_which)w));
+				goto out;
+			}
 			const char *hint = "";
 			if (a->cols != base->n_in) {
 				if (base->n_in == m->hp.dim)

@@ -106,7 +106,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
 	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)) ||
-	    !add_buf(&total, NX_LORA_U_SHARED, sizeof(float)))
+	    !add_buf(&total, NX_LORA_U_SHARED, sizeof(float)) || !add_buf(&total, B * hp->n_expert, sizeof(float)) ||
+	    !add_buf(&total, nx_moe_route_rows(hp, c->max_batch) * hp->n_ff_exp, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
@@ -124,6 +125,10 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->att_part = take(&p, heads * spans * hp->head_dim, sizeof(float));
 		s->att_ms = take(&p, heads * spans * 2, sizeof(float));
 		s->lora_u = take(&p, NX_LORA_U_SHARED, sizeof(float));
+		if (hp->n_expert) {
+			s->moe_logits = take(&p, B * hp->n_expert, sizeof(float));
+			s->moe_h = take(&p, nx_moe_route_rows(hp, c->max_batch) * hp->n_ff_exp, sizeof(float));
+		}
 	}
 	return total;
 }
@@ -205,8 +210,17 @@ static int attn_chunks(const struct nx_hparams *hp, int n, int n_bands)
 static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_hparams *hp,
 			     const struct nx_state_cfg *c)
 {
-	size_t B = (size_t)c->max_batch, total = 0, sides = B * (size_t)(max_in(hp) / 32);
-	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, B, xq_stride(hp)) ||
+	/* with experts, xq also holds a quantized row (of dim or n_ff_exp) per routed (token, expert)
+	 * pair (moe_gate_up, moe_down): bytes and side values for the larger of the two uses */
+	const size_t rows = nx_moe_route_rows(hp, c->max_batch), ne = (size_t)hp->n_expert;
+	const size_t B = (size_t)c->max_batch, moe_in = (size_t)(hp->dim > hp->n_ff_exp ? hp->dim : hp->n_ff_exp);
+	size_t xq_bytes = B * xq_stride(hp), sides = B * (size_t)(max_in(hp) / 32);
+	if (rows * round_up(moe_in * sizeof(float), ALIGN) > xq_bytes)
+		xq_bytes = rows * round_up(moe_in * sizeof(float), ALIGN);
+	if (rows * (moe_in / 32) > sides)
+		sides = rows * (moe_in / 32);
+	size_t total = 0;
+	if (!add_buf(&total, B * max_in(hp), sizeof(float)) || !add_buf(&total, xq_bytes, 1) ||
 	    !add_buf(&total, sides, sizeof(float)) || !add_buf(&total, sides, sizeof(float)) ||
 	    !add_buf(&total, sides, sizeof(int32_t)) || !add_buf(&total, 2 * sides, sizeof(int32_t)) ||
 	    !add_buf(&total, (size_t)attn_chunk_max(hp) * c->n_ctx, sizeof(float)) ||
@@ -214,12 +228,15 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 	    !add_buf(&total, B * hp->rope_dim, sizeof(float)) ||
 	    !add_buf(&total, hp->rope_base_swa ? B * hp->rope_dim : 0, sizeof(float)) ||
 	    !add_buf(&total, NX_LORA_U_CAP, sizeof(float)) ||
-	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)))
+	    !add_buf(&total, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float)) ||
+	    !add_buf(&total, 2 * ne + 1, sizeof(int32_t)) || !add_buf(&total, ne, sizeof(int32_t)) ||
+	    !add_buf(&total, 2 * rows, sizeof(int32_t)) || !add_buf(&total, 2 * rows, sizeof(float)) ||
+	    !add_buf(&total, rows * hp->dim, sizeof(float)) || !add_buf(&total, ne ? B * hp->dim : 0, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
 		sc->xn = take(&p, B * max_in(hp), sizeof(float));
-		sc->xq = take(&p, B, xq_stride(hp));
+		sc->xq = take(&p, xq_bytes, 1);
 		sc->xq_stride = xq_stride(hp);
 		sc->xq_d = take(&p, sides, sizeof(float));
 		sc->xq_s = take(&p, sides, sizeof(float));
@@ -231,6 +248,18 @@ static size_t scratch_layout(struct nx_scratch *sc, void *mem, const struct nx_h
 		sc->rope_swa = take(&p, hp->rope_base_swa ? B * hp->rope_dim : 0, sizeof(float));
 		sc->lora_u = take(&p, NX_LORA_U_CAP, sizeof(float));
 		sc->lora_y = take(&p, (size_t)NX_LORA_Y_TOK * NX_LORA_Y_ROWS, sizeof(float));
+		if (ne) {
+			struct nx_moe_route *r = &sc->route;
+			r->expert = take(&p, 2 * ne + 1, sizeof(int32_t));
+			r->off = r->expert + ne;
+			r->count = take(&p, ne, sizeof(int32_t));
+			r->row_tok = take(&p, 2 * rows, sizeof(int32_t));
+			r->tok_sel = r->row_tok + rows;
+			r->row_w = take(&p, 2 * rows, sizeof(float));
+			r->tok_w = r->row_w + rows;
+			sc->moe_x = take(&p, rows * hp->dim, sizeof(float));
+			sc->moe_y = take(&p, B * hp->dim, sizeof(float));
+		}
 	}
 	return total;
 }
@@ -1368,6 +1397,99 @@ static void post_norm_add(struct pass *pass, const float *w)
 	}
 }
 
+/* ---------------------------------------------------------------- mixture of experts (model/moe.h) */
+
+/* [D1] xn = rmsnorm(x) * ffn_norm (private); this band's rows of the router's
+ * logits (n, n_expert) into the state. */
+static void moe_router(struct pass *pass, const struct nx_layer *L, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const int n = pass->n;
+	norm_rows(pass, L->ffn_norm, false);
+	capture(s, hp, n, il, NX_CAP_FFN, sc->xn, pass->band);
+	sc->xq_src = NULL;
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, hp->n_expert, ROW_GRAIN); split_next(&sp, &lo, &hi);)
+		matmul(&L->moe_router, prep_act(sc, sc->xn, n, hp->dim, &L->moe_router, pass->toks, false), n, lo, hi,
+		       s->moe_logits, hp->n_expert, NULL, MM_STORE);
+}
+
+/* [D2] every band routes the step alike (nx_moe_route) and gathers each
+ * routed row's input; then this band's rows of silu(gate_e xn) * (up_e xn)
+ * of the active experts e, each over the tokens routed to it only: the units
+ * are (active expert, ROW_GRAIN rows of its n_ff_exp), shared out as one op. */
+static void moe_gate_up(struct pass *pass, const struct nx_layer *L)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	struct nx_moe_route *r = &sc->route;
+	const int dim = hp->dim, ff = hp->n_ff_exp, rows = pass->n * hp->n_expert_used;
+	prof_to(sc, NX_PROF_QUANT);
+	nx_moe_route(hp, s->moe_logits, pass->n, r);
+	for (int i = 0; i < rows; i++)
+		memcpy(sc->moe_x + (size_t)i * dim, sc->xn + (size_t)r->row_tok[i] * dim, (size_t)dim * sizeof(float));
+	sc->xq_src = NULL;
+	prof_to(sc, NX_PROF_MATMUL);
+	const int per = (ff + ROW_GRAIN - 1) / ROW_GRAIN * ROW_GRAIN; /* an expert's rows, in whole units */
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, r->n_active * per, ROW_GRAIN); split_next(&sp, &lo, &hi);)
+		for (int u = lo; u < hi;) {
+			const int i = u / per, r0 = u % per, r1 = hi - u < per - r0 ? r0 + hi - u : per;
+			const int e = r->expert[i], t0 = r->off[i], cnt = r->off[i + 1] - t0;
+			const struct nx_wt gate = nx_moe_expert(&L->moe_gate, e, ff), up = nx_moe_expert(&L->moe_up, e, ff);
+			float *h = s->moe_h + (size_t)t0 * ff;
+			const int e1 = r1 < ff ? r1 : ff;
+			if (r0 < e1) {
+				matmul(&gate, act_from(prep_act(sc, sc->moe_x, rows, dim, &gate, NULL, false), t0, dim), cnt, r0,
+				       e1, h, ff, NULL, MM_STORE);
+				matmul(&up, act_from(prep_act(sc, sc->moe_x, rows, dim, &up, NULL, false), t0, dim), cnt, r0, e1,
+				       h, ff, NULL, MM_SWIGLU);
+			}
+			u += r1 - r0;
+		}
+}
+
+/* [D3] x += sum over its experts e of w_e * (down_e h) for each token, on
+ * this band's rows of x: each range of rows takes every active expert in
+ * increasing id, so a token's sum runs in the same order whatever the batch. */
+static void moe_down(struct pass *pass, const struct nx_layer *L)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const struct nx_moe_route *r = &sc->route;
+	const int dim = hp->dim, ff = hp->n_ff_exp, rows = pass->n * hp->n_expert_used;
+	sc->xq_src = NULL;
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);)
+		for (int i = 0; i < r->n_active; i++) {
+			const int t0 = r->off[i], cnt = r->off[i + 1] - t0, w = hi - lo;
+			const struct nx_wt down = nx_moe_expert(&L->moe_down, r->expert[i], dim);
+			/* rows [lo, hi) of the expert's tokens to moe_y (token j's at j * w) */
+			matmul(&down, act_from(prep_act(sc, s->moe_h, rows, ff, &down, NULL, false), t0, ff), cnt, lo, hi,
+			       sc->moe_y - lo, (size_t)w, NULL, MM_STORE);
+			for (int j = 0; j < cnt; j++) {
+				const float wt = r->row_w[t0 + j], *y = sc->moe_y + (size_t)j * w;
+				float *x = s->x + (size_t)r->row_tok[t0 + j] * dim + lo;
+				for (int c = 0; c < w; c++)
+					x[c] += wt * y[c];
+			}
+		}
+}
+
+/* The FFN of a mixture-of-experts layer: [D1], [D2], [D3] with barriers between. */
+static void moe_ffn(struct pass *pass, const struct nx_layer *L, int il)
+{
+	moe_router(pass, L, il);
+	band_sync(pass->sync, pass->sc, NX_PROF_QUANT);
+	moe_gate_up(pass, L);
+	band_sync(pass->sync, pass->sc, NX_PROF_QUANT);
+	moe_down(pass, L);
+}
+
 /* Output: final norm of the tokens that want logits (private), then this band's
  * vocabulary rows, and each row group's maximum for the sampler. */
 static void logits(struct pass *pass)
@@ -1422,9 +1544,13 @@ void nx_forward(const struct nx_model *m, struct nx_state *s, const struct nx_to
 			post_norm_add(&pass, L->attn_post_norm);
 			band_sync(sync, sc, NX_PROF_QUANT);
 		}
-		ffn_gate_up(&pass, L, il);
-		band_sync(sync, sc, NX_PROF_QUANT);
-		ffn_down(&pass, L, il);
+		if (m->hp.n_expert) {
+			moe_ffn(&pass, L, il);
+		} else {
+			ffn_gate_up(&pass, L, il);
+			band_sync(sync, sc, NX_PROF_QUANT);
+			ffn_down(&pass, L, il);
+		}
 		band_sync(sync, sc, NX_PROF_QUANT);
 		if (L->ffn_post_norm) {
 			post_norm_add(&pass, L->ffn_post_norm);

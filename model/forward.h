@@ -18,6 +18,7 @@
 
 #include "lora/adapter.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 struct nx_state_cfg {
 	int max_batch;  /* tokens per step */
@@ -111,6 +112,9 @@ struct nx_state {
 	 * NX_ATTN_SPAN), before the merge; spans = n_ctx / NX_ATTN_SPAN rounded up */
 	float *att_part;/* (max_batch, spans, n_head, head_dim) each span's output */
 	float *att_ms;  /* (max_batch, spans, n_head, 2) each span's largest score and sum of e^(score - it) */
+	/* Mixture of experts (hp n_expert > 0; NULL otherwise; forward.c: moe_*): */
+	float *moe_logits; /* (max_batch, n_expert) the router's logits of the current layer */
+	float *moe_h;      /* (max_batch * n_expert_used, n_ff_exp) silu(gate) * up of each routed (token, expert) row */
 	float *lora_u;  /* (NX_LORA_U_SHARED) A @ x of the runtime LoRA deltas when the bands share it out
 			 * (forward.c struct deltas, split): Q's, V's and K's, a half of NX_LORA_U_CAP each */
 	/* Set by the owner after nx_state_init (zero by default): */
@@ -133,7 +137,7 @@ struct nx_scratch {
 	size_t xq_stride; /* bytes of xq per token: room for max(dim, n_ff, q_dim) floats, 64-aligned */
 	/* (max_batch, max(dim, n_ff, q_dim) / 32) when xq holds two-part Q8_0 rows: each token's
 	 * per-block side values for the packed kernels (kern/pack.h: nx_pack_act_prep) */
-	float *xq_d, *xq_s;
+	float *xq_d, *xq_s; /* (with experts: max_batch * n_expert_used rows instead of max_batch, here and in xq) */
 	int32_t *xq_c;
 	int32_t *xq_c16; /* (max_batch, 2 * max(...) / 32): per-16 offsets for q6_k (nx_pack_act_prep_c16),
 			  * filled when a packed q6_k matrix first reads the current xq */
@@ -148,6 +152,10 @@ struct nx_scratch {
 	float *lora_u;  /* (NX_LORA_U_CAP) A @ x of the runtime LoRA delta (forward.c lora_runs' layout):
 			 * the step's for two matrices, one per half, or a few tokens' for one */
 	float *lora_y;  /* (NX_LORA_Y_TOK, NX_LORA_Y_ROWS) up-projection rows of an adapted SwiGLU */
+	/* Mixture of experts (NULL without): each band routes the step itself, the same way */
+	struct nx_moe_route route;
+	float *moe_x;   /* (max_batch * n_expert_used, dim) each routed row's normed input, grouped by expert */
+	float *moe_y;   /* (max_batch, dim) one expert's down-projection rows of its tokens */
 	/* What xq holds now, so Q/K/V (and gate/up) quantize their shared input once. */
 	const float *xq_src;
 	enum nx_type xq_type;

@@ -1,5 +1,6 @@
 /* model.c - binds a model of a family below to the tensors of a parsed GGUF file, checking every key, shape and type. */
 #include "model/model.h"
+#include "model/moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -31,12 +32,16 @@ static const struct family {
 	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU,
 	 * post_attention_norm and post_ffw_norm, the soft-caps */
 	bool gemma;
+	/* Mixture-of-experts FFN (model/moe.h): EXPERTS_MAY when expert_count > 0
+	 * (llama: Mixtral), EXPERTS_ALWAYS (qwen3moe); the expert_* keys are then read */
+	enum { EXPERTS_NEVER, EXPERTS_MAY, EXPERTS_ALWAYS } experts;
 	/* keys of the namespace this family reads beyond key_rules' and read_window's (NULL-terminated) */
 	const char *const *reads;
 } families[] = {
-	{ "llama", NX_ARCH_LLAMA, .rope_freqs = true },
+	{ "llama", NX_ARCH_LLAMA, .rope_freqs = true, .experts = EXPERTS_MAY },
 	{ "qwen2", NX_ARCH_QWEN2, .neox = true, .qkv_bias = true },
 	{ "qwen3", NX_ARCH_QWEN3, .neox = true, .qk_norm = true },
+	{ "qwen3moe", NX_ARCH_QWEN3MOE, .neox = true, .qk_norm = true, .experts = EXPERTS_ALWAYS },
 	/* Phi-3, Phi-3.5, Phi-4(-mini): Hugging Face's Phi3 (rotate_half RoPE, its
 	 * qkv_proj and gate_up_proj kept fused by llama.cpp's converter); one
 	 * window for every layer */
@@ -188,14 +193,34 @@ static const struct key_rule {
 	{ "attention.layer_norm_epsilon", "LayerNorm (not RMSNorm) is not implemented", NEVER },
 	{ "attention.clamp_kqv", "clamping Q, K and V is not implemented", NEVER },
 	{ "attention.max_alibi_bias", "ALiBi is not implemented", IF_ZERO },
-	{ "expert_count", "mixture-of-experts layers are not implemented", IF_ZERO },
-	{ "expert_used_count", "mixture-of-experts layers are not implemented", IF_ZERO },
-	{ "expert_shared_count", "mixture-of-experts layers are not implemented", IF_ZERO },
-	{ "expert_feed_forward_length", "mixture-of-experts layers are not implemented", IF_ZERO },
-	{ "leading_dense_block_count", "mixture-of-experts layers are not implemented", IF_ZERO },
+	{ "expert_count", "mixture-of-experts layers are not implemented for this architecture", IF_ZERO },
+	{ "expert_used_count", "mixture-of-experts layers are not implemented for this architecture", IF_ZERO },
+	{ "expert_feed_forward_length", "mixture-of-experts layers are not implemented for this architecture", IF_ZERO },
+	{ "expert_weights_norm", "mixture-of-experts layers are not implemented for this architecture", NEVER },
+	/* llama.cpp's enum: 1 softmax, 2 sigmoid, ... */
+	{ "expert_gating_func", "only the softmax router (expert_gating_func 1) is implemented", IF_ONE },
+	{ "expert_weights_scale", "a scale of the experts' weights is not implemented", IF_ONE },
+	{ "expert_shared_count", "shared experts are not implemented", IF_ZERO },
+	{ "expert_shared_feed_forward_length", "shared experts are not implemented", IF_ZERO },
+	{ "expert_group_count", "grouped expert routing is not implemented", IF_ZERO },
+	{ "expert_group_used_count", "grouped expert routing is not implemented", IF_ZERO },
+	{ "leading_dense_block_count", "dense layers before the mixture-of-experts ones are not implemented", IF_ZERO },
+	{ "moe_every_n_layers", "interleaved dense and mixture-of-experts layers are not implemented", IF_ZERO },
 	{ "use_parallel_residual", "parallel residual blocks are not implemented", NEVER },
 	{ "pooling_type", "embedding models (pooling) are not implemented", IF_ZERO },
 };
+
+/* The keys of key_rules that a family with experts reads (read_experts). */
+static const char *const expert_keys[] = { "expert_count", "expert_used_count", "expert_feed_forward_length",
+					   "expert_weights_norm" };
+
+static bool is_expert_key(const struct key_rule *r)
+{
+	for (size_t i = 0; i < sizeof(expert_keys) / sizeof(expert_keys[0]); i++)
+		if (!strcmp(r->name, expert_keys[i]))
+			return true;
+	return false;
+}
 
 static const struct key_rule *key_rule(const char *name, size_t len)
 {
@@ -247,7 +272,7 @@ static int check_keys(const struct gguf_file *g, const struct family *fam, uint3
 		if (family_reads(fam, k->p + al + 1, (size_t)k->len - al - 1))
 			continue;
 		const struct key_rule *r = key_rule(k->p + al + 1, (size_t)k->len - al - 1);
-		if (r && (!r->why || is_neutral(r, &g->kv[i].val, n_ctx)))
+		if (r && (!r->why || (fam->experts != EXPERTS_NEVER && is_expert_key(r)) || is_neutral(r, &g->kv[i].val, n_ctx)))
 			continue;
 		char val[80];
 		value_str(val, sizeof(val), &g->kv[i].val);
@@ -403,6 +428,47 @@ static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const st
  * from overflowing int64 / size_t and rejects absurd headers early. */
 #define NX_MAX_DIM (1 << 24)
 
+/* The experts as llama.cpp's loader reads them: expert_count and
+ * expert_used_count; an expert's feed-forward length from
+ * expert_feed_forward_length, else (as llama.cpp does) feed_forward_length
+ * for llama (Mixtral's converter writes the expert's there) and
+ * feed_forward_length / expert_used_count for qwen3moe; expert_weights_norm
+ * (absent: true, as llama.cpp computes both and Qwen3 MoE releases set
+ * norm_topk_prob). With experts, every layer's FFN is the experts (no dense
+ * FFN tensor is read: one in the file is refused), so n_ff becomes the
+ * expert's length. */
+static int read_experts(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, const struct family *fam,
+			struct nx_err *err)
+{
+	uint32_t n_expert = 0, n_used = 0, n_ff_exp = 0;
+	bool norm = true;
+	if (fam->experts == EXPERTS_NEVER)
+		return 0;
+	if (arch_u32(g, arch, "expert_count", &n_expert, fam->experts == EXPERTS_ALWAYS, err))
+		return -1;
+	if (n_expert == 0 && fam->experts == EXPERTS_MAY)
+		return 0;
+	char key[128];
+	snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);
+	if (arch_u32(g, arch, "expert_used_count", &n_used, true, err) || gguf_get_bool(g, key, &norm, false, err))
+		return -1;
+	if (n_expert < 1 || n_expert > NX_MOE_MAX_EXPERTS || n_used < 1 || n_used > n_expert)
+		return nx_errf(err, "model: %s.expert_count = %u, expert_used_count = %u: expected 1 <= used <= count <= %d",
+			       arch, n_expert, n_used, NX_MOE_MAX_EXPERTS);
+	n_ff_exp = fam->experts == EXPERTS_ALWAYS ? (uint32_t)hp->n_ff / n_used : (uint32_t)hp->n_ff;
+	if (arch_u32(g, arch, "expert_feed_forward_length", &n_ff_exp, false, err))
+		return -1;
+	if (n_ff_exp < 1 || n_ff_exp > NX_MAX_DIM)
+		return nx_errf(err, "model: %s.expert_feed_forward_length = %u out of range", arch, n_ff_exp);
+	hp->n_expert = (int)n_expert;
+	hp->n_expert_used = (int)n_used;
+	hp->n_ff_exp = (int)n_ff_exp;
+	hp->n_ff = (int)n_ff_exp;
+	hp->moe_norm_w = norm;
+	return 0;
+}
+
+
 static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct nx_err *err)
 {
 	char *arch = NULL;
@@ -413,8 +479,13 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 		if (!strcmp(arch, families[i].name))
 			fam = &families[i];
 	if (!fam) {
-		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, phi3, smollm3, gemma2, "
-			"gemma3)", arch);
+		if (!strcmp(arch, "qwen2moe"))
+			nx_errf(err, "model: architecture 'qwen2moe' is not supported: its shared expert (ffn_gate_inp_shexp, "
+				"ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp) is not implemented (llama, qwen2, qwen3, "
+				"qwen3moe, phi3, smollm3, gemma2, gemma3 are)");
+		else
+			nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, "
+				"smollm3, gemma2, gemma3)", arch);
 		free(arch);
 		return -1;
 	}
@@ -504,7 +575,7 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->qk_norm = fam->qk_norm;
 	hp->nope_every = fam->nope_every;
 	if (read_rope_scaling(hp, g, arch, err) || (fam->swa && read_window(hp, g, fam, err)) ||
-	    (fam->gemma && read_gemma(hp, g, fam, err)))
+	    (fam->gemma && read_gemma(hp, g, fam, err)) || read_experts(hp, g, arch, fam, err))
 		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
@@ -577,13 +648,43 @@ static int bind_vec(const float **out, const struct gguf_file *g, const char *na
 	return 0;
 }
 
+static int bind_wt_rows(struct nx_wt *w, const struct gguf_file *g, const struct gguf_tensor *t, const char *name,
+			int64_t n_in, int64_t n_out, struct nx_err *err);
+
 /* A weight matrix (n_out, n_in) whose type we can dot: its activation type
  * must be producible for rows of n_in elements. */
 static int bind_wt(struct nx_wt *w, const struct gguf_file *g, const char *name, int64_t n_in, int64_t n_out,
 		   struct nx_err *err)
 {
 	const struct gguf_tensor *t = need(g, name, err);
-	if (!t || check_shape(t, name, n_in, n_out, err) || check_aligned(g, t, name, err))
+	if (!t || check_shape(t, name, n_in, n_out, err))
+		return -1;
+	return bind_wt_rows(w, g, t, name, n_in, n_out, err);
+}
+
+/* Experts' matrices stacked in one tensor [n_in, rows, n_expert] (the
+ * converter's ffn_*_exps): bound as one matrix of n_expert * rows rows,
+ * expert e's from row e * rows (model/moe.h: nx_moe_expert). */
+static int bind_experts(struct nx_wt *w, const struct gguf_file *g, const char *name, int64_t n_in, int64_t rows,
+			int64_t n_expert, struct nx_err *err)
+{
+	const struct gguf_tensor *t = need(g, name, err);
+	if (!t)
+		return -1;
+	if (t->ne[0] != n_in || t->ne[1] != rows || t->ne[2] != n_expert || t->ne[3] != 1) {
+		char have[96];
+		shape_str(have, sizeof(have), t);
+		return nx_errf(err, "model: tensor '%s' has shape %s, expected [%lld, %lld, %lld]", name, have,
+			       (long long)n_in, (long long)rows, (long long)n_expert);
+	}
+	return bind_wt_rows(w, g, t, name, n_in, rows * n_expert, err);
+}
+
+/* bind_wt's checks of a tensor of the right shape: n_out rows of n_in. */
+static int bind_wt_rows(struct nx_wt *w, const struct gguf_file *g, const struct gguf_tensor *t, const char *name,
+			int64_t n_in, int64_t n_out, struct nx_err *err)
+{
+	if (check_aligned(g, t, name, err))
 		return -1;
 	const struct nx_type_traits *tr = nx_type_supported(t->type) ? nx_type_get(t->type) : NULL;
 	if (!tr || !tr->dequant || !tr->dot)
@@ -638,8 +739,7 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 	const struct family *fam = family_of(hp->arch);
 	if (bind_vec(&L->attn_norm, g, NAME("attn_norm.weight"), dim, err) ||
 	    bind_wt(&L->wo, g, NAME("attn_output.weight"), q_dim, dim, err) ||
-	    bind_vec(&L->ffn_norm, g, NAME("ffn_norm.weight"), dim, err) ||
-	    bind_wt(&L->w_down, g, NAME("ffn_down.weight"), n_ff, dim, err))
+	    bind_vec(&L->ffn_norm, g, NAME("ffn_norm.weight"), dim, err))
 		return -1;
 	if (fam->fused_qkv) {
 		struct nx_wt qkv;
@@ -652,7 +752,16 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 		   bind_wt(&L->wv, g, NAME("attn_v.weight"), dim, kv_dim, err)) {
 		return -1;
 	}
-	if (fam->fused_gate_up) {
+	if (hp->n_expert) {
+		const int64_t ne = hp->n_expert;
+		if (bind_wt(&L->moe_router, g, NAME("ffn_gate_inp.weight"), dim, ne, err) ||
+		    bind_experts(&L->moe_gate, g, NAME("ffn_gate_exps.weight"), dim, n_ff, ne, err) ||
+		    bind_experts(&L->moe_up, g, NAME("ffn_up_exps.weight"), dim, n_ff, ne, err) ||
+		    bind_experts(&L->moe_down, g, NAME("ffn_down_exps.weight"), n_ff, dim, ne, err))
+			return -1;
+	} else if (bind_wt(&L->w_down, g, NAME("ffn_down.weight"), n_ff, dim, err)) {
+		return -1;
+	} else if (fam->fused_gate_up) {
 		struct nx_wt gate_up;
 		if (bind_wt(&gate_up, g, NAME("ffn_up.weight"), dim, 2 * n_ff, err) ||
 		    wt_rows(&L->w_gate, &gate_up, 0, n_ff, name, err) || wt_rows(&L->w_up, &gate_up, n_ff, n_ff, name, err))
@@ -769,7 +878,8 @@ static bool is_bound(const struct nx_model *m, const void *p)
 		const struct nx_layer *L = &m->layers[il];
 		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
 					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
-					     L->w_up.data, L->w_down.data, L->attn_post_norm, L->ffn_post_norm };
+					     L->w_up.data, L->w_down.data, L->attn_post_norm, L->ffn_post_norm,
+					     L->moe_router.data, L->moe_gate.data, L->moe_up.data, L->moe_down.data };
 		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
 			if (p == ptrs[i])
 				return true;

@@ -18,6 +18,7 @@ enum nx_arch {
 	NX_ARCH_LLAMA,
 	NX_ARCH_QWEN2,
 	NX_ARCH_QWEN3,
+	NX_ARCH_QWEN3MOE,
 	NX_ARCH_PHI3,
 	NX_ARCH_SMOLLM3,
 	NX_ARCH_GEMMA2,
@@ -82,6 +83,12 @@ struct nx_hparams {
 	int swa_window;
 	int swa_global_every;
 	float rope_base_swa;
+	/* Mixture of experts (qwen3moe; llama with expert_count: Mixtral), else all 0:
+	 * every layer's FFN is n_expert SwiGLU experts of n_ff_exp, of which each
+	 * token takes the n_expert_used with the largest router logits (model/moe.h) */
+	int n_expert, n_expert_used;
+	int n_ff_exp;     /* an expert's feed-forward length; n_ff is set to it */
+	bool moe_norm_w;  /* the chosen experts' softmax weights renormalised to sum 1 (Mixtral; qwen3moe's norm_topk_prob) */
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -112,6 +119,12 @@ struct nx_layer {
 	struct nx_wt w_up;          /* (n_ff, dim) */
 	struct nx_wt w_down;        /* (dim, n_ff) */
 	const float *ffn_post_norm; /* (dim) post_norms: of Wdown's output before the residual add; NULL otherwise */
+	/* Mixture of experts (hp.n_expert > 0; the dense three above are then empty):
+	 * expert e's rows of a stacked matrix are rows [e * r, (e + 1) * r) (model/moe.h: nx_moe_expert) */
+	struct nx_wt moe_router;    /* (n_expert, dim) ffn_gate_inp */
+	struct nx_wt moe_gate;      /* (n_expert * n_ff_exp, dim) ffn_gate_exps */
+	struct nx_wt moe_up;        /* (n_expert * n_ff_exp, dim) ffn_up_exps */
+	struct nx_wt moe_down;      /* (n_expert * dim, n_ff_exp) ffn_down_exps */
 };
 
 struct nx_model {

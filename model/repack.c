@@ -28,13 +28,23 @@ static int all_wts(struct nx_model *m, struct nx_wt **out)
 		out[n++] = &L->w_gate;
 		out[n++] = &L->w_up;
 		out[n++] = &L->w_down;
+		/* experts' stacked matrices: packed as one when each expert's rows are whole groups (moe.h: nx_moe_expert) */
+		if (m->hp.n_expert) {
+			out[n++] = &L->moe_router;
+			if (m->hp.n_ff_exp % NX_PACK_ROWS == 0) {
+				out[n++] = &L->moe_gate;
+				out[n++] = &L->moe_up;
+			}
+			if (m->hp.dim % NX_PACK_ROWS == 0)
+				out[n++] = &L->moe_down;
+		}
 	}
 	out[n++] = &m->output;
 	out[n++] = &m->tok_embd;
 	return n;
 }
 
-#define MAX_WTS (7 * NX_MAX_LAYERS + 2)
+#define MAX_WTS (11 * NX_MAX_LAYERS + 2)
 
 /* The first of wts[0..i) with the same data as wts[i], or NULL. */
 static struct nx_wt *earlier(struct nx_wt **wts, int i)

@@ -1,4 +1,4 @@
-"""reference.py - an independent float64 llama / qwen2 / qwen3 / phi3 / smollm3 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 / qwen3moe / phi3 / smollm3 forward pass in numpy, the ground truth for the engine.
 
 Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py,
 modeling_phi3.py, modeling_smollm3.py): RMSNorm, SwiGLU, grouped-query attention; qwen2's Q/K/V biases;
@@ -9,6 +9,12 @@ gate_up_proj (ffn_up: chunk(2), gate first), rotate_half on the first rope_dim d
 (partial_rotary_factor), LongRoPE (hf_rope "longrope") and the sliding-window mask (kv > q - window).
 smollm3: no RoPE in the layers its config's no_rope_layers marks 0 (by default every 4th:
 (i + 1) % no_rope_layer_interval == 0).
+
+Mixture-of-experts FFNs (modeling_mixtral.py's MixtralSparseMoeBlock, modeling_qwen3_moe.py's
+Qwen3MoeSparseMoeBlock): router logits, softmax over all experts, the top num_experts_per_tok
+probabilities, divided by their sum when norm_topk_prob (Mixtral always), each chosen expert's SwiGLU
+MLP weighted by its probability and summed. Like rope_scaling, norm_topk_prob is the Hugging Face
+config's, given by the caller, not read from the GGUF.
 
 RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
 rope_scaling, not the GGUF keys nxd reads.
@@ -154,7 +160,7 @@ def hf_rope(base, dim, rope_scaling=None, seq_len=None):
 
 class Reference:
     def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None, sliding_window=None,
-                 no_rope_layers=None, rope_seq_len=None):
+                 no_rope_layers=None, rope_seq_len=None, norm_topk_prob=None):
         """rope_scaling: the Hugging Face config's rope_scaling the file was converted from (the GGUF
         keeps only what llama.cpp's converter writes: for llama3, per-dimension factors).
         sliding_window: the config's sliding_window (phi3; None: none). no_rope_layers: the config's
@@ -181,11 +187,19 @@ class Reference:
         self.rope_scaling, self.rope_seq_len = rope_scaling, rope_seq_len
         self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling, rope_seq_len)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a in ("qwen2", "qwen3", "phi3")
+        self.neox = a in ("qwen2", "qwen3", "qwen3moe", "phi3")
         self.window = sliding_window
         if no_rope_layers is None:  # SmolLM3Config: no_rope_layer_interval = 4
             no_rope_layers = [int((i + 1) % 4 != 0) if a == "smollm3" else 1 for i in range(self.n_layer)]
         self.use_rope = [bool(u) for u in no_rope_layers]
+        self.n_expert = int(_field(r, f"{a}.expert_count", 0))
+        if self.n_expert:
+            self.top_k = int(_field(r, f"{a}.expert_used_count"))
+            if a == "llama":
+                norm_topk_prob = True  # Mixtral: softmax, top-k, renormalised
+            if norm_topk_prob is None:
+                raise ValueError(f"{path} has experts: give the norm_topk_prob it was converted from")
+            self.norm_topk_prob = bool(norm_topk_prob)
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -205,6 +219,36 @@ class Reference:
             elif ty in _Q8_K_ACT:
                 x = round_q8_k(x) if self.one_part else round_hi_lo(x, round_q8_k)
         return x @ self._w(name).T
+
+    def _mm_expert(self, x, name, e):
+        """x @ W[e].T for expert e of the stacked expert weight `name` (n_expert, n_out, n_in)."""
+        if self.emulate:
+            ty = self.types[name]
+            if ty in _Q8_0_ACT or name in self.packed:
+                x = round_q8_0_two_part(x, lo=not self.one_part)
+            elif ty in _Q8_K_ACT:
+                x = round_q8_k(x) if self.one_part else round_hi_lo(x, round_q8_k)
+        return x @ self.t[name][e].astype(np.float64).T
+
+    def _moe(self, xn, p):
+        """The sparse MoE block of one layer (prefix p) on normed rows xn (T, dim)."""
+        logits = self._mm(xn, p + "ffn_gate_inp.weight")  # (T, n_expert)
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        top = np.argsort(-probs, axis=-1, kind="stable")[:, :self.top_k]  # torch.topk: largest first
+        w = np.take_along_axis(probs, top, axis=-1)
+        if self.norm_topk_prob:
+            w = w / w.sum(axis=-1, keepdims=True)
+        out = np.zeros_like(xn)
+        for e in range(self.n_expert):
+            tok, slot = np.nonzero(top == e)
+            if len(tok) == 0:
+                continue
+            g = self._mm_expert(xn[tok], p + "ffn_gate_exps.weight", e)
+            u = self._mm_expert(xn[tok], p + "ffn_up_exps.weight", e)
+            y = self._mm_expert(g / (1 + np.exp(-g)) * u, p + "ffn_down_exps.weight", e)
+            out[tok] += w[tok, slot][:, None] * y
+        return out
 
     def _kv(self, x):
         return x.astype(np.float16).astype(np.float64) if self.emulate else x
@@ -255,7 +299,7 @@ class Reference:
                 k = k + self._w(p + "attn_k.bias")
                 v = v + self._w(p + "attn_v.bias")
             q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
-            if self.arch == "qwen3":  # Qwen3RMSNorm over each head's head_dim, before RoPE
+            if self.arch in ("qwen3", "qwen3moe"):  # Qwen3RMSNorm over each head's head_dim, before RoPE
                 q = self._rmsnorm(q, self._w(p + "attn_q_norm.weight"))
                 k = self._rmsnorm(k, self._w(p + "attn_k_norm.weight"))
             if self.use_rope[il]:
@@ -271,6 +315,9 @@ class Reference:
             att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
             x = x + self._mm(att, p + "attn_output.weight")
             xn = self._rmsnorm(x, self._w(p + "ffn_norm.weight"))
+            if self.n_expert:
+                x = x + self._moe(xn, p)
+                continue
             if self.arch == "phi3":  # gate_up_proj, then chunk(2): gate first
                 g, u = np.split(self._mm(xn, p + "ffn_up.weight"), 2, axis=1)
             else:

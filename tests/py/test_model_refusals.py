@@ -68,8 +68,13 @@ def test_rope_scaling_types_nxd_does_not_implement_are_refused(tmp_path):
 
 
 def test_experts_are_refused(tmp_path):
+    # qwen2 has no experts (qwen2moe is refused as an architecture); llama's are read (test_forward_moe.py)
     refused(tmp_path, add_keys(expert_count=("u32", 8), expert_used_count=("u32", 2)),
-            "key 'llama.expert_count' = 8", "mixture-of-experts")
+            "key 'qwen2.expert_count' = 8", "mixture-of-experts", arch="qwen2")
+    accepted(tmp_path, add_keys(expert_count=("u32", 0)), arch="qwen2")
+    # llama with expert_count reads the experts' tensors: without them the file is refused, naming one
+    refused(tmp_path, add_keys(expert_count=("u32", 8), expert_used_count=("u32", 2)),
+            "tensor 'blk.0.ffn_gate_inp.weight' is missing")
     accepted(tmp_path, add_keys(expert_count=("u32", 0)))
 
 
