@@ -471,6 +471,7 @@ struct nxd_prepared {
 	char *answer;             /* tokenize, detokenize: the encoded answer line (answer_len), NULL when out of memory */
 	size_t answer_len;
 	struct nx_toolp *tools;   /* generate with tools: the reader of its calls (taken over by the request) */
+	struct nx_grammar *call_grammar; /* tool_choice required or named: the call's grammar (taken over by the request's matcher) */
 };
 struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);

@@ -104,11 +104,13 @@ static size_t prompt_bytes(const struct nxp_generate *g)
 
 /* The tools a generate offers, once the template is known to have a
  * convention for them: the prefix that makes the answer start as a call
- * (tool_choice required or named), and the reader of its calls. */
+ * (tool_choice required or named), the grammar that holds the rest of that
+ * call to its tool's schema, and the reader of its calls. */
 static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g, char **prefix,
-		      struct nx_toolp **reader, struct nx_err *err)
+		      struct nx_grammar **call_grammar, struct nx_toolp **reader, struct nx_err *err)
 {
 	*prefix = NULL;
+	*call_grammar = NULL;
 	*reader = NULL;
 	if (!g->tools || g->tool_choice == NXP_TOOLS_NONE)
 		return 0;
@@ -138,13 +140,20 @@ static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g
 		snprintf(at, sizeof(at), "tools[%zu].function.parameters", i);
 		if (rc == 0 && params && (choice == NX_TOOL_REQUIRED || (choice == NX_TOOL_NAMED && !strcmp(name, g->tool_name))) &&
 		    nx_tool_schema_check(params, at, err) < 0)
-			rc = nx_err_prefix(err, "tool_choice asks for a call, whose arguments nxd checks");
+			rc = nx_err_prefix(err, "tool '%s': tool_choice asks for a call, whose arguments nxd checks", name);
 	}
-	/* The hook for constrained decoding (tok/tools.h): the call's arguments
-	 * follow this prefix, and the called tool's schema is what a grammar
-	 * would hold them to; until then the reader checks them once made. */
+	/* The call's arguments follow the prefix: the grammar holds them (and,
+	 * for "required", the name before them) to the called tool's schema as
+	 * they are sampled; a schema it cannot hold them to is refused naming
+	 * the tool. The reader's check after the call stays the last word. */
 	if (rc == 0 && choice != NX_TOOL_AUTO && !(*prefix = nx_tool_prefix(style, choice == NX_TOOL_NAMED ? g->tool_name : NULL)))
 		rc = nx_errf(err, "out of memory");
+	char *gbnf = NULL;
+	if (rc == 0 && nx_tool_grammar(style, tools, choice, g->tool_name, &gbnf, err) < 0)
+		rc = -1;
+	if (rc == 0 && gbnf && nx_grammar_compile(gbnf, strlen(gbnf), call_grammar, err) < 0)
+		rc = nx_err_prefix(err, "the grammar of the call tool_choice asks for");
+	free(gbnf);
 	uint64_t seed = 0;
 	if (rc == 0 && getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != sizeof(seed))
 		seed = (uint64_t)(uintptr_t)g ^ 0x9e3779b97f4a7c15ull;
@@ -160,6 +169,8 @@ static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g
 	if (rc) {
 		free(*prefix);
 		*prefix = NULL;
+		nx_grammar_free(*call_grammar);
+		*call_grammar = NULL;
 	}
 	return rc;
 }
@@ -167,12 +178,12 @@ static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g
 /* The prompt's tokens: chat template (unless raw or given as tokens), then
  * the tokenizer with special tokens parsed, BOS where the model wants one. */
 static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate *g, int32_t **out, int *n_out,
-			 struct nx_toolp **reader, struct nx_err *err)
+			 struct nx_grammar **call_grammar, struct nx_toolp **reader, struct nx_err *err)
 {
 	const struct nx_tok *tk = x->tok;
 	char *prefix = NULL;
 	*reader = NULL;
-	if (prep_tools(x, g, &prefix, reader, err) < 0)
+	if (prep_tools(x, g, &prefix, call_grammar, reader, err) < 0)
 		return -1;
 	if (g->input == NXP_IN_TOKENS) {
 		*out = malloc(((size_t)g->n_tokens + 1) * sizeof(int32_t));
@@ -235,7 +246,7 @@ static void prep_generate(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
 			 "must be left to generate", bytes, bytes / x->max_piece, x->lim.n_ctx);
 		return;
 	}
-	if (prompt_tokens(x, g, &p->toks, &p->n_toks, &p->tools, &err) < 0)
+	if (prompt_tokens(x, g, &p->toks, &p->n_toks, &p->call_grammar, &p->tools, &err) < 0)
 		prep_fail(p, NXP_E_BAD_REQUEST, "prompt", &err);
 }
 
@@ -322,6 +333,8 @@ void nxd_prepared_free(struct nxd_prepared *p)
 		nx_toolp_free(p->tools);
 	free(p->tools);
 	p->tools = NULL;
+	nx_grammar_free(p->call_grammar);
+	p->call_grammar = NULL;
 	p->toks = NULL;
 	p->text = NULL;
 	p->answer = NULL;
@@ -398,6 +411,15 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 		if (nx_gmatch_new(gr, d->model.trie, &r->gm, &err) < 0) {
 			nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "field '%s': %s",
 				       g->format == NXP_FMT_GRAMMAR ? "grammar" : "format", err.msg);
+			nxd_req_free(r);
+			return;
+		}
+	} else if (p->call_grammar) {
+		struct nx_err err = {{0}};
+		struct nx_grammar *gr = p->call_grammar;
+		p->call_grammar = NULL; /* the matcher takes it over */
+		if (nx_gmatch_new(gr, d->model.trie, &r->gm, &err) < 0) {
+			nxd_send_error(d, c, q->id, NXP_E_INTERNAL, "field 'tool_choice': the call's grammar: %s", err.msg);
 			nxd_req_free(r);
 			return;
 		}

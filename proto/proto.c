@@ -1169,6 +1169,9 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	if (g->tools && g->grammar)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'tools' cannot be used with '%s'",
 			    g->format == NXP_FMT_GRAMMAR ? "grammar" : "format");
+	if (g->tools && g->ignore_eos && (g->tool_choice == NXP_TOOLS_REQUIRED || g->tool_choice == NXP_TOOLS_NAMED))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'ignore_eos' cannot be used with a 'tool_choice' that asks for a "
+			    "call: the call's grammar decides where the answer ends");
 	return 0;
 }
 

@@ -65,6 +65,20 @@ const char *nx_grammar_json_gbnf(void);
  * or construct (docs/protocol.md lists the subset). */
 int nx_schema_to_gbnf(const char *schema_json, size_t len, char **gbnf, struct nx_err *err);
 
+/* One schema's rules alone, for a grammar that holds several schemas (a
+ * call of one of several tools, tok/tool_grammar.c): every rule the schema
+ * adds is named prefix ([A-Za-z0-9_-], at most NX_SCHEMA_PREFIX_MAX bytes;
+ * no other rule of the grammar may start so), "s" and a number; *root
+ * (malloc'd, as *rules) names the rule of a document, which may be one of
+ * the shared JSON rules. The rules use those of nx_schema_gbnf_json_rules,
+ * which the grammar must hold once, and no `root`. */
+#define NX_SCHEMA_PREFIX_MAX 16
+int nx_schema_to_gbnf_rules(const char *schema_json, size_t len, const char *prefix, char **rules, char **root,
+			    struct nx_err *err);
+/* The shared JSON rules (value, object, string, ws, integer...) without a
+ * root: malloc'd, NULL when out of memory. */
+char *nx_schema_gbnf_json_rules(void);
+
 /* --- the vocabulary trie ------------------------------------------------------ */
 
 /* Over the pieces (nx_tok_piece, no specials) of every token but control

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #define SCHEMA_MAX_DEPTH 64
+#define RULE_NAME (NX_SCHEMA_PREFIX_MAX + 16) /* a rule's name: the prefix, "s", a number */
 #define BOUND_MAX 1e15 /* integer bounds beyond this are refused (exactness of doubles) */
 
 struct sb {
@@ -70,6 +71,7 @@ static void sb_fmt(struct sb *b, const char *fmt, ...)
 struct sc {
 	struct sb out;        /* the rules */
 	int n_rules;
+	const char *prefix;  /* of every rule name (nx_schema_to_gbnf_rules) */
 	struct nx_err *err;
 	int depth;
 	bool failed;
@@ -87,11 +89,11 @@ static int serr(struct sc *c, const char *path, const char *fmt, ...)
 	return nx_errf(c->err, "schema%s%s: %s", *path ? " at " : "", path, msg);
 }
 
-/* A new rule name into name (16 bytes); its body is appended by the caller
+/* A new rule name into name (RULE_NAME bytes): the prefix, "s" and a number; its body is appended by the caller
  * after "name ::= " and ended with "\n". */
-static void rule_begin(struct sc *c, char name[16])
+static void rule_begin(struct sc *c, char name[RULE_NAME])
 {
-	snprintf(name, 16, "s%d", ++c->n_rules);
+	snprintf(name, RULE_NAME, "%ss%d", c->prefix, ++c->n_rules);
 	sb_fmt(&c->out, "%s ::= ", name);
 }
 
@@ -773,7 +775,7 @@ static int rx_alt(struct rx *x)
 }
 
 /* A string whose content matches pattern (searched, as JSON schema says). */
-static int pattern_rule(struct sc *c, const char *pat, size_t len, const char *path, char name[16])
+static int pattern_rule(struct sc *c, const char *pat, size_t len, const char *path, char name[RULE_NAME])
 {
 	struct sb body = {0};
 	struct rx x = { pat, pat + len, c, path, &body, 0 };
@@ -832,14 +834,14 @@ static bool in(const char *const *list, const char *k)
 	return false;
 }
 
-static int gen(struct sc *c, json_t *s, const char *path, char name[16]);
+static int gen(struct sc *c, json_t *s, const char *path, char name[RULE_NAME]);
 
 static void sub_path(char *out, size_t cap, const char *path, const char *what)
 {
 	snprintf(out, cap, "%s%s%s", path, *path ? "." : "", what);
 }
 
-static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
+static int gen_object(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 {
 	json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required"),
 	       *addl = json_object_get(s, "additionalProperties");
@@ -855,7 +857,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 			return serr(c, path, "'required' must be an array of strings");
 	if (!props && !n_req) {
 		if (!addl || json_is_true(addl)) {
-			snprintf(name, 16, "object");
+			snprintf(name, RULE_NAME, "object");
 			return 0;
 		}
 		if (json_is_false(addl)) {
@@ -864,7 +866,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 			return 0;
 		}
 		/* a map: any keys, each value of the schema */
-		char v[16], p2[256];
+		char v[RULE_NAME], p2[256];
 		sub_path(p2, sizeof(p2), path, "additionalProperties");
 		if (gen(c, addl, p2, v))
 			return -1;
@@ -877,7 +879,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 	const char **keys = calloc(n_props + n_req + 1, sizeof(*keys));
 	json_t **schemas = calloc(n_props + n_req + 1, sizeof(*schemas));
 	bool *must = calloc(n_props + n_req + 1, sizeof(*must));
-	char (*vals)[16] = calloc(n_props + n_req + 1, sizeof(*vals));
+	char (*vals)[RULE_NAME] = calloc(n_props + n_req + 1, sizeof(*vals));
 	int rc = 0;
 	if (!keys || !schemas || !must || !vals) {
 		rc = serr(c, path, "out of memory");
@@ -912,7 +914,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 		char p2[256];
 		snprintf(p2, sizeof(p2), "%s%sproperties.%s", path, *path ? "." : "", keys[i]);
 		if (!schemas[i])
-			snprintf(vals[i], 16, "value");
+			snprintf(vals[i], RULE_NAME, "value");
 		else if (gen(c, schemas[i], p2, vals[i])) {
 			rc = -1;
 			goto out;
@@ -922,8 +924,9 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 	int base = c->n_rules;
 	c->n_rules += 3 * (int)n + 2;
 	struct sb *o = &c->out;
+	const char *const P = c->prefix;
 	for (size_t i = 0; i < n; i++) {
-		sb_fmt(o, "s%d ::= ", base + 1 + (int)i);
+		sb_fmt(o, "%ss%d ::= ", P, base + 1 + (int)i);
 		json_t *kj = json_string(keys[i]);
 		if (!kj) {
 			rc = serr(c, path, "property name '%s' is not valid UTF-8", keys[i]);
@@ -936,19 +939,19 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[16])
 	const int kv = base + 1, t = base + 1 + (int)n, f = t + (int)n + 1;
 	for (size_t i = 0; i <= n; i++) {
 		if (i == n) {
-			sb_fmt(o, "s%d ::= \"\"\ns%d ::= \"\"\n", t + (int)i, f + (int)i);
+			sb_fmt(o, "%ss%d ::= \"\"\n%ss%d ::= \"\"\n", P, t + (int)i, P, f + (int)i);
 			break;
 		}
 		if (must[i]) {
-			sb_fmt(o, "s%d ::= \",\" ws s%d s%d\n", t + (int)i, kv + (int)i, t + (int)i + 1);
-			sb_fmt(o, "s%d ::= s%d s%d\n", f + (int)i, kv + (int)i, t + (int)i + 1);
+			sb_fmt(o, "%ss%d ::= \",\" ws %ss%d %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
+			sb_fmt(o, "%ss%d ::= %ss%d %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1);
 		} else {
-			sb_fmt(o, "s%d ::= ( \",\" ws s%d )? s%d\n", t + (int)i, kv + (int)i, t + (int)i + 1);
-			sb_fmt(o, "s%d ::= s%d s%d | s%d\n", f + (int)i, kv + (int)i, t + (int)i + 1, f + (int)i + 1);
+			sb_fmt(o, "%ss%d ::= ( \",\" ws %ss%d )? %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
+			sb_fmt(o, "%ss%d ::= %ss%d %ss%d | %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1, P, f + (int)i + 1);
 		}
 	}
 	rule_begin(c, name);
-	sb_fmt(o, "\"{\" ws s%d \"}\"\n", f);
+	sb_fmt(o, "\"{\" ws %ss%d \"}\"\n", P, f);
 out:
 	free(keys);
 	free(schemas);
@@ -972,7 +975,7 @@ static int get_count(struct sc *c, json_t *s, const char *key, long *v, const ch
 	return 0;
 }
 
-static int gen_array(struct sc *c, json_t *s, const char *path, char name[16])
+static int gen_array(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 {
 	json_t *items = json_object_get(s, "items");
 	if (items && json_is_array(items))
@@ -984,10 +987,10 @@ static int gen_array(struct sc *c, json_t *s, const char *path, char name[16])
 		mn = 0;
 	if (mx >= 0 && mx < mn)
 		return serr(c, path, "maxItems %ld is below minItems %ld", mx, mn);
-	char v[16], p2[256];
+	char v[RULE_NAME], p2[256];
 	sub_path(p2, sizeof(p2), path, "items");
 	if (!items)
-		snprintf(v, 16, "value");
+		snprintf(v, RULE_NAME, "value");
 	else if (gen(c, items, p2, v))
 		return -1;
 	rule_begin(c, name);
@@ -1006,7 +1009,7 @@ static int gen_array(struct sc *c, json_t *s, const char *path, char name[16])
 	return 0;
 }
 
-static int gen_string(struct sc *c, json_t *s, const char *path, char name[16])
+static int gen_string(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 {
 	json_t *pat = json_object_get(s, "pattern");
 	long mn, mx;
@@ -1020,7 +1023,7 @@ static int gen_string(struct sc *c, json_t *s, const char *path, char name[16])
 		return pattern_rule(c, json_string_value(pat), json_string_length(pat), path, name);
 	}
 	if (mn < 0 && mx < 0) {
-		snprintf(name, 16, "string");
+		snprintf(name, RULE_NAME, "string");
 		return 0;
 	}
 	if (mn < 0)
@@ -1035,14 +1038,14 @@ static int gen_string(struct sc *c, json_t *s, const char *path, char name[16])
 	return 0;
 }
 
-static int gen_number(struct sc *c, json_t *s, const char *path, bool integer, char name[16])
+static int gen_number(struct sc *c, json_t *s, const char *path, bool integer, char name[RULE_NAME])
 {
 	struct bound lo, hi;
 	if (get_bound(c, s, "minimum", "exclusiveMinimum", &lo, path) ||
 	    get_bound(c, s, "maximum", "exclusiveMaximum", &hi, path))
 		return -1;
 	if (!lo.has && !hi.has) {
-		snprintf(name, 16, integer ? "integer" : "number");
+		snprintf(name, RULE_NAME, integer ? "integer" : "number");
 		return 0;
 	}
 	if (integer) {
@@ -1106,14 +1109,14 @@ static bool type_known(const char *t)
 	return in((const char *const[]){ "integer", "number", "string", "boolean", "null", "object", "array", NULL }, t);
 }
 
-static int gen_type(struct sc *c, json_t *s, const char *t, const char *path, char name[16])
+static int gen_type(struct sc *c, json_t *s, const char *t, const char *path, char name[RULE_NAME])
 {
 	if (!strcmp(t, "null")) {
-		snprintf(name, 16, "null");
+		snprintf(name, RULE_NAME, "null");
 		return 0;
 	}
 	if (!strcmp(t, "boolean")) {
-		snprintf(name, 16, "boolean");
+		snprintf(name, RULE_NAME, "boolean");
 		return 0;
 	}
 	if (!strcmp(t, "string"))
@@ -1141,10 +1144,10 @@ static const char *implied_type(json_t *s)
 	return NULL;
 }
 
-static int gen(struct sc *c, json_t *s, const char *path, char name[16])
+static int gen(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 {
 	if (json_is_true(s)) {
-		snprintf(name, 16, "value");
+		snprintf(name, RULE_NAME, "value");
 		return 0;
 	}
 	if (json_is_false(s))
@@ -1216,7 +1219,7 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[16])
 		if (type)
 			return serr(c, path, "'anyOf' together with 'type' is not supported");
 		size_t n = json_array_size(any);
-		char (*alts)[16] = calloc(n, sizeof(*alts));
+		char (*alts)[RULE_NAME] = calloc(n, sizeof(*alts));
 		if (!alts)
 			return serr(c, path, "out of memory");
 		for (size_t i = 0; i < n; i++) {
@@ -1238,7 +1241,7 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[16])
 	if (n_types == 0) {
 		const char *t = implied_type(s);
 		if (!t) {
-			snprintf(name, 16, "value");
+			snprintf(name, RULE_NAME, "value");
 			c->depth--;
 			return 0;
 		}
@@ -1249,7 +1252,7 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[16])
 		c->depth--;
 		return rc;
 	}
-	char alts[8][16];
+	char alts[8][RULE_NAME];
 	for (int i = 0; i < n_types; i++)
 		if (gen_type(c, s, types[i], path, alts[i]))
 			return -1;
@@ -1261,35 +1264,83 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[16])
 	return 0;
 }
 
-int nx_schema_to_gbnf(const char *schema_json, size_t len, char **gbnf, struct nx_err *err)
+static int schema_rules(const char *schema_json, size_t len, const char *prefix, struct sc *c, char root[RULE_NAME],
+			struct nx_err *err)
 {
-	*gbnf = NULL;
 	json_error_t je;
 	json_t *s = json_loadb(schema_json, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
 	if (!s)
 		return nx_errf(err, "schema: not JSON: %s", je.text);
-	struct sc c = { .err = err };
-	char root[16];
-	int rc = gen(&c, s, "", root);
+	*c = (struct sc){ .err = err, .prefix = prefix };
+	int rc = gen(c, s, "", root);
 	json_decref(s);
-	if (rc || c.failed) {
-		free(c.out.s);
+	if (rc || c->failed || c->out.oom) {
+		if (!rc && !c->failed)
+			nx_errf(err, "schema: out of memory");
+		free(c->out.s);
+		c->out.s = NULL;
 		return -1;
 	}
+	return 0;
+}
+
+/* The JSON rules (but its root) and the typed ones schemas use. */
+static void json_rules(struct sb *g)
+{
+	sb_str(g, strchr(nx_grammar_json_gbnf(), '\n') + 1);
+	sb_str(g, "boolean ::= \"true\" | \"false\"\nnull ::= \"null\"\n"
+		  "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]* )\n");
+}
+
+int nx_schema_to_gbnf(const char *schema_json, size_t len, char **gbnf, struct nx_err *err)
+{
+	*gbnf = NULL;
+	struct sc c;
+	char root[RULE_NAME];
+	if (schema_rules(schema_json, len, "", &c, root, err))
+		return -1;
 	struct sb g = {0};
 	sb_fmt(&g, "root ::= %s\n", root);
-	/* the JSON rules, but its root */
-	const char *base = strchr(nx_grammar_json_gbnf(), '\n') + 1;
-	sb_str(&g, base);
-	sb_str(&g, "boolean ::= \"true\" | \"false\"\nnull ::= \"null\"\n"
-		   "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]* )\n");
+	json_rules(&g);
 	if (c.out.s)
 		sb_put(&g, c.out.s, c.out.n);
 	free(c.out.s);
-	if (g.oom || c.out.oom) {
+	if (g.oom) {
 		free(g.s);
 		return nx_errf(err, "schema: out of memory");
 	}
 	*gbnf = g.s;
 	return 0;
+}
+
+int nx_schema_to_gbnf_rules(const char *schema_json, size_t len, const char *prefix, char **rules, char **root,
+			    struct nx_err *err)
+{
+	*rules = *root = NULL;
+	if (strlen(prefix) > NX_SCHEMA_PREFIX_MAX)
+		return nx_errf(err, "schema: rule prefix '%s' is longer than %d bytes", prefix, NX_SCHEMA_PREFIX_MAX);
+	struct sc c;
+	char r[RULE_NAME];
+	if (schema_rules(schema_json, len, prefix, &c, r, err))
+		return -1;
+	*rules = c.out.s ? c.out.s : strdup("");
+	*root = strdup(r);
+	if (!*rules || !*root) {
+		free(*rules);
+		free(*root);
+		*rules = *root = NULL;
+		return nx_errf(err, "schema: out of memory");
+	}
+	return 0;
+}
+
+char *nx_schema_gbnf_json_rules(void)
+{
+	struct sb g = {0};
+	json_rules(&g);
+	if (g.oom) {
+		free(g.s);
+		return NULL;
+	}
+	return g.s;
 }

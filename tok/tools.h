@@ -22,12 +22,12 @@
  * trained on to the byte.
  *
  * tool_choice "required" or a named tool makes the answer start as a call
- * (nx_tool_prefix) and checks its arguments once complete (take_call in
- * tools.c, against nx_toolp.schema). Constrained decoding plugs in at that
- * one place: daemon/ops.c prep_tools, which builds the prefix and the reader,
- * is where the tool's parameters schema would be compiled into the grammar
- * the sampler holds the rest of the call to; the check stays as the last
- * word. */
+ * (nx_tool_prefix), holds the rest of it to a grammar (nx_tool_grammar:
+ * the name, the family's separator, the tool's parameters schema, the
+ * family's close), which daemon/ops.c prep_tools gives the request's
+ * sampler, and checks its arguments once complete all the same (take_call
+ * in tools.c, against the called tool's parameters): the check stays the
+ * last word. */
 #ifndef NX_TOOLS_H
 #define NX_TOOLS_H
 
@@ -134,6 +134,21 @@ void nx_toolp_finish(struct nx_toolp *p);
 /* Whether the answer ends here: a call completed and parallel is false, the
  * answer made NX_TOOL_MAX_CALLS calls, or a required call failed. */
 bool nx_toolp_done(const struct nx_toolp *p);
+
+// --- the grammar of a call tool_choice asks for (tok/tool_grammar.c)
+
+/* The GBNF of the rest of an answer that is a call (choice REQUIRED or
+ * NAMED), after nx_tool_prefix(s, choice NAMED ? name : NULL): for
+ * REQUIRED, an alternation over tools of each one's name and the
+ * separator; the arguments under the tool's parameters schema
+ * (nx_schema_to_gbnf_rules; any object when it has none); then the close
+ * the family writes (Qwen "}\n</tool_call>", Llama "}"), after which only
+ * the end of generation is allowed: one call, also when parallel calls are
+ * allowed. *gbnf is malloc'd; NULL with 0 for AUTO or a family nxd has no
+ * call grammar for (the check alone then). A schema the compiler refuses:
+ * -1 naming the tool and the construct (tok/tool_grammar.c). */
+int nx_tool_grammar(enum nx_tool_style s, const json_t *tools, enum nx_tool_choice choice, const char *name,
+		    char **gbnf, struct nx_err *err);
 
 // --- arguments against a schema (tok/tool_schema.c)
 

@@ -1,4 +1,4 @@
-/* test_tools.c - the reader of a model's tool calls (tok/tools.c): calls taken only when whole and well formed, the same however the text is cut into tokens; and tool arguments against JSON schemas (tok/tool_schema.c). */
+/* test_tools.c - the reader of a model's tool calls (tok/tools.c): calls taken only when whole and well formed, the same however the text is cut into tokens; the grammar of a call tool_choice asks for (tok/tool_grammar.c); and tool arguments against JSON schemas (tok/tool_schema.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "sample/grammar.h"
 #include "tok/tools.h"
 
 static const char TOOLS[] =
@@ -220,6 +221,162 @@ static void test_schema(void **state)
 	}
 }
 
+/* --- the grammar of a forced call (tool_grammar.c) */
+
+/* A matcher of the call grammar over a vocabulary of the 256 bytes. */
+static struct nx_gmatch *call_matcher(enum nx_tool_style style, enum nx_tool_choice choice, const char *name,
+				      const char *tools_json, struct nx_vocab_trie **trie)
+{
+	static char bytes[256];
+	static const char *pieces[257];
+	static size_t lens[257];
+	static bool eog[257];
+	for (int i = 0; i < 256; i++) {
+		bytes[i] = (char)i;
+		pieces[i] = &bytes[i];
+		lens[i] = 1;
+	}
+	eog[256] = true;
+	struct nx_err err = { { 0 } };
+	if (nx_vocab_trie_from_pieces(257, pieces, lens, eog, trie, &err))
+		fail_msg("trie: %s", err.msg);
+	json_error_t je;
+	json_t *tools = json_loads(tools_json, 0, &je);
+	char *gbnf = NULL;
+	if (nx_tool_grammar(style, tools, choice, name, &gbnf, &err))
+		fail_msg("tool grammar: %s", err.msg);
+	json_decref(tools);
+	assert_non_null(gbnf);
+	struct nx_grammar *g;
+	struct nx_gmatch *m;
+	if (nx_grammar_compile(gbnf, strlen(gbnf), &g, &err))
+		fail_msg("compile: %s\n%s", err.msg, gbnf);
+	free(gbnf);
+	if (nx_gmatch_new(g, *trie, &m, &err))
+		fail_msg("matcher: %s", err.msg);
+	return m;
+}
+
+/* Whether the grammar takes answer as a whole call (then the reader must
+ * take it too, as the one call it is). */
+static bool grammar_takes(enum nx_tool_style style, enum nx_tool_choice choice, const char *name, const char *answer)
+{
+	struct nx_vocab_trie *trie;
+	struct nx_gmatch *m = call_matcher(style, choice, name, TOOLS, &trie);
+	bool ok = nx_gmatch_accept_bytes(m, answer, strlen(answer)) == 0 && nx_gmatch_accepting(m);
+	if (ok) {
+		/* and nothing may follow but the end of generation */
+		int n_allowed = -1;
+		struct nx_err err;
+		const uint64_t *mask = nx_gmatch_mask(m, &n_allowed, &err);
+		assert_non_null(mask);
+		assert_int_equal(n_allowed, 1);
+		assert_true(mask[256 / 64] & (1ull << (256 % 64)));
+		assert_int_equal(nx_gmatch_accept_token(m, 256), 0);
+	}
+	nx_gmatch_free(m);
+	nx_vocab_trie_free(trie);
+	if (ok) {
+		struct result r;
+		read_answer(style, choice, name, true, answer, 0, &r);
+		if (r.n_calls != 1 || r.failed)
+			fail_msg("the grammar takes %s, the reader does not (%d calls)", answer, r.n_calls);
+	}
+	return ok;
+}
+
+static void test_call_grammar(void **state)
+{
+	(void)state;
+	/* Qwen, any tool: the name, the separator, the tool's own schema, the close */
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL,
+				  "get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>"));
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, "now\", \"arguments\": {}}\n</tool_call>"));
+	/* a tool without parameters takes any object */
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL,
+				  "now\", \"arguments\": {\"x\": [1, {\"y\": null}]}}\n</tool_call>"));
+	static const char *const wrong[] = {
+		"send\", \"arguments\": {}}\n</tool_call>",                                 /* not offered */
+		"get_weather\", \"arguments\": {\"city\": \"P\"}}\n</tool_call>",          /* minLength 2 */
+		"get_weather\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>",          /* city is required */
+		"get_weather\", \"arguments\": {\"city\": \"Rome\", \"unit\": \"k\"}}\n</tool_call>", /* enum */
+		"get_weather\", \"arguments\": {\"city\": \"Rome\", \"x\": 1}}\n</tool_call>", /* additional */
+		"get_weather\",\"arguments\":{\"city\": \"Rome\"}}\n</tool_call>",        /* not the separator */
+		"get_weather\", \"parameters\": {\"city\": \"Rome\"}}\n</tool_call>",     /* Llama's key */
+		"now\", \"arguments\": {}}</tool_call>",                                    /* not the close */
+		"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>",                     /* a second call */
+		"now\", \"arguments\": []}\n</tool_call>",                                  /* not an object */
+	};
+	for (size_t i = 0; i < sizeof(wrong) / sizeof(wrong[0]); i++)
+		if (grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, wrong[i]))
+			fail_msg("the grammar takes %s", wrong[i]);
+	/* a named tool: the prefix holds the name and the separator */
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\"}}\n</tool_call>"));
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", "{\"city\": \"Rome\"}}\n</tool_call>"));
+	assert_false(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "get_weather", "{}}\n</tool_call>"));
+	/* Llama 3: "parameters", and the call is the whole answer */
+	assert_true(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_REQUIRED, NULL,
+				  "get_weather\", \"parameters\": {\"city\": \"Rome\"}}"));
+	assert_false(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_REQUIRED, NULL,
+				   "get_weather\", \"arguments\": {\"city\": \"Rome\"}}"));
+	assert_true(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\", \"unit\": \"f\"}}"));
+	assert_false(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\"}}\n"));
+
+	/* auto, and a family without a call grammar: none (the check alone) */
+	json_error_t je;
+	json_t *tools = json_loads(TOOLS, 0, &je);
+	char *gbnf = (char *)1;
+	struct nx_err err = { { 0 } };
+	assert_int_equal(nx_tool_grammar(NX_TOOLS_QWEN, tools, NX_TOOL_AUTO, NULL, &gbnf, &err), 0);
+	assert_null(gbnf);
+	assert_int_equal(nx_tool_grammar(NX_TOOLS_NONE, tools, NX_TOOL_REQUIRED, NULL, &gbnf, &err), 0);
+	assert_null(gbnf);
+	json_decref(tools);
+	/* a schema the compiler cannot hold arguments to: refused naming the tool and the keyword, when the
+	 * call is asked for; a tool that is not the named one does not matter */
+	tools = json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"now\"}},"
+			   "{\"type\":\"function\",\"function\":{\"name\":\"even\",\"parameters\":{\"type\":\"object\","
+			   "\"properties\":{\"n\":{\"type\":\"integer\",\"multipleOf\":2}}}}}]", 0, &je);
+	assert_non_null(tools);
+	assert_int_equal(nx_tool_grammar(NX_TOOLS_QWEN, tools, NX_TOOL_REQUIRED, NULL, &gbnf, &err), -1);
+	assert_non_null(strstr(err.msg, "tool 'even'"));
+	assert_non_null(strstr(err.msg, "multipleOf"));
+	assert_non_null(strstr(err.msg, "tools[1].function.parameters"));
+	assert_int_equal(nx_tool_grammar(NX_TOOLS_QWEN, tools, NX_TOOL_NAMED, "even", &gbnf, &err), -1);
+	assert_int_equal(nx_tool_grammar(NX_TOOLS_QWEN, tools, NX_TOOL_NAMED, "now", &gbnf, &err), 0);
+	assert_non_null(gbnf);
+	free(gbnf);
+	json_decref(tools);
+}
+
+/* Several tools' schemas in one grammar: each tool's rules are its own even
+ * when the schemas make the same rule numbers. */
+static void test_call_grammar_keeps_schemas_apart(void **state)
+{
+	(void)state;
+	static const char tools[] =
+		"[{\"function\":{\"name\":\"a\",\"parameters\":{\"type\":\"object\",\"properties\":"
+		"{\"v\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":9}},\"required\":[\"v\"]}}},"
+		"{\"function\":{\"name\":\"b\",\"parameters\":{\"type\":\"object\",\"properties\":"
+		"{\"v\":{\"type\":\"string\",\"maxLength\":1}},\"required\":[\"v\"]}}}]";
+	struct nx_vocab_trie *trie;
+	static const struct { const char *answer; bool ok; } cases[] = {
+		{ "a\", \"arguments\": {\"v\": 7}}\n</tool_call>", true },
+		{ "b\", \"arguments\": {\"v\": \"7\"}}\n</tool_call>", true },
+		{ "a\", \"arguments\": {\"v\": \"7\"}}\n</tool_call>", false },
+		{ "b\", \"arguments\": {\"v\": 7}}\n</tool_call>", false },
+		{ "a\", \"arguments\": {\"v\": 10}}\n</tool_call>", false },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct nx_gmatch *m = call_matcher(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, tools, &trie);
+		bool ok = nx_gmatch_accept_bytes(m, cases[i].answer, strlen(cases[i].answer)) == 0 && nx_gmatch_accepting(m);
+		if (ok != cases[i].ok)
+			fail_msg("%s: %d", cases[i].answer, ok);
+		nx_gmatch_free(m);
+		nx_vocab_trie_free(trie);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -228,6 +385,8 @@ int main(void)
 		cmocka_unit_test(test_llama_calls),
 		cmocka_unit_test(test_forced_calls_are_checked),
 		cmocka_unit_test(test_schema),
+		cmocka_unit_test(test_call_grammar),
+		cmocka_unit_test(test_call_grammar_keeps_schemas_apart),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -249,6 +249,11 @@ def scripted(path, template, scripts):
 QWEN25 = render.source("qwen2.5.jinja")
 LLAMA31 = render.source("llama3.1.jinja")
 TOOLS = [render_tools.WEATHER, render_tools.CLOCK]
+# CLOCK's offset has bounds the grammar compiler refuses (-12.5, 1e20): a call that must be made, of any tool,
+# is held to each tool's schema as it is sampled, so "required" is offered tools whose schemas compile.
+CLOCK_HELD = {"type": "function", "function": {"name": "local_time", "parameters": {
+    "type": "object", "properties": {"offset": {"type": "number", "minimum": -12, "maximum": 14}}}}}
+HELD = [render_tools.WEATHER, CLOCK_HELD]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 ANSWER = "It is 21 C and clear in Paris."
 # After the generation prompt ("...assistant\n"): a final answer, or (another model) a call of its own.
@@ -284,8 +289,9 @@ def test_protocol_tool_choice_named_and_required(tmp_path):
         [call] = done["tool_calls"]
         assert call["name"] == "get_weather" and call["id"].startswith("call_")
         assert json.loads(call["arguments"]) == {"city": "Paris", "unit": "celsius"}
-        _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, stream=False)
+        _, text, done = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False)
         assert [(t["name"], json.loads(t["arguments"])) for t in done["tool_calls"]] == [("local_time", {"offset": 1.5})]
+        assert done["incomplete"] is False
         # auto: the model answers in text, no call
         _, text, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
         assert text == ANSWER and done["reason"] == "eos" and "tool_calls" not in done
@@ -372,20 +378,132 @@ def test_a_malformed_call_is_plain_text_never_a_call(tmp_path, bad):
         # streamed, the same text comes in token events
         _, got, done = c.generate(messages=ASK, tools=TOOLS, temperature=0)
         assert got == text and done["reason"] == "eos"
-        # when a call is required, an answer that is not a valid call is an error, not a call
-        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=8)
+        # when a call is required the grammar keeps the answer a call: cut by max_tokens before it is whole, it
+        # is an error, not a call
+        _, _, err = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, max_tokens=8)
         assert err["event"] == "error" and err["code"] == "invalid_tool_call", err
 
 
-def test_a_required_call_that_does_not_match_its_schema_is_an_error(tmp_path):
-    wrong = {SPACE_END: ['{"city": "Paris", "unit": "kelvin"}', '}\n</tool_call>'],
-             QUOTE: ['get_weather", "arguments": {"unit": "celsius"}}', '\n</tool_call>']}
-    with serve(None, QWEN25, wrong, tmp_path, "s") as d, Client(d.sock) as c:
-        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice=named("get_weather"), temperature=0)
-        assert err["event"] == "error" and err["code"] == "invalid_tool_call"
-        assert "get_weather" in err["message"] and "enum" in err["message"] and "$.unit" in err["message"]
-        _, _, err = c.generate(messages=ASK, tools=TOOLS, tool_choice="required", temperature=0, stream=False)
-        assert err["code"] == "invalid_tool_call" and "required property 'city'" in err["message"]
+# --- a call tool_choice asks for is held to its tool's schema as it is sampled (tok/tool_grammar.c)
+#
+# Tools whose schemas bound every string, number and array, so that even a model that writes anything the
+# grammar allows (the scripted model where its script is masked out: every allowed token equally likely)
+# finishes its call well within max_tokens.
+HELD_WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12},
+                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"]}}}
+HELD_CLOCK = {"type": "function", "function": {"name": "local_time", "parameters": {
+    "type": "object", "properties": {"offset": {"type": "integer", "minimum": -12, "maximum": 14},
+                                     "dst": {"type": "boolean"}},
+    "required": ["offset"], "additionalProperties": False}}}
+HELD_ALARM = {"type": "function", "function": {"name": "set_alarm", "parameters": {
+    "type": "object", "properties": {
+        "times": {"type": "array", "items": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+                  "minItems": 1, "maxItems": 3},
+        "label": {"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 5}]},
+        "repeat": {"type": "string", "const": "daily"}},
+    "required": ["times", "label"]}}}
+HELD_TOOLS = [HELD_WEATHER, HELD_CLOCK, HELD_ALARM]
+# What the model would write after the forced starts: arguments that break the schemas (a unit not in the
+# enum, a missing required city, an offset out of range), in pieces the grammar takes while they fit.
+WRONG = {SPACE_END: ['{"city": ', '"Paris", ', '"unit": ', '"kelvin"', '}', '}\n</tool_call>'],
+         QUOTE: ['local_time", "arguments": {', '"offset": 99', '}}\n</tool_call>']}
+
+
+def test_a_forced_call_is_held_to_its_schema_over_many_seeds(tmp_path):
+    """Property: at temperature 1 over many seeds (and greedy), with a model that wants to break the schema,
+    every call tool_choice asks for is complete, names the right tool, and its arguments validate against the
+    tool's parameters (the jsonschema package, not nxd's checker)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in HELD_TOOLS}
+    # "required" of the three (the script's local_time fits), of two the script names neither of (each
+    # draws its tool), and each tool named
+    choices = [("required", HELD_TOOLS), ("required", [HELD_WEATHER, HELD_ALARM])] + \
+        [(named(t["function"]["name"]), HELD_TOOLS) for t in HELD_TOOLS]
+    seen = {}
+    with serve(None, QWEN25, WRONG, tmp_path, "s") as d, Client(d.sock) as c:
+        for seed in range(100):
+            for k, (choice, tools) in enumerate(choices):
+                kw = {"temperature": 0} if seed == 0 else {"temperature": 1.0, "seed": seed}
+                _, text, done = c.generate(rid=k + 1, messages=ASK, tools=tools, tool_choice=choice,
+                                           stream=False, max_tokens=400, **kw)
+                assert done["event"] == "done", (choice, seed, done)
+                assert done["reason"] == "tool_calls" and text == "", (choice, seed, done)
+                assert done["incomplete"] is False, done
+                [call] = done["tool_calls"]
+                if choice == "required":
+                    assert call["name"] in [t["function"]["name"] for t in tools]
+                else:
+                    assert call["name"] == choice["function"]["name"]
+                args = json.loads(call["arguments"])
+                jsonschema.validate(args, schemas[call["name"]])
+                seen.setdefault((k, call["name"]), set()).add(json.dumps(args, sort_keys=True))
+    # the draws are the model's: where the script fits it is followed (local_time for the first "required",
+    # Paris), where it does not every allowed continuation may come
+    assert {name for k, name in seen if k == 0} == {"local_time"}
+    assert {name for k, name in seen if k == 1} == {"get_weather", "set_alarm"}, seen.keys()
+    assert {json.loads(a)["unit"] for a in seen[(2, "get_weather")]} == {"celsius", "fahrenheit"}
+    assert all(json.loads(a)["city"] == "Paris" for a in seen[(2, "get_weather")])
+    assert len(seen[(3, "local_time")]) > 10 and len(seen[(4, "set_alarm")]) > 50, {k: len(v) for k, v in seen.items()}
+
+
+def test_a_forced_llama_call_is_held_to_its_schema(tmp_path):
+    """Llama 3.1's convention: the whole answer is {"name": ..., "parameters": ...}, held to the schema too."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in HELD_TOOLS}
+    names = set()
+    with serve(None, LLAMA31, WRONG, tmp_path, "s") as d, Client(d.sock) as c:
+        for seed in range(40):
+            for choice in ("required", named("set_alarm")):
+                _, text, done = c.generate(messages=ASK, tools=HELD_TOOLS, tool_choice=choice, stream=False,
+                                           max_tokens=400, temperature=1.0, seed=seed)
+                assert done["event"] == "done" and done["reason"] == "tool_calls" and text == "", done
+                [call] = done["tool_calls"]
+                assert choice == "required" or call["name"] == "set_alarm"
+                jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
+                names.add(call["name"])
+    assert names == {"get_weather", "local_time", "set_alarm"}
+
+
+def test_forced_call_streamed_with_logprobs_and_speculation(tmp_path):
+    """The call's grammar is the request's sampling grammar: streamed, with logprobs and with speculation,
+    the call validates (and greedy gives the same call either way)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    with serve(None, QWEN25, WRONG, tmp_path, "s") as d, Client(d.sock) as c:
+        outs = []
+        for mode in ("off", "prompt"):
+            c.send({"op": "generate", "id": 1, "messages": ASK, "tools": HELD_TOOLS, "temperature": 0,
+                    "tool_choice": named("get_weather"), "logprobs": 3, "speculate": {"mode": mode}})
+            evs = list(c.events(1))
+            calls = [e["tool_call"] for e in evs if e["event"] == "tool_call"]
+            assert evs[-1]["event"] == "done" and evs[-1]["reason"] == "tool_calls", evs[-1]
+            [call] = calls
+            jsonschema.validate(json.loads(call["arguments"]), HELD_WEATHER["function"]["parameters"])
+            outs.append(call["arguments"])
+        assert outs[0] == outs[1]
+
+
+def test_a_schema_the_grammar_cannot_hold_is_refused_when_a_call_is_required(tmp_path):
+    """The tool's name and the construct are in the bad_request; offered under auto (or not the named tool),
+    the same schema is served as before: its arguments are then the model's, checked only once made."""
+    odd = {"type": "function", "function": {"name": "even_only", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}
+    with serve(None, QWEN25, {**FINAL, **NAMED}, tmp_path, "s") as d, Client(d.sock) as c:
+        for tools, choice in (([render_tools.WEATHER, odd], "required"), ([odd], named("even_only")),
+                              (TOOLS, "required")):
+            _, _, err = c.generate(messages=ASK, tools=tools, tool_choice=choice)
+            assert err["event"] == "error" and err["code"] == "bad_request", err
+            bad = "even_only" if tools[-1] is odd else "local_time"
+            assert f"tool '{bad}'" in err["message"], err
+            assert ("'multipleOf'" if bad == "even_only" else "'maximum' 1e+20") in err["message"], err
+        _, text, done = c.generate(messages=ASK, tools=[odd], temperature=0, stream=False)
+        assert text == ANSWER and done["reason"] == "eos"
+        _, _, done = c.generate(messages=ASK, tools=[render_tools.WEATHER, odd], tool_choice=named("get_weather"),
+                                temperature=0, stream=False)
+        assert [t["name"] for t in done["tool_calls"]] == ["get_weather"]
+        _, _, err = c.generate(messages=ASK, tools=HELD, tool_choice="required", ignore_eos=True)
+        assert err["code"] == "bad_request" and "ignore_eos" in err["message"]
         assert c.request({"op": "status", "id": 2})["event"] == "status"  # the daemon lives on
 
 
@@ -514,14 +632,18 @@ def test_openai_stream_of_a_call_the_model_makes_and_errors(tmp_path):
         assert json.loads(tool_deltas[1].function.arguments) == {"city": "Paris"} and tool_deltas[1].id is None
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         assert "".join(dl.content or "" for dl in deltas) == ""
-        # a call that must be made and is not valid: OpenAI's error shape
+        # a call that must be made and is cut off before it is whole: OpenAI's error shape
         with pytest.raises(openai.APIError) as e:
-            client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
+            client.chat.completions.create(model=model, messages=ASK, tools=HELD, tool_choice="required",
                                            temperature=0, max_tokens=8)
         assert "invalid_tool_call" in str(e.value) or getattr(e.value, "code", None) == "invalid_tool_call"
-        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": TOOLS,
+        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": HELD,
                                                                   "tool_choice": "required", "max_tokens": 8})
         assert st == 500 and body["error"]["code"] == "invalid_tool_call" and body["error"]["type"] == "server_error"
+        # a schema the grammar cannot hold the call to: a 400 naming the tool
+        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": TOOLS,
+                                                                  "tool_choice": "required"})
+        assert st == 400 and "tool 'local_time'" in body["error"]["message"], body
         st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK,
                                                                   "tools": [{"type": "web_search"}]})
         assert st == 400 and "tools[0].type" in body["error"]["message"]
