@@ -101,11 +101,6 @@ static int parse_tool_list(json_t *tools, struct nxp_generate *g, struct nxp_err
 			return fail(e, NXP_E_BAD_REQUEST, "field '%s.parameters' must be a JSON schema object", where);
 		if (strict && !json_is_boolean(strict))
 			return fail(e, NXP_E_BAD_REQUEST, "field '%s.strict' must be a boolean", where);
-		if (json_is_true(strict))
-			return fail(e, NXP_E_BAD_REQUEST, "field '%s.strict' is true: arguments held to the schema as they "
-				    "are sampled need constrained decoding, which nxd does not have; send it false or "
-				    "leave it out (tool_choice \"required\" or a named tool checks the arguments once made)",
-				    where);
 	}
 	g->tools = json_dumps(tools, JSON_COMPACT);
 	if (!g->tools)
@@ -128,6 +123,26 @@ static bool offered(const char *tools_json, const char *name)
 	return hit;
 }
 
+/* strict: true asks that a call's arguments be held to the schema as they
+ * are sampled: nxd does so for the call tool_choice asks for ("required" or
+ * a name; a tool that is not the named one is never called), not for a call
+ * the model may make on its own. */
+static int strict_tools(json_t *tools, const struct nxp_generate *g, struct nxp_error *e)
+{
+	size_t i;
+	json_t *t;
+	if (!g->tools || g->tool_choice != NXP_TOOLS_AUTO)
+		return 0;
+	json_array_foreach(tools, i, t) {
+		if (json_is_true(json_object_get(json_object_get(t, "function"), "strict")))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'tools[%zu].function.strict' is true and tool_choice is "
+				    "\"auto\": arguments are held to the schema as they are sampled only in a call "
+				    "tool_choice asks for (\"required\" or the tool's name); send strict false or leave "
+				    "it out (a call the model makes on its own is read back unchecked)", i);
+	}
+	return 0;
+}
+
 int nxp_parse_tools(json_t *o, struct nxp_generate *g, struct nxp_error *e)
 {
 	g->parallel_tool_calls = true;
@@ -141,7 +156,7 @@ int nxp_parse_tools(json_t *o, struct nxp_generate *g, struct nxp_error *e)
 		g->parallel_tool_calls = json_is_true(par);
 	}
 	if (!choice)
-		return 0;
+		return strict_tools(tools, g, e);
 	if (json_is_string(choice)) {
 		const char *c = json_string_value(choice);
 		if (!strcmp(c, "auto"))
@@ -173,7 +188,7 @@ int nxp_parse_tools(json_t *o, struct nxp_generate *g, struct nxp_error *e)
 	}
 	if (g->tool_choice == NXP_TOOLS_REQUIRED && !g->tools)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'tool_choice' is \"required\" and no tools are offered");
-	return 0;
+	return strict_tools(tools, g, e);
 }
 
 /* One call of an assistant message, as {"id", "name", "arguments": {...}}. */

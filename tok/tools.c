@@ -139,9 +139,9 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	size_t keys = 2 + (json_is_string(type) && !strcmp(json_string_value(type), "function"));
 	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == keys;
 	if (ok && p->choice != NX_TOOL_AUTO) {
-		/* the hook for constrained decoding: there the grammar of the
-		 * tool's parameters will keep the arguments valid as they are
-		 * sampled; until then they are checked once complete */
+		/* the call's grammar (tool_grammar.c) held the arguments to the
+		 * tool's parameters as they were sampled; checked once complete
+		 * all the same, the last word */
 		const json_t *schema = p->choice == NX_TOOL_NAMED ? p->schema : json_object_get(fn, "parameters");
 		struct nx_err ve;
 		if (schema && nx_tool_schema_validate(schema, args, &ve) < 0) {

@@ -502,6 +502,11 @@ def test_a_schema_the_grammar_cannot_hold_is_refused_when_a_call_is_required(tmp
         _, _, done = c.generate(messages=ASK, tools=[render_tools.WEATHER, odd], tool_choice=named("get_weather"),
                                 temperature=0, stream=False)
         assert [t["name"] for t in done["tool_calls"]] == ["get_weather"]
+        # strict: the call tool_choice asks for is held to its schema, so strict is what it gets
+        strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in HELD]
+        _, _, done = c.generate(messages=ASK, tools=strict, tool_choice=named("get_weather"), temperature=0,
+                                stream=False)
+        assert [json.loads(t["arguments"]) for t in done["tool_calls"]] == [{"city": "Paris", "unit": "celsius"}]
         _, _, err = c.generate(messages=ASK, tools=HELD, tool_choice="required", ignore_eos=True)
         assert err["code"] == "bad_request" and "ignore_eos" in err["message"]
         assert c.request({"op": "status", "id": 2})["event"] == "status"  # the daemon lives on
@@ -549,7 +554,10 @@ def test_refusals_name_the_field_or_the_family(tmp_path):
             ({"tools": TOOLS, "tool_choice": named("nope")}, "not one of the tools offered"),
             ({"tool_choice": "required"}, "no tools are offered"),
             ({"tools": TOOLS, "tool_choice": "sometimes"}, "field 'tool_choice' must be"),
-            ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "constrained decoding"),
+            ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
+             "'tools[0].function.strict' is true and tool_choice is \"auto\""),
+            ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}], "tool_choice": "auto"},
+             "only in a call tool_choice asks for"),
             ({"messages": [{"role": "user", "content": "q", "tool_calls": []}]}, "belongs to an assistant"),
             ({"messages": ASK + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}]},
              "arguments' must be a JSON object"),
