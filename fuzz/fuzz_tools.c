@@ -12,13 +12,18 @@
  *   - the result does not depend on how the answer is cut into pieces;
  *   - every call names an offered tool and carries a JSON object;
  *   - an auto answer with no call comes back as its own text, byte for byte;
- *     with calls, the text released is no longer than the answer. */
+ *     with calls, the text released is no longer than the answer;
+ *   - required / named: an answer the call's grammar (tok/tool_grammar.c)
+ *     takes whole is one call the reader takes and its check passes, unless
+ *     its JSON repeats a key (the grammar of a tool without parameters takes
+ *     any object; the reader refuses repeated keys). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fuzz/util.h"
+#include "sample/grammar.h"
 #include "tok/tools.h"
 
 static const char TOOLS[] =
@@ -27,12 +32,48 @@ static const char TOOLS[] =
 	"\"minimum\":1}},\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
 
 static json_t *tools;
+static struct nx_vocab_trie *bytes_trie; /* the 256 bytes, and an end of generation */
+static char *call_gbnf[2][2]; /* [named][style]: the call grammars' text */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
 	json_error_t je;
 	tools = json_loads(TOOLS, 0, &je);
-	return tools ? 0 : 1;
+	if (!tools)
+		return 1;
+	static char bytes[256];
+	static const char *pieces[257];
+	static size_t lens[257];
+	static bool eog[257];
+	for (int i = 0; i < 256; i++) {
+		bytes[i] = (char)i;
+		pieces[i] = &bytes[i];
+		lens[i] = 1;
+	}
+	eog[256] = true;
+	struct nx_err err;
+	FUZZ_CHECK(nx_vocab_trie_from_pieces(257, pieces, lens, eog, &bytes_trie, &err) == 0, "trie: %s", err.msg);
+	for (int named = 0; named < 2; named++)
+		for (int st = 0; st < 2; st++)
+			FUZZ_CHECK(nx_tool_grammar(st ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN, tools,
+						   named ? NX_TOOL_NAMED : NX_TOOL_REQUIRED, "get_weather", &call_gbnf[named][st],
+						   &err) == 0 && call_gbnf[named][st], "tool grammar: %s", err.msg);
+	return 0;
+}
+
+/* Whether the call grammar of flags' style and choice takes the answer whole
+ * (a matcher takes its grammar over: compiled for each answer). */
+static bool grammar_takes(int flags, const char *answer, size_t n)
+{
+	const char *gbnf = call_gbnf[((flags >> 1) & 3) == 2][flags & 1];
+	struct nx_grammar *g;
+	struct nx_gmatch *m;
+	struct nx_err err;
+	FUZZ_CHECK(nx_grammar_compile(gbnf, strlen(gbnf), &g, &err) == 0, "compile: %s", err.msg);
+	FUZZ_CHECK(nx_gmatch_new(g, bytes_trie, &m, &err) == 0, "matcher: %s", err.msg);
+	bool ok = nx_gmatch_accept_bytes(m, answer, n) == 0 && nx_gmatch_accepting(m);
+	nx_gmatch_free(m);
+	return ok;
 }
 
 struct outcome {
@@ -131,6 +172,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(whole.len == n && !memcmp(whole.text, answer, n), "an answer without calls lost text");
 	if (auto_choice)
 		FUZZ_CHECK(whole.len <= n, "more text released than the answer had");
+	if (!auto_choice && grammar_takes(flags, answer, n)) {
+		/* the call's JSON: the prefix's part of it, then the answer (Qwen: up to the close) */
+		char *prefix = nx_tool_prefix(flags & 1 ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN,
+					      ((flags >> 1) & 3) == 2 ? "get_weather" : NULL);
+		char *doc = NULL;
+		size_t dlen = 0;
+		const char *open = strchr(prefix, '{');
+		add(&doc, &dlen, open, strlen(open));
+		add(&doc, &dlen, answer, n);
+		if (!(flags & 1))
+			dlen -= strlen("\n</tool_call>");
+		json_error_t je;
+		json_t *strict = json_loadb(doc, dlen, JSON_REJECT_DUPLICATES, &je), *loose = json_loadb(doc, dlen, 0, &je);
+		FUZZ_CHECK(loose != NULL, "the grammar took JSON that does not parse: %s", doc);
+		json_decref(loose);
+		if (strict)
+			FUZZ_CHECK(whole.n_calls == 1 && !whole.failed, "the grammar took a call the reader did not: %s (%s)",
+				   doc, whole.failed ? "failed" : "no call");
+		json_decref(strict);
+		free(doc);
+		free(prefix);
+	}
 	free(whole.text);
 	free(whole.calls);
 	free(cut.text);

@@ -448,6 +448,10 @@ def tools_seeds():
         ("qwen-required-one", 0x0a, 'now", "arguments": {}}\n</tool_call><tool_call>{"name":"now","arguments":{}}</tool_call>'),
         ("llama-call", 0x01, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
         ("llama-text", 0x11, ' It is {sunny}'),
+        # answers the call grammar takes (tok/tool_grammar.c), which the reader must take too
+        ("qwen-required-held", 0x12, 'get_weather", "arguments": {"city": "Rome", "days": 12}}\n</tool_call>'),
+        ("llama-required-held", 0x03, 'now", "parameters": {"x": [1, {"y": null}], "z": "\\u00e9"}}'),
+        ("llama-named-held", 0x25, '{"city": "Paris"}}'),
     ]
     out = [(n, bytes([f]) + t.encode()) for n, f, t in S]
     out.append(("schema", b"\xff" + b'{"type":"object","properties":{"a":{"anyOf":[{"type":"string","pattern":"^x"},'
