@@ -484,6 +484,22 @@ def test_forced_call_streamed_with_logprobs_and_speculation(tmp_path):
         assert outs[0] == outs[1]
 
 
+def test_forced_call_batched_with_an_unconstrained_request(tmp_path):
+    """Two requests in the same steps, one under the call's grammar, one free: each gets its own answer."""
+    jsonschema = pytest.importorskip("jsonschema")
+    with serve(None, QWEN25, {**WRONG, **FINAL}, tmp_path, "s") as d, Client(d.sock) as c1, Client(d.sock) as c2:
+        for seed in range(10):
+            c1.send({"op": "generate", "id": 1, "messages": ASK, "tools": HELD_TOOLS, "tool_choice": "required",
+                     "temperature": 1.0, "seed": seed, "stream": False, "max_tokens": 400})
+            c2.send({"op": "generate", "id": 1, "messages": ASK, "temperature": 1.0, "seed": seed, "stream": False})
+            [tool_done] = list(c1.events(1))
+            [plain_done] = list(c2.events(1))
+            assert plain_done["text"] == ANSWER and "incomplete" not in plain_done, plain_done
+            [call] = tool_done["tool_calls"]
+            jsonschema.validate(json.loads(call["arguments"]),
+                                {t["function"]["name"]: t["function"]["parameters"] for t in HELD_TOOLS}[call["name"]])
+
+
 def test_a_schema_the_grammar_cannot_hold_is_refused_when_a_call_is_required(tmp_path):
     """The tool's name and the construct are in the bad_request; offered under auto (or not the named tool),
     the same schema is served as before: its arguments are then the model's, checked only once made."""
