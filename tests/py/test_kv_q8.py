@@ -1,0 +1,131 @@
+"""test_kv_q8.py - the 8-bit K/V cache (nx-eval / nxd --kv-type q8_0) on tiny random models against the float64 reference.
+
+Each model (llama, qwen2, qwen3; float and quantized weights; GQA; heads of 64
+and 128) runs test_forward's four batching plans on 1, 2 and 3 threads with
+--kv-type q8_0:
+
+- all twelve runs give bit-identical logits (model/forward.h's guarantee
+  holds with Q8_0 rows too: a band writes whole blocks, and a token's
+  attention reads them the same whatever the batch);
+- they match the float64 reference whose K and V go through Q8_0 (reference.py
+  round_kv_q8_0, from the format's definition): float weights within
+  test_forward's bounds for the f16 cache against its reference (TOL; measured
+  max 2.1e-3, mean 1.1e-4); quantized weights within Q8_TOL: their two-part
+  activations differ from float64 by ~1e-4 of a value, and K or V values that
+  land that close to a Q8_0 level's boundary (levels are 1/127 of the block's
+  peak apart) take the next level, which moves the logits by ~1e-2 / std at
+  the worst position;
+- against the reference emulating the engine's rounding points with a Q8_0
+  cache, the typical position is far closer than against the same emulation
+  with an f16 cache: the option is not ignored, and the blocks are the ones the
+  format defines (a wrong block split, scale or level would miss both).
+
+A sequence of 600 tokens (three attention spans, kern/attn.h's merge) is graded
+the same way, and heads that Q8_0 blocks cannot split are refused by name.
+"""
+import zlib
+
+import numpy as np
+import pytest
+
+import make_tiny
+from test_forward import TOL, VARIANTS, family, packed_matrices, plans, reference, run_eval, eval_error
+
+Q8 = ("--kv-type", "q8_0")
+NAMES = ["llama-q8_0-untied", "llama-f32-tied", "llama-q4_k-tied", "llama-mixed", "qwen2-q4_k-untied", "qwen2-f16-tied",
+         "qwen2-q8_0-yarn", "qwen3-q8_0-untied", "qwen3-bf16-tied", "qwen3-mixed", "llama-q8_0-hd128"]
+SEQ_LENS = {0: 9, 2: 6, 1: 12}  # test_forward's plans are over these
+
+# quantized weights against the Q8_0-cache reference, (max, mean) |dlogit| / std:
+# measured max 1.4e-2, mean 1.9e-3 (11 models, 27 positions; 600 positions: 8.4e-3, 3.7e-4); 2x headroom.
+Q8_TOL = (3e-2, 4e-3)
+
+# Median over positions of (max |ours - emulated| / std): against the Q8_0-cache
+# emulation it must be below EMU_Q8 and at most EMU_RATIO of the distance to the
+# f16-cache emulation. Measured: see the report lines (make test-py -s).
+EMU_Q8 = 2e-3
+EMU_RATIO = 0.25  # measured 0.00003 (float weights) .. 0.1
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_kv")
+    return {name: make_tiny.build(d / f"{name}.gguf", **VARIANTS[name]) for name in NAMES + ["llama-q8_0-hd80"]}
+
+
+def grade(name, model, seqs, got, report, what):
+    """ours (per sequence) against the Q8_0-cache reference (TOL) and the emulations; returns the errors."""
+    ref = reference(name, model, kv="q8_0")
+    exact = reference(name, model)
+    pk = packed_matrices(ref)
+    emu_q8 = reference(name, model, emulate=True, packed=pk, kv="q8_0")
+    emu_f16 = reference(name, model, emulate=True, packed=pk)
+    errs, errs_exact, c_q8, c_f16, top1, n_pos = [], [], [], [], 0, 0
+    for toks, g in zip(seqs.values(), got):
+        want = ref.logits(toks)
+        errs.append(np.abs(g - want) / want.std())
+        e = exact.logits(toks)
+        errs_exact.append(np.abs(g - e) / e.std())
+        top1 += (g.argmax(1) == want.argmax(1)).sum()
+        n_pos += len(toks)
+        for emu, acc in ((emu_q8, c_q8), (emu_f16, c_f16)):
+            w = emu.logits(toks)
+            acc.append(np.abs(g - w).max(axis=1) / w.std())
+    err, err_exact = np.concatenate(errs), np.concatenate(errs_exact)
+    m_q8, m_f16 = np.median(np.concatenate(c_q8)), np.median(np.concatenate(c_f16))
+    fam = family(VARIANTS[name])
+    max_tol, mean_tol = TOL[fam] if fam == "float" else Q8_TOL
+    report(f"kv q8_0 {what} {name:20s} [{fam:5s}] vs q8_0-K/V reference max|d|/std {err.max():.2e} mean "
+           f"{err.mean():.2e}; vs exact K/V max {err_exact.max():.2e} mean {err_exact.mean():.2e}; emulated "
+           f"median {m_q8:.1e} (f16 emulation {m_f16:.1e}); top1 {top1}/{n_pos}")
+    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
+    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
+    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
+    assert m_q8 <= EMU_Q8, f"median distance to the Q8_0-cache emulation {m_q8:.2e} > {EMU_Q8}"
+    assert m_q8 <= EMU_RATIO * m_f16, f"as close to the f16-cache emulation ({m_f16:.2e}) as to the q8_0 one " \
+                                      f"({m_q8:.2e}): is --kv-type q8_0 in effect?"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_q8_cache_matches_reference(tiny, name, report):
+    model = tiny[name]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    n_vocab = reference(name, model).n_vocab
+    seqs = {s: rng.integers(0, n_vocab, n) for s, n in SEQ_LENS.items()}
+    runs = {(plan, th): run_eval(model, seqs, steps, th, Q8) for plan, steps in plans().items() for th in (1, 2, 3)}
+    base = runs[("alone", 1)]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by {np.abs(logits - base).max()}"
+    assert np.isfinite(base).all()
+    assert not np.array_equal(base, run_eval(model, seqs, plans()["alone"], 1)), "q8_0 gave the f16 cache's logits"
+    got = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
+    grade(name, model, seqs, got, report, "short")
+
+
+@pytest.mark.parametrize("name", ["llama-q8_0-untied", "qwen3-q8_0-untied"])
+def test_q8_cache_long_sequence(tiny, name, report):
+    """600 positions: three attention spans merged; one prefill step vs chunks of 64 beside a second sequence,
+    decode steps at the end, on 1 and 3 threads: the same bits, and the reference's bounds."""
+    model = tiny[name]
+    rng = np.random.default_rng(7)
+    n_vocab = reference(name, model).n_vocab
+    n = 600
+    seqs = {0: rng.integers(0, n_vocab, n), 1: rng.integers(0, n_vocab, 40)}
+    one = ["step 0:0:600 1:0:40"]
+    chunked = [f"step 0:{i}:{min(64, 590 - i)}" + (" 1:0:40" if i == 0 else "") for i in range(0, 590, 64)]
+    chunked += [f"step 0:{i}:1" for i in range(590, 600)]
+    runs = [run_eval(model, seqs, plan, th, (*Q8, "--ctx", "640")) for plan in (one, chunked) for th in (1, 3)]
+    for r in runs[1:]:
+        assert np.array_equal(r, runs[0]), f"differs by {np.abs(r - runs[0]).max()}"
+    got = np.split(runs[0], [n])
+    grade(name, model, seqs, got, report, "600 tokens")
+
+
+def test_q8_cache_refuses_heads_it_cannot_split(tiny):
+    err = eval_error(tiny["llama-q8_0-hd80"], Q8, "seq 0 1 2\nstep 0:0:2\n")
+    assert "--kv-type q8_0" in err and "80" in err and "multiple of 32" in err, err
+
+
+def test_unknown_kv_type_refused(tiny):
+    err = eval_error(tiny["llama-q8_0-untied"], ("--kv-type", "q4_0"), "seq 0 1 2\nstep 0:0:2\n")
+    assert "q4_0" in err, err
