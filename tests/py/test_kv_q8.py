@@ -129,3 +129,62 @@ def test_q8_cache_refuses_heads_it_cannot_split(tiny):
 def test_unknown_kv_type_refused(tiny):
     err = eval_error(tiny["llama-q8_0-untied"], ("--kv-type", "q4_0"), "seq 0 1 2\nstep 0:0:2\n")
     assert "q4_0" in err, err
+
+
+# ---------------------------------------------------------------- the daemon
+
+def kv_bytes(hp_layers, kv_heads, slots, ctx, row):
+    return 2 * slots * hp_layers * kv_heads * ctx * row
+
+
+def test_daemon_kv_type(model_path, tmp_path):
+    """nxd --kv-type q8_0 on SmolLM2 (30 layers, 3 kv heads of 64): status, nxctl status and the ready line
+    give the type and the cache's bytes (68 per row of 64 values instead of 128); greedy tokens are nx-eval's
+    under the same option; two clients at once with one prompt share its K/V (the prompt cache copies Q8_0
+    rows between slots) and get the tokens one client alone gets."""
+    import subprocess
+    import threading
+
+    from conftest import build_dir
+    from nxd_helpers import Client, Daemon
+    from test_perf import GREEDY, PROMPT, generate, nx_eval_generate
+
+    args = ("--kv-type", "q8_0", "--slots", "2", "--ctx", "512")
+    with Daemon(model_path, tmp_path, name="nxd-q8", workers=2, args=args) as d:
+        ids, toks = generate(d)
+        st = d.status()
+        assert st["kv_type"] == "q8_0" and st["kv_bytes"] == kv_bytes(30, 3, 2, 512, 68), st
+        assert "q8_0 K/V cache of %.1f MiB" % (kv_bytes(30, 3, 2, 512, 68) / 1048576) in d.log(), d.log()
+        r = subprocess.run([str(build_dir() / "nxctl"), "--socket", str(d.sock), "status"], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0 and "kv cache:  q8_0, %.1f MiB" % (st["kv_bytes"] / 1048576) in r.stdout, r.stdout
+        # one long prompt, two clients at once: the second takes the first's K/V
+        prompt = " ".join(["the lighthouse keeper counted the ships that passed"] * 12)
+        got = [None, None]
+
+        def one(i):
+            with Client(d.sock) as c:
+                got[i] = c.generate(rid=i + 1, prompt=prompt, **GREEDY)[0]
+        ts = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        with Client(d.sock) as c:
+            pids = c.request({"op": "tokenize", "id": "t", "text": prompt})["tokens"]
+        assert d.status()["prompt_tokens_cached"] > 0
+    want = nx_eval_generate(model_path, pids, GREEDY["max_tokens"], args=("--kv-type", "q8_0"))
+    assert got[0] == got[1] == want, (got, want)
+    assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], args=("--kv-type", "q8_0"))
+    with Daemon(model_path, tmp_path, name="nxd-f16", workers=1, args=("--slots", "2", "--ctx", "512")) as d:
+        st = d.status()
+        assert st["kv_type"] == "f16" and st["kv_bytes"] == kv_bytes(30, 3, 2, 512, 128), st
+
+
+def test_daemon_refuses_kv_type(model_path, tmp_path):
+    import subprocess
+
+    from conftest import build_dir
+    r = subprocess.run([str(build_dir() / "nxd"), "--model", str(model_path), "--kv-type", "q4_0"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "--kv-type: 'q4_0' is neither f16 nor q8_0" in r.stderr, r.stderr
