@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import make_tiny
+from test_memory_limits import memcg  # noqa: F401  (a fixture: a child cgroup with a memory limit)
 from test_forward import TOL, VARIANTS, family, packed_matrices, plans, reference, run_eval, eval_error
 
 Q8 = ("--kv-type", "q8_0")
@@ -223,3 +224,23 @@ def test_real_model_q8_cache_error(model_path, report):
     assert t >= REAL_Q8["top1"] and mean <= REAL_Q8["mean"] and mx <= REAL_Q8["max"], out
     t, mean, mx = out["q8_0 vs q8_0-K/V ref"]
     assert t >= REAL_Q8_ROUNDED["top1"] and mean <= REAL_Q8_ROUNDED["mean"] and mx <= REAL_Q8_ROUNDED["max"], out
+
+
+def test_default_context_counts_the_kv_type(tmp_path, memcg, report):
+    """Under a memory cgroup too small for the model's context, the default --ctx is the largest that fits:
+    with q8_0 rows (68 bytes per head of 64 values instead of 128) it is longer than with f16."""
+    from nxd_helpers import Client, Daemon
+    from test_daemon_models import LONG, ctx_of
+    wrap, name = memcg(256 << 20)
+    model = make_tiny.build(tmp_path / "long.gguf", wtype="Q8_0", vocab=True, n_ctx=LONG)
+    got = {}
+    for kv in ("f16", "q8_0"):
+        with Daemon(model, tmp_path, name=f"nxd-{kv}", workers=1, wrapper=wrap, args=["--kv-type", kv]) as d:
+            got[kv] = ctx_of(d)
+            line = next(ln for ln in d.log().splitlines() if "ready:" in ln)
+            assert f"(the model's context {LONG} capped" in line and name in line and f"{kv} K/V cache" in line, line
+            with Client(d.sock) as c:
+                toks, _, ev = c.generate(rid="g", prompt="hi", raw=True, max_tokens=3, temperature=0)
+                assert ev["event"] == "done" and len(toks) == 3, ev
+    report(f"default --ctx under a 256 MiB cgroup: f16 {got['f16']}, q8_0 {got['q8_0']}")
+    assert 256 <= got["f16"] and got["q8_0"] >= 1.3 * got["f16"], got
