@@ -577,6 +577,9 @@ def main():
                             lambda: run_llama_side(path, reps, flash_attn=True, n_ctx=ctx, type_kv=GGML_TYPE[kv],
                                                    depth={"prefix": prefix, "news": news, "n": DECODE_N})["depth"])
                 res["raw"][f"{case}/{key}/{depth}/{kv}"] = {"ours": o, "llama": l}
+                log(f"bench: {case}: {depth} {kv} KV: nxd prefill {o and o['prefill_tok_s']} decode "
+                    f"{o and o['decode_tok_s']}; llama.cpp prefill {l and l['prefill_tok_s']} decode "
+                    f"{l and l['decode_tok_s']} tok/s")
                 at = f"{depth}..{depth + DEPTH_NEW}"
                 table.add(case, f"{key} {kv} KV prefill at {at}", "tok/s", med(o["prefill_tok_s"]) if o else None,
                           med(l["prefill_tok_s"]) if l else None,
