@@ -23,7 +23,7 @@ import gguf
 
 T = gguf.GGMLQuantizationType
 QK_K = 256
-FTYPE = {"q4_k_m": 15, "q8_0": 7}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q8_0
+FTYPE = {"q4_k_m": 15, "q8_0": 7, "q4_0": 2}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, _Q8_0, _Q4_0
 
 
 class _Traits(ctypes.Structure):
@@ -111,8 +111,10 @@ def pick_type(mode, name, ne0, n_layer, has_output):
     """GGML type for a 2-D weight `name` whose rows have ne0 elements, as llama.cpp's quantizer picks it."""
     if mode == "q8_0":
         return T.Q8_0
-    assert mode == "q4_k_m", mode
     is_output = name == "output.weight" or (not has_output and name == "token_embd.weight")
+    if mode == "q4_0":
+        return (T.Q8_0 if ne0 % QK_K else T.Q6_K) if is_output else T.Q4_0
+    assert mode == "q4_k_m", mode
     if is_output:
         return T.Q8_0 if ne0 % QK_K else T.Q6_K
     t = T.Q4_K
@@ -172,10 +174,18 @@ def requantize(libpath, src, dst, mode, threads=2, log=print):
     log(f"models: wrote {dst} ({mode}: {counts}) in {time.time() - t0:.1f} s")
 
 
-# ---------------------------------------------------------------- Qwen2.5-0.5B-shaped model
+# ---------------------------------------------------------------- random models of real shapes
 
-QWEN = dict(dim=896, n_layer=24, n_head=14, n_kv=2, ffn=4864, vocab=151936, n_ctx=32768,
-            rope_base=1000000.0, eps=1e-6)
+# Shapes from each model's config.json; weights random, quantized by us. Only the shapes, types and
+# layout matter to the benchmark (it sends token ids); both engines must load the file.
+QWEN = dict(arch="qwen2", name="Qwen2.5-0.5B", dim=896, n_layer=24, n_head=14, n_kv=2, ffn=4864, vocab=151936,
+            n_ctx=32768, rope_base=1000000.0, eps=1e-6, bias=True)
+QWEN3 = dict(arch="qwen3", name="Qwen3-0.6B", dim=1024, n_layer=28, n_head=16, n_kv=8, head_dim=128, ffn=3072,
+             vocab=151936, n_ctx=40960, rope_base=1000000.0, eps=1e-6, qk_norm=True)
+# Llama 3.2 1B, with its RoPE frequency factors (rope_scaling: llama3, factor 32, low 1, high 4, 8192).
+LLAMA1B = dict(arch="llama", name="Llama-3.2-1B", dim=2048, n_layer=16, n_head=32, n_kv=8, ffn=8192, vocab=128256,
+               n_ctx=131072, rope_base=500000.0, eps=1e-5,
+               llama3_rope=dict(factor=32.0, low=1.0, high=4.0, original=8192))
 
 
 def _byte_chars():
@@ -192,10 +202,18 @@ def _byte_chars():
     return [chr(m[b]) for b in range(256)]
 
 
-def synthetic_vocab(n_vocab, n_normal=151643):
-    """A byte-level BPE vocabulary of Qwen2's layout: 256 byte tokens, pair and triple merges up to
-    n_normal, Qwen's special tokens, then [PADn] up to n_vocab. Only its size and layout matter:
-    the benchmark sends token ids, but both engines must load it (llama.cpp needs a newline token)."""
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+                 "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_USER = ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+             "<|repo_name|>", "<|file_sep|>"]
+
+
+def synthetic_vocab(n_vocab, n_normal=151643, specials=QWEN_SPECIALS, user=QWEN_USER):
+    """A byte-level BPE vocabulary: 256 byte tokens, pair and triple merges up to n_normal, the
+    special (control) tokens, user-defined ones, then [PADn] up to n_vocab. Only its size and layout
+    matter: the benchmark sends token ids, but both engines must load it (llama.cpp needs a newline
+    token)."""
     chars = _byte_chars()
     toks, merges = list(chars), []
     pairs = []
@@ -213,14 +231,10 @@ def synthetic_vocab(n_vocab, n_normal=151643):
         merges.append(f"{p} {c}")
         k += 1
     types = [gguf.TokenType.NORMAL] * len(toks)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-                "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-                "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"]
     for s in specials:
         toks.append(s)
         types.append(gguf.TokenType.CONTROL)
-    for s in ["<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-              "<|repo_name|>", "<|file_sep|>"]:
+    for s in user:
         toks.append(s)
         types.append(gguf.TokenType.USER_DEFINED)
     while len(toks) < n_vocab:
@@ -233,37 +247,68 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-def make_qwen(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print):
-    """Qwen2.5-0.5B's shapes (tied embeddings, Q/K/V biases) with random weights, quantized by us."""
+def llama3_rope_factors(head_dim, base, factor, low, high, original):
+    """rope_freqs.weight as llama.cpp's converter writes it for rope_scaling llama3 (LlamaModel's
+    generate_extra_tensors): per pair, the divisor of its frequency."""
+    out = []
+    low_wl, high_wl = original / low, original / high
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / base ** (i / head_dim)
+        wl = 2 * np.pi / freq
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (original / wl - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def make_random(libpath, dst, q, mode="q4_k_m", threads=2, seed=0, log=print):
+    """A model of q's shapes (a dict above) with random weights, tied embeddings, quantized by us."""
     t0 = time.time()
-    q = QWEN
-    d, nl, hd = q["dim"], q["n_layer"], q["dim"] // q["n_head"]
-    kvd = q["n_kv"] * hd
+    d, nl = q["dim"], q["n_layer"]
+    hd = q.get("head_dim", d // q["n_head"])
+    qd, kvd = q["n_head"] * hd, q["n_kv"] * hd
     rng = np.random.default_rng(seed)
     nq = NxQuant(libpath, threads)
     tmp = dst + ".tmp"
-    w = gguf.GGUFWriter(tmp, "qwen2")
-    w.add_name("Qwen2.5-0.5B-shaped random (nxd bench)")
+    w = gguf.GGUFWriter(tmp, q["arch"])
+    w.add_name(f"{q['name']}-shaped random (nxd bench)")
     w.add_block_count(nl)
     w.add_context_length(q["n_ctx"])
     w.add_embedding_length(d)
     w.add_feed_forward_length(q["ffn"])
     w.add_head_count(q["n_head"])
     w.add_head_count_kv(q["n_kv"])
+    if "head_dim" in q:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_rope_freq_base(q["rope_base"])
     w.add_layer_norm_rms_eps(q["eps"])
     w.add_file_type(FTYPE[mode])
-    toks, types, merges = synthetic_vocab(q["vocab"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    if q["arch"] == "llama":
+        w.add_vocab_size(q["vocab"])
+        w.add_rope_dimension_count(hd)
+        specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(254)]
+        toks, types, merges = synthetic_vocab(q["vocab"], n_normal=128000, specials=specials, user=[])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("llama-bpe")
+        w.add_bos_token_id(128000)
+        w.add_eos_token_id(128001)
+    else:
+        toks, types, merges = synthetic_vocab(q["vocab"])
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_bos_token_id(151643)
+        w.add_eos_token_id(151645)
+        w.add_pad_token_id(151643)
+        w.add_add_bos_token(False)
+        w.add_chat_template(CHATML)
     w.add_token_list(toks)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_bos_token_id(151643)
-    w.add_eos_token_id(151645)
-    w.add_pad_token_id(151643)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML)
 
     def weight(name, ne0, ne1, std=0.02):
         t = pick_type(mode, name, ne0, nl, has_output=False)
@@ -275,16 +320,20 @@ def make_qwen(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print):
         w.add_tensor(name, x, raw_dtype=T.F32)
 
     weight("token_embd.weight", d, q["vocab"])
+    if "llama3_rope" in q:
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(hd, q["rope_base"], **q["llama3_rope"]),
+                     raw_dtype=T.F32)
     for i in range(nl):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", d, 1.0)
-        weight(p + "attn_q.weight", d, d)
-        vec(p + "attn_q.bias", d)
-        weight(p + "attn_k.weight", d, kvd)
-        vec(p + "attn_k.bias", kvd)
-        weight(p + "attn_v.weight", d, kvd)
-        vec(p + "attn_v.bias", kvd)
-        weight(p + "attn_output.weight", d, d)
+        for t, n in (("q", qd), ("k", kvd), ("v", kvd)):
+            weight(p + f"attn_{t}.weight", d, n)
+            if q.get("bias"):
+                vec(p + f"attn_{t}.bias", n)
+        if q.get("qk_norm"):
+            vec(p + "attn_q_norm.weight", hd, 1.0)
+            vec(p + "attn_k_norm.weight", hd, 1.0)
+        weight(p + "attn_output.weight", qd, d)
         vec(p + "ffn_norm.weight", d, 1.0)
         weight(p + "ffn_gate.weight", d, q["ffn"])
         weight(p + "ffn_up.weight", d, q["ffn"])
@@ -295,7 +344,12 @@ def make_qwen(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print):
     w.write_tensors_to_file()
     w.close()
     os.replace(tmp, dst)
-    log(f"models: wrote {dst} (qwen2 0.5B-shaped, random, {mode}) in {time.time() - t0:.1f} s")
+    log(f"models: wrote {dst} ({q['arch']} {q['name']}-shaped, random, {mode}) in {time.time() - t0:.1f} s")
+
+
+def make_qwen(libpath, dst, mode="q4_k_m", threads=2, seed=0, log=print):
+    """Qwen2.5-0.5B's shapes (tied embeddings, Q/K/V biases) with random weights, quantized by us."""
+    make_random(libpath, dst, QWEN, mode, threads, seed, log)
 
 
 def bytes_per_token(path):

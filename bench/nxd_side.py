@@ -165,6 +165,22 @@ class Conn:
             elif kind == "error":
                 raise DaemonError(f"generate: {ev.get('code')}: {ev.get('message')}")
 
+    def request(self, req, rid=1):
+        """Any streamed generate (req without op and id): token arrival times, ids and the done event."""
+        t0 = time.perf_counter()
+        self.send(dict(req, id=rid, op="generate", stream=True))
+        times, ids = [], []
+        while True:
+            ev = self.recv()
+            kind = ev.get("event")
+            if kind == "token":
+                times.append(time.perf_counter())
+                ids.append(ev.get("token"))
+            elif kind == "done":
+                return {"t_send": t0, "times": times, "ids": ids, "done": ev, "t_done": time.perf_counter()}
+            elif kind == "error":
+                raise DaemonError(f"generate: {ev.get('code')}: {ev.get('message')}")
+
     def status(self):
         self.send({"id": "st", "op": "status"})
         while True:

@@ -1,6 +1,7 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
-    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,chat,http]
+    .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,qwen3,llama1b,
+                                                             chat,http,clients]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -14,6 +15,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
               against llama.cpp's load time (Llama() and llama-server's /health)
   qwen        a Qwen2.5-0.5B-shaped qwen2 model with random weights in Q4_K_M: decode, prefill and
               4 clients (both nxd modes), as above
+  qwen3       a Qwen3-0.6B-shaped qwen3 model (per-head Q/K norms), random weights, Q4_K_M: decode, prefill
+  llama1b     a Llama-3.2-1B-shaped llama model (RoPE frequency factors, 128k vocabulary), random weights, in
+              Q4_K_M and Q4_0: decode (with its % of the bandwidth limit; it does not fit in cache) and prefill
   chat        a conversation's next turn: time to the first token of a follow-up question after a
               long first turn, nxd's prompt cache against llama-server's (cache_prompt); a second
               client with the same long instruction as one that is decoding; and 4 clients that send
@@ -21,6 +25,16 @@ Cases (docs/bench.md has the details and how to read the numbers):
   http        the OpenAI API: nxd through nxd-http against llama-server, both on POST /v1/chat/completions
               (streamed, greedy, ignore_eos), 1 client and 4 at once; and nxd over HTTP against nxd over its
               socket, turn about on one daemon, so the gateway's own cost shows
+  clients     how cost grows: 1, 2, 4, ... 64 concurrent greedy clients of SmolLM2 Q4_1 on nxd --slots 64
+              against llama-server -np 64: aggregate tok/s and p50 / p99 time per token, plotted in
+              DIR/clients.png
+  spec        speculative decoding by prompt lookup (nxd only): one client, greedy chat answers of up to 128
+              tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
+              5 free-form ones, decode tok/s with speculation against without on the same daemon (turn about);
+              and a client decoding beside one that speculates: its tok/s against beside one that does not
+  structured  constrained decoding's cost: one client's decode tok/s under a typical JSON schema against the same
+              daemon free (sampled, seeded, turn about), on SmolLM2 (49152 tokens) and the Qwen2.5-0.5B-shaped
+              model (151936 tokens); nxd only (the bar: >= 0.90)
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -41,12 +55,15 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import bwprobe  # noqa: E402
+import curve  # noqa: E402
 import http_side  # noqa: E402
 import models  # noqa: E402
 import nxd_side  # noqa: E402
+import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
-ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "chat", "http", "depth"]
+ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "chat", "http", "clients",
+             "spec", "structured", "depth"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -54,6 +71,16 @@ DECODE_N = 128
 SLOTS = 4
 CHAT_TURN = (480, 64, 24)  # chat case: first prompt, its answer, the follow-up question (tokens)
 MIN_REPS = 3
+CURVE_SLOTS = 64  # clients case: both servers' slots
+CURVE_N = 64      # clients case: tokens per client
+# structured case: a typical extraction schema (objects, bounded numbers, enums, free strings)
+STRUCTURED_PROMPT = ("<|im_start|>user\nList some people you know of, with their age, city and a short note, as "
+                     "JSON.<|im_end|>\n<|im_start|>assistant\n")
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"people": {"type": "array", "maxItems": 50, "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                                     "city": {"type": "string"}, "role": {"enum": ["friend", "family", "colleague"]},
+                                     "note": {"type": "string"}},
+    "required": ["name", "age", "city", "role", "note"]}}}, "required": ["people"]}
 BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
 # depth case: DEPTH_NEW tokens prefilled on top of each prefix, then DECODE_N decoded after them; the
 # second prefix fills SmolLM2's whole 8192-token context (nxd's --ctx stops at the model's).
@@ -240,7 +267,11 @@ class Table:
 
 
 def plot(rows, path, title):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the peer's venv has it; a run of nxd's cases alone may not
+        log(f"bench: no matplotlib: {path} not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rs = [r for r in rows if r["ratio"] is not None]
@@ -392,9 +423,12 @@ def main():
         with open(os.path.join(ROOT, ".venv-bench", "llama-info.json")) as f:
             llama_info = json.load(f)
     except OSError:  # scripts/bench-venv writes it; without it, ask the bindings directly
-        import llama_cpp
-        llama_info = {"llama_cpp_python": llama_cpp.__version__,
-                      "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+        if use_llama:
+            import llama_cpp
+            llama_info = {"llama_cpp_python": llama_cpp.__version__,
+                          "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+        else:
+            llama_info = {}
     srv_bin = llama_info.get("llama_server")
 
     res = {"machine": machine_info(None), "llama_cpp": llama_info, "threads": THREADS, "ctx": CTX,
@@ -424,7 +458,6 @@ def main():
         return res["models"][key]
 
     table = Table()
-    prompt = text_ids(q41, CHAT)  # memory case
 
     def both(case, fn_ours, fn_llama):
         """Run one side after the other; a failure on one side is recorded, not fatal."""
@@ -831,12 +864,101 @@ def main():
     if "http" in cases:
         http_case("http", "smollm2-135m Q4_1", q41, a.reps)
 
+    # -------------------------------------------------------- speculative decoding (nxd alone)
+    def spec_case(case, key, path, reps):
+        """Decode tok/s of each prompt = (tokens - 1) / (first token .. last token), with and without
+        speculation, turn about (which goes first alternates by prompt and repetition); a set's tok/s is
+        its tokens over its decode seconds. Then a client decoding 128 tokens (free-form, ignore_eos)
+        beside a client looping over the grounded prompts, with and without speculation, turn about."""
+        if not ours.ok:
+            return
+        reps = max(1, min(reps, 2))
+        spec = {"mode": "prompt", "k": 8}
+        log(f"bench: {case}: {len(spec_prompts.GROUNDED)} grounded + {len(spec_prompts.FREE)} free-form prompts "
+            f"x {reps}, speculation on and off")
+        out = {"grounded": [], "free": [], "beside": []}
+        with ours.daemon(path) as d:
+            c = nxd_side.Conn(d.sock)
+            c.request({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0})
+            for r in range(reps):
+                for kind, prompts in (("grounded", spec_prompts.GROUNDED), ("free", spec_prompts.FREE)):
+                    for i, p in enumerate(prompts):
+                        req = {"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
+                               "temperature": 0}
+                        got = {}
+                        for mode in (("off", "prompt") if (i + r) % 2 == 0 else ("prompt", "off")):
+                            got_r = c.request(dict(req, speculate=dict(spec, mode=mode)), rid=f"{kind}{i}{mode}")
+                            t = got_r["times"]
+                            got[mode] = {"n": len(t), "s": t[-1] - t[0] if len(t) > 1 else 0.0, "ids": got_r["ids"],
+                                         "speculate": got_r["done"].get("speculate")}
+                        out[kind].append({"prompt": i, "rep": r, "off": got["off"], "prompt_mode": got["prompt"],
+                                          "same": got["off"]["ids"] == got["prompt"]["ids"]})
+            # the client beside: free-form, 128 tokens, while another loops over the grounded prompts
+            stop = threading.Event()
+
+            def looper(mode):
+                cc = nxd_side.Conn(d.sock)
+                k = 0
+                while not stop.is_set():
+                    p = spec_prompts.GROUNDED[k % len(spec_prompts.GROUNDED)]
+                    cc.request({"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
+                                "temperature": 0, "speculate": dict(spec, mode=mode)}, rid=f"l{k}")
+                    k += 1
+                cc.close()
+
+            for r in range(2 * reps + 1):
+                for mode in (("off", "prompt") if r % 2 == 0 else ("prompt", "off")):
+                    stop.clear()
+                    th = threading.Thread(target=looper, args=(mode,))
+                    th.start()
+                    time.sleep(0.5)
+                    b_r = c.request({"messages": [{"role": "user", "content": spec_prompts.FREE[r % len(spec_prompts.FREE)]}],
+                                     "max_tokens": DECODE_N, "temperature": 0, "ignore_eos": True,
+                                     "speculate": {"mode": "off"}}, rid=f"b{r}{mode}")
+                    stop.set()
+                    th.join()
+                    out["beside"].append({"rep": r, "mode": mode, "tok_s": nxd_side.decode_rates(b_r)[0]})
+            out["status"] = c.status().get("speculate")
+            c.close()
+        res["raw"][f"{case}/{key}"] = out
+        with open(os.path.join(a.out, "spec-raw.json"), "w") as f:
+            json.dump(out, f)
+
+        def rate(rows, mode):
+            n = sum(x[mode]["n"] - 1 for x in rows if x[mode]["n"] > 1)
+            t = sum(x[mode]["s"] for x in rows if x[mode]["n"] > 1)
+            return n / t if t > 0 else None
+
+        for kind in ("grounded", "free"):
+            rows = out[kind]
+            on, off = rate(rows, "prompt_mode"), rate(rows, "off")
+            per = [x["prompt_mode"]["n"] / x["prompt_mode"]["s"] / (x["off"]["n"] / x["off"]["s"])
+                   for x in rows if x["off"]["n"] > 2 and x["prompt_mode"]["s"] > 0 and x["off"]["s"] > 0]
+            dr = sum((x["prompt_mode"]["speculate"] or {}).get("drafted", 0) for x in rows)
+            ac = sum((x["prompt_mode"]["speculate"] or {}).get("accepted", 0) for x in rows)
+            same = sum(x["same"] for x in rows)
+            target = 2.0 if kind == "grounded" else 0.95
+            table.add(case, f"{key} {kind} tok/s, speculating", "tok/s", on, None,
+                      note=f"without: {off:.1f} tok/s" if off else "")
+            table.add(case, f"{key} {kind} speculating / not", "x", on / off if on and off else None, None,
+                      note=f"target >= {target}; per prompt median {med(per):.2f}; {ac}/{dr} drafts accepted; "
+                           f"output identical in {same}/{len(rows)}" if per else "")
+        b_on = med([x["tok_s"] for x in out["beside"] if x["mode"] == "prompt"])
+        b_off = med([x["tok_s"] for x in out["beside"] if x["mode"] == "off"])
+        table.add(case, f"{key} client beside a speculating one", "x", b_on / b_off if b_on and b_off else None, None,
+                  note=f"its tok/s {b_on:.1f} vs {b_off:.1f} beside one that does not (target >= 0.95)"
+                  if b_on and b_off else "")
+
+    if "spec" in cases:
+        spec_case("spec", "smollm2-135m Q4_1", q41, a.reps)
+
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:
         case = "memory"
         reps = max(1, min(a.reps, 3))
         mi = model_info("smollm2-135m Q4_1", q41)
         log(f"bench: {case}: start-to-ready x {reps}, PSS after a request")
+        prompt = text_ids(q41, CHAT)
 
         def mem_ours():
             readies, pss = [], None
@@ -901,6 +1023,119 @@ def main():
         prefill_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         l = concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, reps)
         concurrent_case("qwen", "qwen2-0.5b-shape Q4_K_M(nx) fast", qpath, reps, llama=l, **FAST)
+
+    # -------------------------------------------------------- Qwen3-0.6B- and Llama-3.2-1B-shaped
+    def shaped(case, shape, mode, fname):
+        path = os.path.join(mdir, fname)
+        if not os.path.exists(path):
+            log(f"bench: {case}: making the {shape['name']}-shaped model, {mode} (once)")
+            models.make_random(libnx, path, shape, mode, threads=THREADS, log=log)
+        return path
+
+    if "qwen3" in cases:
+        p = shaped("qwen3", models.QWEN3, "q4_k_m", "qwen3-0.6b-shape-random.nx-Q4_K_M.gguf")
+        decode_case("qwen3", "qwen3-0.6b-shape Q4_K_M(nx)", p, a.reps)
+        prefill_case("qwen3", "qwen3-0.6b-shape Q4_K_M(nx)", p, a.reps)
+
+    if "llama1b" in cases:
+        for mode in ("q4_k_m", "q4_0"):
+            p = shaped("llama1b", models.LLAMA1B, mode, f"llama3.2-1b-shape-random.nx-{mode.upper()}.gguf")
+            key = f"llama3.2-1b-shape {mode.upper()}(nx)"
+            decode_case("llama1b", key, p, a.reps)
+            prefill_case("llama1b", key, p, a.reps)
+
+    # -------------------------------------------------------- clients: 1 .. 64 at once
+    if "clients" in cases:
+        reps = MIN_REPS
+        cprompts = [text_ids(q41, f"<|im_start|>user\n{QUESTIONS[i % len(QUESTIONS)]} ({i})<|im_end|>\n"
+                                  "<|im_start|>assistant\n") for i in range(CURVE_SLOTS)]
+        log(f"bench: clients: {list(curve.LEVELS)} clients x {CURVE_N} tokens x {reps}, {CURVE_SLOTS} slots")
+
+        def curve_ours():
+            with ours.daemon(q41, slots=CURVE_SLOTS) as d:
+                return curve.curve(lambda ps: nxd_side.concurrent(d.sock, ps, CURVE_N), lambda i: cprompts[i],
+                                   reps, log=log, who="nxd")
+
+        def curve_llama():
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            with llama_server.Server(srv_bin, q41, THREADS, CURVE_SLOTS, CTX, N_BATCH) as s:
+                return curve.curve(lambda ps: s.concurrent(ps, CURVE_N), lambda i: cprompts[i], reps, log=log,
+                                   who="llama-server")
+
+        o, l = both("clients", curve_ours, curve_llama)
+        res["raw"]["clients"] = {"ours": o, "llama": l, "slots": CURVE_SLOTS, "tokens": CURVE_N}
+        for n in curve.LEVELS:
+            on, ln = (o or {}).get(n), (l or {}).get(n)
+            table.add("clients", f"smollm2-135m Q4_1 {n} clients total tok/s", "tok/s", on and on["tok_s"],
+                      ln and ln["tok_s"])
+            table.add("clients", f"smollm2-135m Q4_1 {n} clients p99 per token", "ms", on and on["p99_ms"],
+                      ln and ln["p99_ms"], lower_better=True,
+                      note=f"p50 {on['p50_ms']:.1f} vs {ln['p50_ms']:.1f} ms" if on and ln else "")
+        curve.plot(o, l, os.path.join(a.out, "clients.png"),
+                   f"SmolLM2-135M Q4_1, {CURVE_SLOTS} slots, {CURVE_N} greedy tokens per client, {THREADS} threads")
+    # -------------------------------------------------------- constrained decoding
+    def structured_case(case, key, path, reps, n_tok):
+        log(f"bench: {case}: {key}: {n_tok} tokens under a schema and free, x {reps}")
+
+        def gen(c, rid, prompt, fmt):
+            req = {"id": rid, "op": "generate", "tokens": prompt, "max_tokens": n_tok, "temperature": 0.8,
+                   "seed": 7 + rid, "stream": True}
+            if fmt:
+                req["format"] = fmt
+            else:
+                req["ignore_eos"] = True
+            c.send(req)
+            times = []
+            while True:
+                ev = c.recv()
+                if ev.get("event") == "token":
+                    times.append(time.perf_counter())
+                elif ev.get("event") == "done":
+                    break
+                elif ev.get("event") == "error":
+                    raise nxd_side.DaemonError(f"generate: {ev.get('code')}: {ev.get('message')}")
+            n = len(times)
+            return ((n - 1) / (times[-1] - times[0]) if n >= 17 else None), n
+
+        def run():
+            with ours.daemon(path) as d:
+                c = nxd_side.Conn(d.sock)
+                c.send({"id": "t", "op": "tokenize", "special": True, "text": STRUCTURED_PROMPT})
+                prompt = c.recv()["tokens"]
+                gen(c, 1, prompt, None), gen(c, 2, prompt, STRUCTURED_SCHEMA)  # warm-up
+                free, con, ns = [], [], []
+                for k in range(reps):
+                    order = (None, STRUCTURED_SCHEMA) if k % 2 == 0 else (STRUCTURED_SCHEMA, None)
+                    for fmt in order:
+                        r, n = gen(c, 10 + k, prompt, fmt)
+                        (con if fmt else free).append(r)
+                        if fmt:
+                            ns.append(n)
+                c.close()
+            return {"free_tok_s": free, "schema_tok_s": con, "schema_tokens": ns}
+
+        o = None
+        if ours.ok:
+            try:
+                o = run()
+            except Exception as e:
+                log(f"bench: {case}: nxd failed: {e}")
+                res["raw"].setdefault("errors", []).append(f"{case}: nxd: {e}")
+        res["raw"][f"{case}/{key}/structured"] = {"ours": o, "schema": STRUCTURED_SCHEMA}
+        if o:
+            f, s_ = med(o["free_tok_s"]), med(o["schema_tok_s"])
+            table.add(case, f"{key} decode under a schema / free", "x", s_ / f if f and s_ else None, None,
+                      note=f"free {f:.1f}, schema {s_:.1f} tok/s (temperature 0.8, {med(o['schema_tokens'])} tokens "
+                           "in the schema's answers); the bar: >= 0.90" if f and s_ else "")
+
+    if "structured" in cases:
+        structured_case("structured", "smollm2-135m Q4_1", q41, a.reps, DECODE_N)
+        qpath = os.path.join(mdir, "qwen2.5-0.5b-shape-random.nx-Q4_K_M.gguf")
+        if not os.path.exists(qpath):
+            log("bench: structured: making the Qwen2.5-0.5B-shaped model (once)")
+            models.make_qwen(libnx, qpath, threads=THREADS, log=log)
+        structured_case("structured", "qwen2-0.5b-shape Q4_K_M(nx)", qpath, a.reps, 64)
 
     # -------------------------------------------------------- report
     res["table"] = table.rows

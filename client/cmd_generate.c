@@ -18,6 +18,9 @@ const char nxc_usage_generate[] =
 	"      --system TEXT      system message before the prompt\n"
 	"      --raw              send PROMPT as is, without the chat template\n"
 	"      --tokens           PROMPT is a list of token ids (\"1 2 3\" or \"1,2,3\"), used as is\n"
+	"      --tools FILE       offer the model the tools of FILE, a JSON array of OpenAI tool\n"
+	"                         objects; each call it makes is printed as a JSON line\n"
+	"      --tool-choice C    auto, none, required, or the name of the tool to call\n"
 	"      --logprobs N       ask for the N (0..20) most likely alternatives per token\n"
 	"                         (shown with --json)\n"
 	"      --json             print every event line from nxd as it arrives\n\n"
@@ -26,7 +29,7 @@ const char nxc_usage_generate[] =
 
 enum {
 	O_TOPK = 256, O_TOPP, O_MINP, O_RPEN, O_RLAST, O_SEED, O_STOP, O_IGNORE_EOS, O_SYSTEM,
-	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA, O_RAW_OUTPUT,
+	O_RAW, O_JSON, O_LOGPROBS, O_TOKENS, O_LORA, O_RAW_OUTPUT, O_SPEC, O_TOOLS, O_TOOL_CHOICE,
 };
 
 static const struct option gen_opts[] = {
@@ -47,7 +50,10 @@ static const struct option gen_opts[] = {
 	{"logprobs", required_argument, NULL, O_LOGPROBS},
 	{"tokens", no_argument, NULL, O_TOKENS},
 	{"lora", required_argument, NULL, O_LORA},
+	{"speculate", required_argument, NULL, O_SPEC},
 	{"raw-output", no_argument, NULL, O_RAW_OUTPUT},
+	{"tools", required_argument, NULL, O_TOOLS},
+	{"tool-choice", required_argument, NULL, O_TOOL_CHOICE},
 	{"help", no_argument, NULL, 'h'},
 	{NULL, 0, NULL, 0},
 };
@@ -194,12 +200,62 @@ int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct n
 		case O_IGNORE_EOS:
 			json_object_set_new(ga->params, "ignore_eos", json_true());
 			break;
+		case O_SPEC: {
+			/* MODE or MODE:K; nxd checks both */
+			char mode[16];
+			const char *colon = strchr(optarg, ':');
+			size_t len = colon ? (size_t)(colon - optarg) : strlen(optarg);
+			enum nxp_spec_mode m;
+			if (len >= sizeof(mode))
+				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+			memcpy(mode, optarg, len);
+			mode[len] = '\0';
+			if (!nxp_spec_mode_parse(mode, &m))
+				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+			json_t *sp = json_object();
+			json_object_set_new(sp, "mode", json_string(mode));
+			if (colon) {
+				long long k;
+				if (nxc_parse_int(cmd, "--speculate K", colon + 1, 1, NXP_MAX_SPEC_K, &k)) {
+					json_decref(sp);
+					return -1;
+				}
+				json_object_set_new(sp, "k", json_integer(k));
+			}
+			json_object_set_new(ga->params, "speculate", sp);
+			break;
+		}
 		case O_RAW_OUTPUT:
 			ga->raw_output = true;
 			break;
 		case O_SYSTEM:
 			ga->system = optarg;
 			break;
+		case O_TOOLS: {
+			if (is_chat)
+				return nxc_usage_err(cmd, "%s is not a chat option", argv[optind - 1]);
+			json_error_t je;
+			json_t *tools = json_load_file(optarg, 0, &je);
+			if (!json_is_array(tools)) {
+				json_decref(tools);
+				return nxc_usage_err(cmd, "--tools %s: %s", optarg,
+						     je.text[0] ? je.text : "not a JSON array of tool objects");
+			}
+			json_object_set_new(ga->params, "tools", tools); /* nxd checks each tool */
+			break;
+		}
+		case O_TOOL_CHOICE: {
+			if (is_chat)
+				return nxc_usage_err(cmd, "%s is not a chat option", argv[optind - 1]);
+			const char *c = optarg;
+			json_t *v = !strcmp(c, "auto") || !strcmp(c, "none") || !strcmp(c, "required") ?
+					    json_string(c) :
+					    json_pack("{s:s, s:{s:s}}", "type", "function", "function", "name", c);
+			if (!v)
+				return nxc_usage_err(cmd, "--tool-choice is not valid UTF-8");
+			json_object_set_new(ga->params, "tool_choice", v);
+			break;
+		}
 		case O_RAW:
 		case O_JSON:
 		case O_TOKENS:
@@ -274,6 +330,7 @@ int nxc_stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct nx
 {
 	int id = c->next_id++, cancel_id = -1;
 	bool at_line_start = true;
+	bool after_call = false; /* the last line out is a tool call's, ended */
 	ans->hard = false;
 	json_object_set_new(req, "id", json_integer(id));
 	if (nxc_send(c, req))
@@ -325,9 +382,20 @@ int nxc_stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct nx
 					nxc_term_write(&nxc_stdout, json_string_value(t), n);
 					fflush(stdout);
 					at_line_start = json_string_value(t)[n - 1] == '\n';
+					after_call = false;
 				}
 				nxc_text_add(&ans->text, json_string_value(t), n);
 			}
+		} else if (!strcmp(name, "tool_call") && !json_mode) {
+			/* a call the model made: one JSON line, for a program to run it */
+			char *s = json_dumps(json_object_get(ev, "tool_call"), JSON_COMPACT);
+			if (!at_line_start)
+				end_line();
+			if (s)
+				printf("%s\n", s);
+			fflush(stdout);
+			at_line_start = after_call = true;
+			free(s);
 		} else if (!strcmp(name, "done")) {
 			const char *reason = json_string_value(json_object_get(ev, "reason"));
 			json_t *t = json_object_get(ev, "text"); /* only when not streamed */
@@ -335,7 +403,7 @@ int nxc_stream_answer(struct nxc_conn *c, json_t *req, bool json_mode, struct nx
 				nxc_term_write(&nxc_stdout, json_string_value(t), json_string_length(t));
 			if (json_is_string(t))
 				nxc_text_add(&ans->text, json_string_value(t), json_string_length(t));
-			if (!json_mode)
+			if (!json_mode && !after_call)
 				end_line();
 			fflush(stdout);
 			int rc = NXC_EXIT_OK;

@@ -329,6 +329,14 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	nxc_printf("cache:     %lld prompt tokens reused from earlier requests\n", iget(ev, "prompt_tokens_cached"));
 	nxc_printf("steps:     %lld (%lld retried after a worker fault)\n", iget(ev, "steps"),
 	       iget(ev, "steps_retried"));
+	json_t *spec = json_object_get(ev, "speculate");
+	if (spec) {
+		nxc_printf("speculate: %s by default (k %lld), %lld of %lld drafted tokens accepted", sget(spec, "default"),
+			   iget(spec, "k"), iget(spec, "accepted"), iget(spec, "drafted"));
+		if (iget(spec, "drafted") > 0)
+			nxc_printf(" (%.1f%%)", 100.0 * nget(spec, "acceptance"));
+		nxc_printf("\n");
+	}
 	if (has_prof) /* nxd started with NXD_PROFILE=1 */
 		print_profile(prof);
 	nxc_printf("uptime:    ");

@@ -50,6 +50,11 @@ static void starting(struct nxd *d, double now, bool ready)
 	if (!ready)
 		return;
 	d->phase = NXD_SERVING;
+	const struct nx_model *m = &d->model.m;
+	if (m->rope_long) /* one set for the daemon's context (model/model.h: nx_model_rope_factors) */
+		nxd_info("rope: LongRoPE's %s factors (%d positions per slot, original context %d)",
+			 nx_model_rope_factors(m, d->o.n_ctx) == m->rope_long ? "long" : "short", d->o.n_ctx,
+			 m->hp.rope_orig_ctx);
 	nxd_info("ready: listening on %s, %d workers, %d slots x %d positions%s%s%s, %d tokens per step, %s "
 		 "activations, %s K/V cache of %.1f MiB (started in %.2f s)",
 		 d->listen_activated ? "the socket from systemd" : d->o.socket_path,

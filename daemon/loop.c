@@ -82,6 +82,34 @@ static struct io_uring_sqe *sqe_must(struct nxd *d)
 
 /* ---------------------------------------------------------------- socket */
 
+/* Two daemons started at once on one stale socket would both replace it,
+ * the second unlinking the first's fresh one. A lock file beside the socket,
+ * held by the supervisor for its life, makes the probe, the replacement and
+ * the bind one step: a POSIX record lock, so the forked workers do not hold
+ * it and it is gone with the process however that ends. The file stays
+ * behind (removing it would race with the next start's open). */
+static int lock_socket_path(struct nxd *d, const char *path, struct nx_err *err)
+{
+	char lp[sizeof(d->o.socket_path) + 8];
+	snprintf(lp, sizeof(lp), "%s.lock", path);
+	int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return nx_errf(err, "socket: cannot open the lock file %s: %s", lp, strerror(errno));
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	if (fcntl(fd, F_SETLK, &fl) < 0) {
+		int e = errno;
+		struct flock who = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+		pid_t pid = fcntl(fd, F_GETLK, &who) == 0 && who.l_type != F_UNLCK ? who.l_pid : 0;
+		close(fd);
+		if (e == EACCES || e == EAGAIN)
+			return nx_errf(err, "socket: %s belongs to another nxd (pid %d holds %s); not taking it over",
+				       path, (int)pid, lp);
+		return nx_errf(err, "socket: locking %s failed: %s", lp, strerror(e));
+	}
+	d->sock_lock_fd = fd;
+	return 0;
+}
+
 static int bind_socket(struct nxd *d, struct nx_err *err)
 {
 	const char *path = d->o.socket_path;
@@ -91,6 +119,15 @@ static int bind_socket(struct nxd *d, struct nx_err *err)
 			       sizeof(sa.sun_path) - 1);
 	/* Never an abstract socket: those have no permissions. */
 	strcpy(sa.sun_path, path);
+
+	/* The directory of the default path (/run/nxd) may not exist yet. */
+	char dir[sizeof(sa.sun_path)];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *dn = dirname(dir);
+	if (access(dn, F_OK) < 0 && errno == ENOENT && mkdir(dn, 0755) < 0)
+		return nx_errf(err, "socket: creating directory %s failed: %s", dn, strerror(errno));
+	if (lock_socket_path(d, path, err) < 0)
+		return -1;
 
 	struct stat st;
 	if (lstat(path, &st) == 0) {
@@ -121,13 +158,6 @@ static int bind_socket(struct nxd *d, struct nx_err *err)
 		if (unlink(path) < 0)
 			return nx_errf(err, "socket: removing stale %s failed: %s", path, strerror(errno));
 		nxd_info("socket: replaced stale %s (nobody was listening)", path);
-	} else if (errno == ENOENT) {
-		/* The directory of the default path (/run/nxd) may not exist yet. */
-		char dir[sizeof(sa.sun_path)];
-		snprintf(dir, sizeof(dir), "%s", path);
-		char *dn = dirname(dir);
-		if (access(dn, F_OK) < 0 && errno == ENOENT && mkdir(dn, 0755) < 0)
-			return nx_errf(err, "socket: creating directory %s failed: %s", dn, strerror(errno));
 	}
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -722,6 +752,7 @@ static void dispatch(struct nxd *d, struct io_uring_cqe *cqe)
 int nxd_loop_init(struct nxd *d, struct nx_err *err)
 {
 	d->listen_fd = -1;
+	d->sock_lock_fd = -1;
 	d->sig_fd = -1;
 	d->bell_efd = -1;
 	d->conns = calloc((size_t)d->o.max_clients, sizeof(*d->conns));
@@ -817,6 +848,8 @@ void nxd_loop_free(struct nxd *d)
 		close(d->listen_fd);
 	if (d->socket_created && !d->listen_activated)
 		unlink(d->o.socket_path);
+	if (d->sock_lock_fd >= 0)
+		close(d->sock_lock_fd); /* after the unlink: the next start may bind at once */
 	if (d->sig_fd >= 0)
 		close(d->sig_fd);
 }

@@ -66,6 +66,10 @@ static const char usage[] =
 	"                       place of the model's and told apart as the model's would be\n"
 	"                       (default: detected from the model's template; one nxd does not\n"
 	"                       know leaves chat requests refused until this option names one)\n"
+	"  --speculate MODE[:K] speculative decoding for requests that do not choose: off (the\n"
+	"                       default) or prompt (drafts looked up in the request's own\n"
+	"                       prompt and output, verified in one step; output unchanged),\n"
+	"                       up to K drafted tokens per step (1..16, default 8)\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
 	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
 	"  --max-clients N      connections at once before a refusal (default 128)\n"
@@ -130,6 +134,29 @@ static int cpus_available(void)
 	return n > 0 ? n : 1;
 }
 
+/* --speculate off | prompt | prompt:K */
+static int parse_speculate(const char *s, struct nxd_opts *o)
+{
+	char mode[16];
+	const char *colon = strchr(s, ':');
+	size_t len = colon ? (size_t)(colon - s) : strlen(s);
+	if (len >= sizeof(mode))
+		len = sizeof(mode) - 1;
+	memcpy(mode, s, len);
+	mode[len] = '\0';
+	if (!nxp_spec_mode_parse(mode, &o->spec_mode))
+		return bad("--speculate: mode '%s' is neither off nor prompt", mode);
+	if (colon) {
+		char *end;
+		errno = 0;
+		long k = strtol(colon + 1, &end, 10);
+		if (errno || end == colon + 1 || *end || k < 1 || k > NXP_MAX_SPEC_K)
+			return bad("--speculate: K must be 1..%d, got \"%s\"", NXP_MAX_SPEC_K, colon + 1);
+		o->spec_k = (int)k;
+	}
+	return 0;
+}
+
 static int parse_args(struct nxd *d, int argc, char **argv)
 {
 	struct nxd_opts *o = &d->o;
@@ -148,10 +175,12 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		.max_adapter_mb = 1024,
 		.log_level = NXD_LOG_INFO,
 		.prompt_cache = true,
+		.spec_mode = NXP_SPEC_OFF,
+		.spec_k = NXD_SPEC_K,
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_KV };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_SPEC, O_KV };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -169,6 +198,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "activations", required_argument, 0, O_ACT },
 		{ "chat-template", required_argument, 0, O_CHAT },
 		{ "kv-type", required_argument, 0, O_KV },
+		{ "speculate", required_argument, 0, O_SPEC },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -280,6 +310,10 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			o->chat_template_file = optarg;
 			break;
 		}
+		case O_SPEC:
+			if (parse_speculate(optarg, o))
+				return 2;
+			break;
 		case 'h':
 		case O_HELP:
 			fputs(usage, stdout);
@@ -482,7 +516,7 @@ int main(int argc, char **argv)
 	d->pid = getpid();
 	d->t_start = nxd_now();
 	d->n_workers = d->o.n_workers;
-	d->listen_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
+	d->listen_fd = d->sock_lock_fd = d->sig_fd = d->bell_efd = d->wlog_rd = d->wlog_wr = -1;
 	d->phase = NXD_STARTING;
 	nxw_hooks_announce(warn_test_hook);
 	/* Spin a little before a futex sleep: a sleep/wake round trip costs

@@ -268,6 +268,10 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 	if (nx_tok_n_vocab(mo->tok) > mo->n_vocab)
 		return nx_errf(err, "model %s: tokenizer has %d tokens, the output layer only %d", path,
 			       (int)nx_tok_n_vocab(mo->tok), mo->n_vocab);
+	double t_trie = nxd_now();
+	if (nx_vocab_trie_build(mo->tok, mo->n_vocab, &mo->trie, err) < 0)
+		return nx_err_prefix(err, "model %s", path);
+	nxd_debug("model: token trie for constrained decoding in %.0f ms", (nxd_now() - t_trie) * 1e3);
 	if (gguf_get_str(&mo->g, "general.name", &mo->name, false, err) < 0)
 		mo->name = NULL;
 	if (!mo->name) {
@@ -303,6 +307,8 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 void nxd_model_free(struct nxd *d)
 {
 	struct nxd_model *mo = &d->model;
+	nx_vocab_trie_free(mo->trie);
+	mo->trie = NULL;
 	if (mo->tok)
 		nx_tok_free(mo->tok);
 	gguf_free(&mo->g);

@@ -12,6 +12,7 @@
  *   ops.c     requests: hello, generate, tokenize, detokenize, status, cancel
  *   prep.c    the thread that prepares long request lines off the loop
  *   sched.c   slots, queue, continuous batching, sampling and streaming
+ *   spec.c    speculative decoding: prompt-lookup drafts, how many a step may carry, back-off
  *   access.c  socket group, admin rights, client paths, adapter limits
  *   guard.c   checks of shared memory against our copies, and the rewrite from them
  *   lora.c         LoRA registry: load, list, unload, runtime deltas, the adapter ops, the step boundary
@@ -42,6 +43,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "proto/proto.h"
+#include "sample/grammar.h"
 #include "sample/sampler.h"
 #include "sample/stop.h"
 #include "shm/arena.h"
@@ -49,11 +51,14 @@
 #include "shm/hugemem.h"
 #include "tok/chat.h"
 #include "tok/tokenizer.h"
+#include "tok/tools.h"
 #include "worker/worker.h"
 #include "common/version.h"
 
 #define NXD_VERSION NX_VERSION
 #define NXD_MAX_SLOTS 256
+#define NXD_SPEC_ROWS (2 * NXP_MAX_SPEC_K) /* logits rows for drafts in one step, beside one per sequence */
+#define NXD_SPEC_K 8            /* --speculate prompt: drafts per step at most, when no :K is given */
 #define NXD_SHUTDOWN_GRACE 3.0 /* s: time given to clients to read their last events */
 #define NXD_SIG(sig) (1u << (sig)) /* a bit of nxd.signals */
 
@@ -85,6 +90,8 @@ struct nxd_opts {
 	bool use_mmap;
 	int log_level;
 	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
+	enum nxp_spec_mode spec_mode; /* --speculate: a request's mode when it gives none (off or prompt) */
+	int spec_k;           /* --speculate MODE:K: drafted tokens per step at most, when a request gives none */
 	const char *chat_template_file; /* --chat-template FILE: a Jinja template read in place of the model's, or NULL */
 };
 
@@ -101,6 +108,7 @@ struct nxd_model {
 	struct gguf_file g;     /* parsed from bytes */
 	struct nx_model m;      /* the supervisor's own copy; workers use the arena's */
 	struct nx_tok *tok;
+	struct nx_vocab_trie *trie; /* the token pieces for constrained decoding (sample/grammar.h), read-only */
 	char *name;             /* general.name, else the file name */
 	const char *arch;
 	char type[16];          /* most common weight type, e.g. "Q4_1" */
@@ -208,7 +216,27 @@ struct nxd_req {
 	struct nx_lora_mix lora_mix;
 	struct nxd_lora_ent *lora_ent[NX_LORA_MIX_MAX];
 	int n_lora;
+	/* constrained decoding ("format", "grammar"): this sequence's matcher, or NULL */
+	struct nx_gmatch *gm;
 	double t_arrive, t_admit, t_first, t_end; /* t_admit: its first prompt step */
+	/* speculative decoding (spec.c): k drafted tokens per step at most, 0: off */
+	int spec_k;
+	int spec_drafted, spec_accepted;
+	/* tools offered (tok/tools.h): the answer read for calls as it comes, or NULL */
+	struct nx_toolp *tools;
+	int n_calls_sent;         /* streamed: tool_call events sent so far */
+};
+
+/* A slot's speculation (spec.c): the drafts of the running step and how
+ * many the next may carry. */
+struct nxd_spec_slot {
+	int32_t draft[NXP_MAX_SPEC_K]; /* fed at positions n_past + 1 .. in the running step */
+	int n_draft;
+	int draft_row;            /* logits row of draft[0]; draft[j]'s is draft_row + j */
+	int k_cur;                /* drafts the next step may carry: grows on full runs, shrinks on misses */
+	int misses;               /* steps in a row whose drafts were all rejected */
+	int skip;                 /* decode steps left without drafting (back-off) */
+	int backoff;              /* the next back-off's length */
 };
 
 struct nxd_slot {
@@ -235,13 +263,23 @@ struct nxd_slot {
 	struct nx_sampler smp;
 	struct nx_detok detok;
 	struct nx_stop stop;
+	struct nxd_spec_slot spec;
 };
 
 #define NXD_STATS_WINDOW 256
 
+/* Step seconds t against tokens n and logits rows r, t = a + b n + c r, for
+ * what drafts cost the sequences beside them (spec.c): decayed sums of
+ * x x^T and x t, x = (1, n, r). */
+struct nxd_spec_fit {
+	double xx[3][3], xt[3];
+};
+
 struct nxd_stats {
 	uint64_t steps, steps_retried, tokens_served, completion_tokens;
 	uint64_t prompt_cached;   /* prompt tokens taken from the prompt cache instead of computed */
+	uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and accepted */
+	struct nxd_spec_fit spec_fit;
 	/* recent steps: sequences in the step, completion tokens, end time */
 	int seqs[NXD_STATS_WINDOW];
 	int ntok[NXD_STATS_WINDOW];
@@ -280,6 +318,7 @@ struct nxd {
 	/* io_uring loop */
 	struct io_uring ring;
 	int listen_fd;
+	int sock_lock_fd;       /* the socket path's lock (loop.c lock_socket_path), -1 when activated */
 	bool listen_activated;    /* from systemd: not ours to unlink */
 	bool socket_created;
 	bool accept_multishot, accept_armed;
@@ -320,6 +359,7 @@ struct nxd {
 	struct nx_logprob *top;   /* (NX_SAMPLE_MAX_LOGPROBS) */
 	struct nxp_logprob *lp;
 	struct nxd_stats stats;
+	int step_rows;            /* logits rows of the running step (sched.c plan) */
 	/* NXD_PROFILE: the workers' wait from one step's end to the next one's
 	 * start when the next follows without a pause (the supervisor's turn:
 	 * sampling, streaming, planning, waking them; sched.c prof_turn) */
@@ -431,6 +471,7 @@ struct nxd_prepared {
 	size_t text_len;
 	char *answer;             /* tokenize, detokenize: the encoded answer line (answer_len), NULL when out of memory */
 	size_t answer_len;
+	struct nx_toolp *tools;   /* generate with tools: the reader of its calls (taken over by the request) */
 };
 struct nxd_prep_ctx nxd_prep_ctx_of(const struct nxd *d);
 void nxd_prepare(const struct nxd_prep_ctx *x, struct nxd_prepared *p, const char *line, size_t len);
@@ -479,6 +520,28 @@ void nxd_sched_fail_all(struct nxd *d, enum nxp_code code, const char *msg);
 void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws);
 void nxd_req_free(struct nxd_req *r);
 int nxd_sched_slots_used(const struct nxd *d);
+
+/* spec.c - speculative decoding. A decoding sequence that speculates gets up
+ * to k drafted tokens after its decode token, in what the step's token budget
+ * and logits rows leave once every other sequence's tokens are placed; the
+ * step's rows are sampled in order and a draft is kept while it equals the
+ * token drawn (sched.c: nxd_sched_step_done). */
+/* A request admitted into s (its k, 0 for off). */
+void nxd_spec_admit(struct nxd_slot *s, int k);
+/* Drafts for s's next step, at most max: the continuation of the latest
+ * earlier occurrence of hist's last n tokens (n = 3, 2, 1), or none while s
+ * backs off. Returns how many were written to s->spec.draft. */
+int nxd_spec_draft(struct nxd_slot *s, int max);
+/* The step's verdict on s's drafts: seen of them were compared with the
+ * tokens drawn (fewer than n_draft when the request ended first), accepted
+ * of those kept. s->req is NULL when the request ended. */
+void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted);
+/* Draft tokens a step of n tokens and rows logits rows with other
+ * sequences in it may carry: what adds at most NXD_SPEC_SHARED_COST of the
+ * step's time (0 until the step times tell). */
+int nxd_spec_shared_budget(const struct nxd *d, int n, int rows);
+/* A finished step of n tokens and rows logits rows took dt seconds. */
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt);
 
 /* access.c - who may do what (docs/reliability.md 17, 24, 25).
  *

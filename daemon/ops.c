@@ -95,16 +95,85 @@ static size_t prompt_bytes(const struct nxp_generate *g)
 		n = strlen(g->prompt) + (g->system && !g->raw ? strlen(g->system) : 0);
 	else if (g->input == NXP_IN_MESSAGES)
 		for (int i = 0; i < g->n_messages; i++)
-			n += strlen(g->messages[i].content);
+			n += (g->messages[i].content ? strlen(g->messages[i].content) : 0) +
+			     (g->messages[i].tool_calls ? strlen(g->messages[i].tool_calls) : 0);
+	if (g->tools && g->tool_choice != NXP_TOOLS_NONE)
+		n += strlen(g->tools);
 	return n;
+}
+
+/* The tools a generate offers, once the template is known to have a
+ * convention for them: the prefix that makes the answer start as a call
+ * (tool_choice required or named), and the reader of its calls. */
+static int prep_tools(const struct nxd_prep_ctx *x, const struct nxp_generate *g, char **prefix,
+		      struct nx_toolp **reader, struct nx_err *err)
+{
+	*prefix = NULL;
+	*reader = NULL;
+	if (!g->tools || g->tool_choice == NXP_TOOLS_NONE)
+		return 0;
+	if (g->input == NXP_IN_TOKENS || g->raw)
+		return nx_errf(err, "tools are offered through the chat template: send 'messages' or a prompt without "
+			       "\"raw\"");
+	enum nx_tool_style style = nx_chat_tool_style(x->tmpl, x->jinja);
+	if (style == NX_TOOLS_NONE)
+		return nx_errf(err, "field 'tools': the model's chat template (%s) has no tool-call convention nxd knows: "
+			       "tools are rendered for Llama 3.1-3.3 (llama3.1) and Qwen2.5 / Qwen3 templates only",
+			       nx_chat_tmpl_name(x->tmpl));
+	json_error_t je;
+	json_t *tools = json_loads(g->tools, 0, &je);
+	enum nx_tool_choice choice = g->tool_choice == NXP_TOOLS_REQUIRED ? NX_TOOL_REQUIRED :
+				     g->tool_choice == NXP_TOOLS_NAMED ? NX_TOOL_NAMED : NX_TOOL_AUTO;
+	int rc = 0;
+	if (!tools)
+		rc = nx_errf(err, "out of memory");
+	/* A call that must be made is checked against its tool's schema: a
+	 * schema nxd cannot check is refused now, not after the answer. */
+	size_t i;
+	json_t *t;
+	json_array_foreach(tools, i, t) {
+		json_t *fn = json_object_get(t, "function"), *params = json_object_get(fn, "parameters");
+		const char *name = json_string_value(json_object_get(fn, "name"));
+		char at[64];
+		snprintf(at, sizeof(at), "tools[%zu].function.parameters", i);
+		if (rc == 0 && params && (choice == NX_TOOL_REQUIRED || (choice == NX_TOOL_NAMED && !strcmp(name, g->tool_name))) &&
+		    nx_tool_schema_check(params, at, err) < 0)
+			rc = nx_err_prefix(err, "tool_choice asks for a call, whose arguments nxd checks");
+	}
+	/* The hook for constrained decoding (tok/tools.h): the call's arguments
+	 * follow this prefix, and the called tool's schema is what a grammar
+	 * would hold them to; until then the reader checks them once made. */
+	if (rc == 0 && choice != NX_TOOL_AUTO && !(*prefix = nx_tool_prefix(style, choice == NX_TOOL_NAMED ? g->tool_name : NULL)))
+		rc = nx_errf(err, "out of memory");
+	uint64_t seed = 0;
+	if (rc == 0 && getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != sizeof(seed))
+		seed = (uint64_t)(uintptr_t)g ^ 0x9e3779b97f4a7c15ull;
+	if (rc == 0 && !(*reader = calloc(1, sizeof(**reader))))
+		rc = nx_errf(err, "out of memory");
+	if (rc == 0 && nx_toolp_init(*reader, style, tools, choice, g->tool_name, g->parallel_tool_calls, *prefix, seed,
+				     err) < 0) {
+		free(*reader);
+		*reader = NULL;
+		rc = -1;
+	}
+	json_decref(tools);
+	if (rc) {
+		free(*prefix);
+		*prefix = NULL;
+	}
+	return rc;
 }
 
 /* The prompt's tokens: chat template (unless raw or given as tokens), then
  * the tokenizer with special tokens parsed, BOS where the model wants one. */
 static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate *g, int32_t **out, int *n_out,
-			 struct nx_err *err)
+			 struct nx_toolp **reader, struct nx_err *err)
 {
 	const struct nx_tok *tk = x->tok;
+	char *prefix = NULL;
+	*reader = NULL;
+	if (prep_tools(x, g, &prefix, reader, err) < 0)
+		return -1;
 	if (g->input == NXP_IN_TOKENS) {
 		*out = malloc(((size_t)g->n_tokens + 1) * sizeof(int32_t));
 		if (!*out)
@@ -119,17 +188,20 @@ static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate
 		rc = encode(tk, g->prompt, strlen(g->prompt), true, nx_tok_add_bos(tk), out, n_out, err);
 		return rc;
 	}
-	struct nx_chat_msg *msgs = calloc((size_t)(g->input == NXP_IN_MESSAGES ? g->n_messages : 2), sizeof(*msgs));
+	struct nx_chat_turn *msgs = calloc((size_t)(g->input == NXP_IN_MESSAGES ? g->n_messages : 2), sizeof(*msgs));
 	int n = 0;
-	if (!msgs)
+	if (!msgs) {
+		free(prefix);
 		return nx_errf(err, "out of memory");
+	}
 	if (g->input == NXP_IN_PROMPT) {
 		if (g->system)
-			msgs[n++] = (struct nx_chat_msg){ "system", g->system };
-		msgs[n++] = (struct nx_chat_msg){ "user", g->prompt };
+			msgs[n++] = (struct nx_chat_turn){ "system", g->system, NULL };
+		msgs[n++] = (struct nx_chat_turn){ "user", g->prompt, NULL };
 	} else {
 		for (int i = 0; i < g->n_messages; i++)
-			msgs[n++] = (struct nx_chat_msg){ nxp_role_name(g->messages[i].role), g->messages[i].content };
+			msgs[n++] = (struct nx_chat_turn){ nxp_role_name(g->messages[i].role), g->messages[i].content,
+							   g->messages[i].tool_calls };
 	}
 	struct nx_chat_opts co = {
 		.add_generation_prompt = true,
@@ -137,8 +209,9 @@ static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate
 			    : g->think == NXP_THINK_ON ? NX_CHAT_THINK_ON
 						       : NX_CHAT_THINK_DEFAULT,
 	};
-	rc = nx_chat_render_opts(x->tmpl, x->jinja, msgs, n, &co, &text, err);
+	rc = nx_chat_render_turns(x->tmpl, x->jinja, msgs, n, *reader ? g->tools : NULL, prefix, &co, &text, err);
 	free(msgs);
+	free(prefix);
 	if (rc < 0)
 		return -1;
 	rc = encode(tk, text, strlen(text), true, nx_tok_add_bos(tk), out, n_out, err);
@@ -162,7 +235,7 @@ static void prep_generate(const struct nxd_prep_ctx *x, struct nxd_prepared *p)
 			 "must be left to generate", bytes, bytes / x->max_piece, x->lim.n_ctx);
 		return;
 	}
-	if (prompt_tokens(x, g, &p->toks, &p->n_toks, &err) < 0)
+	if (prompt_tokens(x, g, &p->toks, &p->n_toks, &p->tools, &err) < 0)
 		prep_fail(p, NXP_E_BAD_REQUEST, "prompt", &err);
 }
 
@@ -245,6 +318,10 @@ void nxd_prepared_free(struct nxd_prepared *p)
 	free(p->toks);
 	free(p->text);
 	free(p->answer);
+	if (p->tools)
+		nx_toolp_free(p->tools);
+	free(p->tools);
+	p->tools = NULL;
 	p->toks = NULL;
 	p->text = NULL;
 	p->answer = NULL;
@@ -304,12 +381,27 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 		r->sp.seed = fresh_seed(d);
 	r->ignore_eos = g->ignore_eos;
 	r->stream = g->stream;
+	const enum nxp_spec_mode sm = g->spec_mode == NXP_SPEC_DEFAULT ? d->o.spec_mode : g->spec_mode;
+	r->spec_k = sm == NXP_SPEC_PROMPT ? (g->spec_k ? g->spec_k : d->o.spec_k) : 0;
 	for (int i = 0; i < g->n_stop; i++) {
 		r->stop[i] = g->stop[i];
 		g->stop[i] = NULL; /* taken over */
 	}
 	r->n_stop = g->n_stop;
 	g->n_stop = 0;
+	r->tools = p->tools; /* taken over */
+	p->tools = NULL;
+	if (g->grammar) {
+		struct nx_err err = {{0}};
+		struct nx_grammar *gr = g->grammar;
+		g->grammar = NULL; /* the matcher takes it over */
+		if (nx_gmatch_new(gr, d->model.trie, &r->gm, &err) < 0) {
+			nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST, "field '%s': %s",
+				       g->format == NXP_FMT_GRAMMAR ? "grammar" : "format", err.msg);
+			nxd_req_free(r);
+			return;
+		}
+	}
 	if (!r->stream) {
 		r->gen_toks = malloc((size_t)r->max_tokens * sizeof(int32_t));
 		if (!r->gen_toks) {

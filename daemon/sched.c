@@ -46,6 +46,10 @@ void nxd_req_free(struct nxd_req *r)
 		free(r->stop[i]);
 	free(r->gen_toks);
 	free(r->text);
+	nx_gmatch_free(r->gm);
+	if (r->tools)
+		nx_toolp_free(r->tools);
+	free(r->tools);
 	free(r);
 }
 
@@ -120,6 +124,18 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 {
 	struct nxd_conn *c = live_conn(r);
 	r->t_end = nxd_now();
+	bool ended = reason != NXP_DONE_CANCELLED && reason != NXP_DONE_SHUTDOWN;
+	if (c && ended && r->tools && r->tools->failed) {
+		/* tool_choice asked for a call and the answer is not a valid one */
+		nxd_send_error(d, c, r->id, NXP_E_INVALID_TOOL_CALL, "%s", r->tools->why);
+		c = NULL;
+	}
+	_Static_assert(NX_TOOL_MAX_CALLS <= NXP_MAX_TOOL_CALLS, "an answer's calls fit the protocol's");
+	struct nxp_tool_call calls[NX_TOOL_MAX_CALLS];
+	int n_calls = 0;
+	for (int i = 0; r->tools && !r->stream && i < r->tools->n_calls && i < NX_TOOL_MAX_CALLS; i++)
+		calls[n_calls++] = (struct nxp_tool_call){ r->tools->calls[i].id, r->tools->calls[i].name,
+							   r->tools->calls[i].arguments };
 	if (c) {
 		/* prefill: first prompt step -> first token; decode: the rest.
 		 * NAN (null on the wire) for what never happened. */
@@ -127,6 +143,8 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 		double decode = r->t_first > 0 ? r->t_end - r->t_first : NAN;
 		struct nxp_done dn = {
 			.reason = reason,
+			.tool_calls = n_calls > 0 ? calls : NULL,
+			.n_tool_calls = n_calls,
 			.text = r->stream ? NULL : (r->text ? r->text : ""),
 			.text_len = r->stream ? 0 : r->text_len,
 			.tokens = r->stream ? NULL : r->gen_toks,
@@ -140,6 +158,12 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
 			.has_seed = true,
 			.seed = r->sp.seed,
+			.speculated = r->spec_k > 0,
+			.spec_drafted = r->spec_drafted,
+			.spec_accepted = r->spec_accepted,
+			/* a document cut by a stop string, the length limit or a cancel is no document */
+			.constrained = r->gm != NULL,
+			.incomplete = r->gm && (reason == NXP_DONE_STOP || !nx_gmatch_accepting(r->gm)),
 		};
 		if (r->stream) {
 			size_t n = nxp_enc_done(d->line, d->line_cap, r->id, &dn);
@@ -319,6 +343,7 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 		}
 		s->chunk = 0;
 		s->row = -1;
+		s->spec.n_draft = 0;
 	}
 }
 
@@ -444,6 +469,7 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 		s->wait_admitted = d->slots[s->wait_src].admitted;
 	s->req = r;
 	r->slot = p.slot;
+	nxd_spec_admit(s, r->spec_k);
 	nxd_lora_admit(d, r, p.slot);
 	return 0;
 }
@@ -534,17 +560,18 @@ static void catch_up(struct nxd *d, struct nxd_slot *s)
 	}
 }
 
-static int plan(struct nxd *d)
+static int plan(struct nxd *d, int *n_rows)
 {
 	struct nx_tok_in *t = d->shm.toks;
 	int n = 0, rows = 0, budget = d->o.n_batch;
-	struct nxd_slot *pre[NXD_MAX_SLOTS];
-	int n_pre = 0;
+	struct nxd_slot *pre[NXD_MAX_SLOTS], *spec[NXD_MAX_SLOTS];
+	int n_pre = 0, n_spec = 0, n_seqs = 0;
 	/* Decoders first: one token each, each wants its logits. */
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		s->chunk = 0;
 		s->row = -1;
+		s->spec.n_draft = 0;
 		if (!s->req || s->req->cancelled)
 			continue;
 		if (s->wait_src >= 0)
@@ -557,6 +584,9 @@ static int plan(struct nxd *d)
 			s->row = rows++;
 			s->chunk = 1;
 			n++;
+			n_seqs++;
+			if (s->req->spec_k > 0)
+				spec[n_spec++] = s;
 		} else if (pending > 1 && s->wait_src < 0 && n_pre < (int)(sizeof(pre) / sizeof(pre[0]))) {
 			pre[n_pre++] = s;
 		}
@@ -573,6 +603,7 @@ static int plan(struct nxd *d)
 			t[n++] = (struct nx_tok_in){ s->hist[pos], pos, si, -1, s->req->n_lora ? si + 1 : 0 };
 		}
 		s->chunk = take;
+		n_seqs++;
 		if (s->req->t_admit == 0)
 			s->req->t_admit = nxd_now(); /* its first prompt step */
 		if (take == pending) {
@@ -580,6 +611,31 @@ static int plan(struct nxd *d)
 			s->row = rows++;
 		}
 	}
+	/* Last, drafts of the speculating decoders in what is left: never in
+	 * place of another sequence's tokens, and in a step shared with other
+	 * sequences only as many as cost them little. */
+	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n, rows) : budget;
+	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits && shared > 0; k++) {
+		struct nxd_slot *s = spec[k];
+		const struct nxd_req *r = s->req;
+		const int si = (int)(s - d->slots);
+		int max = budget - n;
+		max = max < d->shm.cfg.max_logits - rows ? max : d->shm.cfg.max_logits - rows;
+		max = max < shared ? max : shared;
+		/* positions n_past + 1 .. n_past + max, inside the context; and no
+		 * draft past the last token max_tokens lets the request emit */
+		max = max < d->o.n_ctx - 1 - s->n_past ? max : d->o.n_ctx - 1 - s->n_past;
+		max = max < r->max_tokens - r->n_gen - 1 ? max : r->max_tokens - r->n_gen - 1;
+		if (max <= 0 || nxd_spec_draft(s, max) == 0)
+			continue;
+		s->spec.draft_row = rows;
+		for (int j = 0; j < s->spec.n_draft; j++)
+			t[n++] = (struct nx_tok_in){ s->spec.draft[j], s->n_past + 1 + j, si, rows++,
+						     r->n_lora ? si + 1 : 0 };
+		if (n_spec < n_seqs)
+			shared -= s->spec.n_draft;
+	}
+	*n_rows = rows;
 	return n;
 }
 
@@ -592,7 +648,7 @@ void nxd_sched_pump(struct nxd *d)
 	admit_queued(d);
 	if (!nxd_step_can_launch(d))
 		return;
-	int n = plan(d);
+	int n = plan(d, &d->step_rows);
 	if (n == 0)
 		return;
 	d->step_follows = d->in_step_done;
@@ -616,12 +672,47 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 		st->count++;
 }
 
+/* Feeds the text just released to the request's reader of tool calls: the
+ * answer ends early once a call is all parallel_tool_calls false allows, or
+ * once tool_choice's call has failed (text held back for a stop string then
+ * is dropped: nothing after the call belongs to the answer); an answer that
+ * ends with calls ends for them. */
+static void read_tool_calls(struct nxd_req *r, const char *s, size_t n, bool *end, enum nxp_reason *reason)
+{
+	struct nx_toolp *tp = r->tools;
+	nx_toolp_feed(tp, s, n);
+	if (!*end && nx_toolp_done(tp)) {
+		*end = true;
+		*reason = NXP_DONE_TOOL_CALLS;
+	}
+	if (*end) {
+		nx_toolp_finish(tp);
+		if (tp->n_calls > 0 && (*reason == NXP_DONE_EOS || *reason == NXP_DONE_STOP))
+			*reason = NXP_DONE_TOOL_CALLS;
+	}
+}
+
+/* A streamed request's tool calls completed since the last token. */
+static void send_tool_calls(struct nxd *d, struct nxd_conn *c, struct nxd_req *r)
+{
+	for (; r->n_calls_sent < r->tools->n_calls; r->n_calls_sent++) {
+		const struct nx_tool_call *tc = &r->tools->calls[r->n_calls_sent];
+		struct nxp_tool_call call = { tc->id, tc->name, tc->arguments };
+		size_t n;
+		char *line = nxp_enc_tool_call_alloc(r->id, r->n_calls_sent, &call, &n);
+		if (line)
+			nxd_conn_queue(d, c, line, n);
+		free(line);
+	}
+}
+
 /* d->lp for a token event: the n_top most likely tokens, then the chosen one
  * when a draw took it from outside them, so its own logprob is always there. */
-/* Streams one sampled token and decides whether the sequence ends. An
+/* Streams one sampled token and decides whether the sequence ends (false:
+ * it did, the request is gone). An
  * end-of-generation token is not part of the answer: no text, not counted,
  * not in `tokens`; it only ends the sequence (reason eos). */
-static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
+static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 {
 	struct nxd_req *r = s->req;
 	struct nxd_conn *c = live_conn(r);
@@ -663,10 +754,18 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 						      NX_STOP_MORE)
 			rlen += more;
 	}
+	/* The answer's text, or with tools what of it is not a call. */
+	const char *txt = d->released;
+	size_t tlen = rlen;
+	if (r->tools) {
+		read_tool_calls(r, d->released, rlen, &end, &reason);
+		txt = r->tools->out;
+		tlen = r->tools->out_len;
+	}
 	if (r->stream) {
 		/* An end-of-generation token gets an event only to carry text that
 		 * was held back (rare: a stop-string prefix, a cut UTF-8 sequence). */
-		if (c && (!eog || rlen > 0)) {
+		if (c && (!eog || tlen > 0)) {
 			int n_lp = 0;
 			for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
 				size_t len = 0;
@@ -679,15 +778,26 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 			struct nxp_logprob self = { tok, NULL, 0, nx_sampler_last_logprob(&s->smp) };
 			if (r->sp.n_logprobs > 0 && !eog)
 				self.text = nx_tok_piece(tk, tok, true, &self.text_len);
-			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, d->released, rlen,
+			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, txt, tlen,
 						    r->sp.n_logprobs > 0 && !eog ? &self : NULL, d->lp, n_lp);
-			if (n < d->line_cap)
+			char *big = NULL;
+			if (n < d->line_cap) {
 				nxd_conn_queue(d, c, d->line, n);
+			} else if ((big = malloc(n + 1))) {
+				/* text the reader of tool calls held back (a malformed call, a
+				 * Llama answer that opened as a call), released at once */
+				nxp_enc_token_lp(big, n + 1, r->id, tok, txt, tlen, r->sp.n_logprobs > 0 && !eog ? &self : NULL,
+						 d->lp, n_lp);
+				nxd_conn_queue(d, c, big, n);
+				free(big);
+			}
 		}
-	} else if (rlen) {
-		if (r->text_len + rlen + 1 > r->text_cap) {
+		if (c && r->tools)
+			send_tool_calls(d, c, r);
+	} else if (tlen) {
+		if (r->text_len + tlen + 1 > r->text_cap) {
 			size_t cap = r->text_cap ? r->text_cap : 256;
-			while (cap < r->text_len + rlen + 1)
+			while (cap < r->text_len + tlen + 1)
 				cap *= 2;
 			char *p = realloc(r->text, cap);
 			if (p) {
@@ -695,18 +805,19 @@ static void on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 				r->text_cap = cap;
 			}
 		}
-		if (r->text_len + rlen + 1 <= r->text_cap) {
-			memcpy(r->text + r->text_len, d->released, rlen);
-			r->text_len += rlen;
+		if (r->text_len + tlen + 1 <= r->text_cap) {
+			memcpy(r->text + r->text_len, txt, tlen);
+			r->text_len += tlen;
 			r->text[r->text_len] = '\0';
 		}
 	}
 	if (!end) {
 		s->hist[s->n_hist++] = tok;
-		return;
+		return true;
 	}
 	slot_release(d, s, true);
 	finish(d, r, reason);
+	return false;
 }
 
 /* NXD_PROFILE: the time from the step before's end (its last worker) to
@@ -729,14 +840,53 @@ static void prof_turn(struct nxd *d)
 	d->prof_turns++;
 }
 
+/* Draws the token of logits row `row` for s's request: under its grammar's
+ * mask when it has one (and moves the grammar on by the token). The row of a
+ * kept draft is drawn the same way, so drafts and grammars compose. On a
+ * failure the request has ended and -1 is returned. */
+static int32_t sample_row(struct nxd *d, struct nxd_slot *s, int row, int *n_top)
+{
+	struct nxd_req *r = s->req;
+	const int n_vocab = d->model.n_vocab;
+	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	const float *logits = d->shm.state.logits + (size_t)row * (size_t)n_vocab; /* the supervisor's own pointer */
+	struct nx_logprob *top = r->sp.n_logprobs > 0 ? d->top : NULL;
+	int32_t tok;
+	if (r->gm) {
+		/* constrained: only tokens that keep the output a prefix of the grammar */
+		struct nx_err err = {{0}};
+		int n_allowed = 0;
+		const uint64_t *allowed = nx_gmatch_mask(r->gm, &n_allowed, &err);
+		if (!allowed || n_allowed == 0) {
+			slot_release(d, s, false);
+			fail_req(d, r, allowed ? NXP_E_BAD_REQUEST : NXP_E_INTERNAL,
+				 allowed ? "the grammar allows no token of this model's vocabulary here" : err.msg);
+			return -1;
+		}
+		tok = nx_sample_masked(&s->smp, logits, allowed, s->hist, s->n_hist, top, n_top);
+		if (tok >= 0 && tok < n_vocab && nx_gmatch_accept_token(r->gm, tok) < 0) {
+			slot_release(d, s, false);
+			fail_req(d, r, NXP_E_INTERNAL, "the grammar's matcher failed (out of memory, or its state grew past its bounds)");
+			return -1;
+		}
+	} else {
+		tok = nx_sample_grouped(&s->smp, logits, d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist,
+					s->n_hist, top, n_top);
+	}
+	if (tok < 0 || tok >= n_vocab) {
+		slot_release(d, s, false);
+		fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+		return -1;
+	}
+	return tok;
+}
+
 void nxd_sched_step_done(struct nxd *d)
 {
 	double t1 = nxd_now();
 	if (d->shm.prof)
 		prof_turn(d);
-	const float *logits = d->shm.state.logits; /* the supervisor's own pointer */
-	int n_vocab = d->model.n_vocab, seqs = 0, ntok = 0, n_prompt = 0;
-	const size_t n_groups = ((size_t)n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	int seqs = 0, ntok = 0, n_prompt = 0;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		if (!s->req || s->chunk == 0)
@@ -757,18 +907,34 @@ void nxd_sched_step_done(struct nxd *d)
 		 * and inf as the workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
-		int32_t tok = nx_sample_grouped(&s->smp, logits + (size_t)row * (size_t)n_vocab,
-						d->shm.state.logit_gmax + (size_t)row * n_groups, s->hist, s->n_hist,
-						r->sp.n_logprobs > 0 ? d->top : NULL, &n_top);
-		if (tok < 0 || tok >= n_vocab) {
-			slot_release(d, s, false);
-			fail_req(d, r, NXP_E_INTERNAL, "the step produced no finite logit");
+		int32_t tok = sample_row(d, s, row, &n_top);
+		if (tok < 0)
 			continue;
-		}
 		ntok++;
-		on_token(d, s, tok, n_top);
+		bool live = on_token(d, s, tok, n_top);
+		/* Drafts: each kept while it is the token drawn, and its row then
+		 * gives the next token (spec.c). A request's counts are taken
+		 * before the token that may end it, for its done event. */
+		const int n_draft = s->spec.n_draft;
+		int seen = 0, acc = 0;
+		while (live && seen < n_draft) {
+			seen++;
+			r->spec_drafted++;
+			if (tok != s->spec.draft[acc])
+				break;
+			r->spec_accepted++;
+			s->n_past++; /* the draft's K/V are the drawn token's */
+			row = s->spec.draft_row + acc++;
+			if ((tok = sample_row(d, s, row, &n_top)) < 0)
+				break;
+			ntok++;
+			live = on_token(d, s, tok, n_top);
+		}
+		if (n_draft > 0)
+			nxd_spec_learn(d, s, seen, acc);
 	}
 	stats_step(d, seqs, ntok, n_prompt, d->step.t0, t1);
+	nxd_spec_fit_step(d, d->step.n, d->step_rows, t1 - d->step.t0);
 	d->in_step_done = true;
 	nxd_sched_pump(d);
 	d->in_step_done = false;
@@ -820,5 +986,9 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.uptime_s = nxd_now() - d->t_start,
 		.steps = s->steps,
 		.steps_retried = s->steps_retried,
+		.spec_default = nxp_spec_mode_name(d->o.spec_mode),
+		.spec_k = d->o.spec_k,
+		.spec_drafted = s->spec_drafted,
+		.spec_accepted = s->spec_accepted,
 	};
 }

@@ -296,7 +296,8 @@ static void set_cfg(struct nxd *d)
 {
 	d->shm.cfg = (struct nx_state_cfg){
 		.max_batch = d->o.n_batch,
-		.max_logits = d->o.n_slots, /* one row per sequence per step at most */
+		/* a row per sequence, and rows for the drafts speculation adds (sched.c plan) */
+		.max_logits = d->o.n_slots + NXD_SPEC_ROWS < d->o.n_batch ? d->o.n_slots + NXD_SPEC_ROWS : d->o.n_batch,
 		.n_slots = d->o.n_slots,
 		.n_ctx = d->o.n_ctx,
 		.act_one_part = d->o.act_one_part,

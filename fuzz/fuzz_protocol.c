@@ -126,7 +126,9 @@ static void check_request(const struct nxp_request *r, const struct nxp_limits *
 			FUZZ_CHECK(g->n_messages >= 1 && g->n_messages <= NXP_MAX_MESSAGES && g->messages,
 				   "n_messages %d", g->n_messages);
 			for (int i = 0; i < g->n_messages; i++)
-				FUZZ_CHECK(g->messages[i].content && g->messages[i].role <= NXP_ROLE_ASSISTANT,
+				FUZZ_CHECK((g->messages[i].content ||
+					    (g->messages[i].tool_calls && g->messages[i].role == NXP_ROLE_ASSISTANT)) &&
+						   g->messages[i].role <= NXP_ROLE_TOOL,
 					   "message %d", i);
 			break;
 		case NXP_IN_TOKENS:

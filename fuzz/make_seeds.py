@@ -15,6 +15,8 @@ diffed. The files:
                             and the mode (see fuzz_tokenizer.c), the rest is text or ids
   fuzz/corpus/protocol/     request lines of every op and every bad-request case
   fuzz/corpus/safetensors/  docs/reliability.md 11 and 12 cases, valid PEFT adapters
+  fuzz/corpus/grammar/      GBNF grammars and JSON schemas for fuzz_grammar (byte 0: mode, see fuzz_grammar.c)
+  fuzz/corpus/tools/        model answers for fuzz_tools: calls, text, malformed calls; a schema and a value
   fuzz/data/                tiny-bpe.vocab, tiny-spm.vocab (GGUF vocab-only files) for
                             fuzz_tokenizer; tiny-llama.model, the model fuzz_safetensors and
                             fuzz_gguf check adapters against
@@ -432,6 +434,27 @@ def tokenizer_seeds():
     return S
 
 
+# --- tool-call reader seeds (fuzz_tools.c) -----------------------------------------
+# Byte 0: bit 0 Llama (else Qwen), bits 1-2 tool_choice (auto, required, named),
+# bit 3 parallel_tool_calls false, bits 4-7 the piece size; 0xff: "schema\0value".
+
+def tools_seeds():
+    S = [
+        ("qwen-call", 0x00, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+        ("qwen-text-calls", 0x30, 'Let me see.\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n'
+                                  '<tool_call>{"name":"get_weather","arguments":{"city":"Rome","days":2}}</tool_call>'),
+        ("qwen-bad", 0x10, '<tool_call>\n{"name": "get_weather", "arguments": {"city": }}\n</tool_call> <tool_cal'),
+        ("qwen-named", 0x24, '{"city": "Paris"}}\n</tool_call>'),
+        ("qwen-required-one", 0x0a, 'now", "arguments": {}}\n</tool_call><tool_call>{"name":"now","arguments":{}}</tool_call>'),
+        ("llama-call", 0x01, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
+        ("llama-text", 0x11, ' It is {sunny}'),
+    ]
+    out = [(n, bytes([f]) + t.encode()) for n, f, t in S]
+    out.append(("schema", b"\xff" + b'{"type":"object","properties":{"a":{"anyOf":[{"type":"string","pattern":"^x"},'
+                b'{"minimum":3}]}},"required":["a"]}\x00{"a":"xy"}'))
+    return out
+
+
 # --- protocol seeds ---------------------------------------------------------------
 # One request line per file. fuzz_protocol.c parses it with the limits
 # n_vocab 1000, n_ctx 64, max_tokens 128, max_line 8192 (expectations below are
@@ -467,6 +490,15 @@ def proto_seeds():
         {"id": 26, "op": "lora_report", "name": "sql", "types": ["keep", "q8_0"], "layers": [1]},
         {"id": 27, "op": "lora_report", "name": "a.b_c-1", "types": "f16", "scale": 2},
         {"id": 7, "op": "generate", "prompt": "hi", "max_tokens": 2**31},  # past the limit: capped, not refused
+        {"id": 30, "op": "generate", "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "21"}],
+         "tools": [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False},
+        {"id": 31, "op": "generate", "prompt": "x", "tools": [{"function": {"name": "f"}}], "tool_choice": "required"},
     ]
     S = [(f"ok-{i:02d}", json.dumps(r, ensure_ascii=(i % 2 == 0)).encode() + b"\n", "ok", "") for i, r in enumerate(ok)]
     gen = lambda **kw: {"id": 7, "op": "generate", "prompt": "hi", **kw}
@@ -629,6 +661,41 @@ def safetensors_seeds():
     return S
 
 
+# --- grammar and schema --------------------------------------------------------------
+
+
+def grammar_seeds():
+    """fuzz_grammar inputs: byte 0 even for GBNF text, odd for a JSON schema."""
+    gbnf = [
+        ("gbnf-alternatives", 'root ::= greet ( " " name )? "!"{1,3}\ngreet ::= "hi" | "hello"\nname ::= [A-Z] [a-z]*\n'),
+        ("gbnf-classes", 'root ::= [^"\\\\\\n]+ . [\\x41-\\x43\\u00e9] ( "x" |\n "y" )\n'),
+        ("gbnf-repeat", 'root ::= "a"{2} "b"{1,} "c"{,2} ("de")* [0-9]{3,5}\n'),
+        ("gbnf-utf8", 'root ::= [α-ω]+ "日本"?\n'),
+        ("gbnf-json", None),
+        ("gbnf-left-recursive", 'root ::= root "a" | "b"\n'),
+        ("gbnf-undefined", 'root ::= foo\n'),
+    ]
+    schemas = [
+        ("schema-object", {"type": "object", "properties": {"a": {"type": "integer", "minimum": -15, "maximum": 123},
+                                                              "b": {"type": "string", "maxLength": 4}}, "required": ["b"]}),
+        ("schema-array", {"type": "array", "items": {"enum": ["x", 1, None]}, "minItems": 1, "maxItems": 3}),
+        ("schema-pattern", {"type": "string", "pattern": "^[A-Z]{2}-\\d{3,4}(x|y)?$"}),
+        ("schema-anyof", {"anyOf": [{"type": "number", "minimum": -5, "maximum": 2}, {"type": "null"}]}),
+        ("schema-refused", {"type": "object", "patternProperties": {"a": {}}}),
+    ]
+    out = []
+    for name, text in gbnf:
+        if text is None:
+            text = ('root ::= value\nvalue ::= object | array | string | number | "true" | "false" | "null"\n'
+                    'object ::= "{" ( string ":" value ( "," string ":" value )* )? "}"\n'
+                    'array ::= "[" ( value ( "," value )* )? "]"\nstring ::= "\\"" [a-z]* "\\""\n'
+                    'number ::= "-"? [0-9]+\n')
+        out.append((name, bytes([2]) + text.encode()))
+    for name, sch in schemas:
+        out.append((name, bytes([3]) + json.dumps(sch).encode()))
+    return out
+
+
 # --- writing -----------------------------------------------------------------------
 
 
@@ -647,6 +714,8 @@ def main():
     write_dir(corpus / "tokenizer", t)
     write_dir(corpus / "protocol", p)
     write_dir(corpus / "safetensors", s)
+    write_dir(corpus / "grammar", grammar_seeds())
+    write_dir(corpus / "tools", tools_seeds())
     data = FUZZ / "data"
     data.mkdir(exist_ok=True)
     # Replaced by rename: a running fuzzer keeps these mapped.

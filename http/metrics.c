@@ -162,6 +162,13 @@ static void daemon_status(struct nxh_buf *b, const json_t *st)
 	gauge(b, "nxd_tokens_per_second", "gauge", "Completion tokens per second, recent window.",
 	      num(st, "tokens_per_s"));
 	gauge(b, "nxd_uptime_seconds", "gauge", "Seconds since nxd started.", num(st, "uptime_s"));
+	const json_t *spec = json_object_get(st, "speculate");
+	if (spec) {
+		gauge(b, "nxd_speculative_drafted_total", "counter", "Draft tokens verified by speculative decoding.",
+		      num(spec, "drafted"));
+		gauge(b, "nxd_speculative_accepted_total", "counter", "Draft tokens the model agreed with and kept.",
+		      num(spec, "accepted"));
+	}
 	head(b, "nxd_worker_restarts_total", "counter", "Times each worker was started again.");
 	size_t i;
 	json_t *w;

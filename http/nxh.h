@@ -163,6 +163,7 @@ struct nxh_gen {
 	json_t *lp;              /* logprobs gathered (non-streamed answers) */
 	size_t text_offset;      /* completions' logprobs: bytes of text so far */
 	int n_tokens;            /* token events seen */
+	json_t *tool_calls;      /* the calls nxd made of the answer (non-streamed answers), in the API's shape */
 	double t_last;           /* the previous token event, for the per-token latency */
 };
 
@@ -258,6 +259,9 @@ void nxh_req_fail(struct nxh_req *r, unsigned status, const char *type, const ch
 		  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* A 400 invalid_request_error naming param. */
 void nxh_req_bad(struct nxh_req *r, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* structured.c: OpenAI "response_format", ollama "format" -> the nxd request's "format" (q). */
+int nxh_response_format(struct nxh_req *r, const json_t *b, json_t *q);
+int nxh_ollama_format(struct nxh_req *r, const json_t *b, json_t *q);
 /* The answer: status and a JSON body (stolen). */
 void nxh_req_answer(struct nxh_req *r, unsigned status, json_t *body);
 /* A text answer (out's bytes are the body). */

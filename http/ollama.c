@@ -77,6 +77,8 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 		nxh_req_bad(r, "model", "field 'model' is required (GET /api/tags lists it)");
 		return -1;
 	}
+	if (nxh_ollama_format(r, b, g->req))
+		return -1;
 	size_t n = strlen(m);
 	if (n > 7 && !strcmp(m + n - 7, ":latest")) /* ollama's default tag */
 		n -= 7;
@@ -86,7 +88,7 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 
 int nxh_ollama_chat_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "messages", "stream", "options", NULL };
+	static const char *const known[] = { "model", "messages", "stream", "options", "format", "tools", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_CHAT;
 	if (common(r, g, known))
@@ -99,7 +101,7 @@ int nxh_ollama_chat_begin(struct nxh_req *r)
 	size_t i;
 	json_t *msg;
 	json_array_foreach(msgs, i, msg) {
-		static const char *const mk[] = { "role", "content", NULL };
+		static const char *const mk[] = { "role", "content", "tool_calls", "tool_name", NULL };
 		char where[48];
 		snprintf(where, sizeof(where), "messages[%zu].", i);
 		if (!json_is_object(msg)) {
@@ -107,15 +109,23 @@ int nxh_ollama_chat_begin(struct nxh_req *r)
 			return -1;
 		}
 		if (nxh_only_fields(r, msg, where, mk))
-			return -1; /* images, tool_calls... */
+			return -1; /* images, thinking... */
 	}
-	json_object_set(g->req, "messages", msgs); /* nxd checks roles and contents */
+	/* tool_name names the tool a result comes from: the templates nxd
+	 * renders have no place for it (they go by order), so it is dropped */
+	json_t *out = json_deep_copy(msgs);
+	json_array_foreach(out, i, msg)
+		json_object_del(msg, "tool_name");
+	json_object_set_new(g->req, "messages", out); /* nxd checks roles, contents and calls */
+	json_t *tools = json_object_get(r->json, "tools");
+	if (tools && !json_is_null(tools))
+		json_object_set(g->req, "tools", tools);
 	return 0;
 }
 
 int nxh_ollama_generate_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", NULL };
+	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", "format", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_GENERATE;
 	if (common(r, g, known))
@@ -222,6 +232,23 @@ static json_t *piece_obj(struct nxh_req *r, const char *text)
 	return o;
 }
 
+/* A call nxd read out of the answer, as ollama writes one: the arguments as an object. */
+static json_t *ollama_call(const json_t *ev)
+{
+	json_t *tc = json_object_get(ev, "tool_call");
+	const char *id = json_string_value(json_object_get(tc, "id"));
+	const char *name = json_string_value(json_object_get(tc, "name"));
+	const char *args = json_string_value(json_object_get(tc, "arguments"));
+	json_error_t je;
+	json_t *a = args ? json_loads(args, 0, &je) : NULL;
+	if (!id || !name || !json_is_object(a)) {
+		json_decref(a);
+		return NULL;
+	}
+	return json_pack("{s:s, s:{s:I, s:s, s:o}}", "id", id, "function", "index",
+			 json_integer_value(json_object_get(ev, "index")), "name", name, "arguments", a);
+}
+
 static void on_done(struct nxh_req *r, json_t *ev)
 {
 	struct nxh_gen *g = &r->gen;
@@ -243,6 +270,8 @@ static void on_done(struct nxh_req *r, json_t *ev)
 	}
 	json_t *o = piece_obj(r, g->stream ? "" : (g->text.p ? g->text.p : ""));
 	double total = nxh_now() - r->t_start;
+	if (g->tool_calls)
+		json_object_set(json_object_get(o, "message"), "tool_calls", g->tool_calls);
 	json_object_set_new(o, "done", json_true());
 	json_object_set_new(o, "done_reason", json_string(!strcmp(reason, "length") ? "length" : "stop"));
 	json_object_set_new(o, "total_duration", json_integer((json_int_t)(total * 1e9)));
@@ -288,6 +317,28 @@ void nxh_ollama_gen_event(struct nxh_req *r, json_t *ev)
 	}
 	if (!strcmp(name, "done")) {
 		on_done(r, ev);
+		return;
+	}
+	if (!strcmp(name, "tool_call")) {
+		json_t *call = ollama_call(ev);
+		if (!call)
+			return;
+		if (!g->stream) {
+			if (!g->tool_calls)
+				g->tool_calls = json_array();
+			json_array_append_new(g->tool_calls, call);
+			return;
+		}
+		/* streamed: a message of its own, as ollama sends a call */
+		if (!g->started) {
+			g->started = true;
+			r->t_first = nxh_now();
+			nxh_req_stream_start(r, "application/x-ndjson");
+		}
+		json_t *o = piece_obj(r, "");
+		json_object_set_new(json_object_get(o, "message"), "tool_calls", json_pack("[o]", call));
+		json_object_set_new(o, "done", json_false());
+		line(r, o);
 		return;
 	}
 	if (strcmp(name, "token"))

@@ -30,6 +30,7 @@ void nxh_gen_free(struct nxh_gen *g)
 {
 	json_decref(g->req);
 	json_decref(g->lp);
+	json_decref(g->tool_calls);
 	free(g->model);
 	nxh_buf_free(&g->text);
 	memset(g, 0, sizeof(*g));
@@ -114,6 +115,14 @@ static int sampling(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
 			return -1;
 		}
 		json_object_set_new(q, "lora", json_deep_copy(lora));
+	}
+	json_t *spec = json_object_get(b, "speculate");
+	if (spec && !json_is_null(spec)) {
+		if (!json_is_object(spec)) {
+			nxh_req_bad(r, "speculate", "field 'speculate' must be an object {\"mode\", \"k\"}");
+			return -1;
+		}
+		json_object_set_new(q, "speculate", json_deep_copy(spec)); /* nxd checks its keys and values */
 	}
 	return 0;
 }
@@ -232,6 +241,37 @@ err:
 	return NULL;
 }
 
+/* An assistant message's tool calls, for nxd to check: an array, passed on. */
+static int message_tool_fields(struct nxh_req *r, const json_t *m, size_t i, const char *role, json_t *out)
+{
+	json_t *calls = json_object_get(m, "tool_calls"), *id = json_object_get(m, "tool_call_id");
+	json_t *name = json_object_get(m, "name");
+	if (name && !json_is_null(name) && strcmp(role, "tool")) {
+		/* a participant's name: no template nxd renders has a place for it */
+		char f[48];
+		snprintf(f, sizeof(f), "messages[%zu].name", i);
+		nxh_req_bad(r, f, "field '%s' is not supported by nxd-http on a %s message", f, role);
+		return -1;
+	}
+	if (calls && !json_is_null(calls)) {
+		if (strcmp(role, "assistant") || !json_is_array(calls)) {
+			nxh_req_bad(r, "messages", "field 'messages[%zu].tool_calls' must be an array, on an assistant "
+				    "message", i);
+			return -1;
+		}
+		json_object_set(out, "tool_calls", calls); /* nxd checks each call */
+	}
+	if (id && !json_is_null(id)) {
+		if (strcmp(role, "tool") || !json_is_string(id)) {
+			nxh_req_bad(r, "messages", "field 'messages[%zu].tool_call_id' must be a string, on a tool message",
+				    i);
+			return -1;
+		}
+		json_object_set(out, "tool_call_id", id);
+	}
+	return 0;
+}
+
 static json_t *chat_messages(struct nxh_req *r, const json_t *msgs)
 {
 	if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
@@ -244,7 +284,7 @@ static json_t *chat_messages(struct nxh_req *r, const json_t *msgs)
 	json_array_foreach(msgs, i, m) {
 		char where[48];
 		snprintf(where, sizeof(where), "messages[%zu].", i);
-		static const char *const known[] = { "role", "content", NULL };
+		static const char *const known[] = { "role", "content", "name", "tool_calls", "tool_call_id", NULL };
 		const char *role = NULL;
 		bool has;
 		if (!json_is_object(m)) {
@@ -260,23 +300,34 @@ static json_t *chat_messages(struct nxh_req *r, const json_t *msgs)
 		/* OpenAI's "developer" is the system message of newer models. */
 		if (!strcmp(role, "developer"))
 			role = "system";
-		if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant")) {
+		if (strcmp(role, "system") && strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "tool")) {
 			nxh_req_bad(r, "messages",
-				    "field 'messages[%zu].role' must be one of system, developer, user, assistant, got "
+				    "field 'messages[%zu].role' must be one of system, developer, user, assistant, tool, got "
 				    "\"%s\"", i, role);
 			goto err;
 		}
 		if (nxh_only_fields(r, m, where, known))
 			goto err;
-		json_t *c = json_object_get(m, "content");
-		if (!c || json_is_null(c)) {
+		json_t *c = json_object_get(m, "content"), *calls = json_object_get(m, "tool_calls");
+		json_t *one = json_pack("{s:s}", "role", role);
+		if (message_tool_fields(r, m, i, role, one)) {
+			json_decref(one);
+			goto err;
+		}
+		bool calls_only = json_array_size(calls) > 0 && (!c || json_is_null(c));
+		if (!calls_only && (!c || json_is_null(c))) {
+			json_decref(one);
 			nxh_req_bad(r, "messages", "field 'messages[%zu].content' is required", i);
 			goto err;
 		}
-		json_t *text = content_text(r, c, (int)i);
-		if (!text)
+		json_t *text = calls_only ? NULL : content_text(r, c, (int)i);
+		if (!calls_only && !text) {
+			json_decref(one);
 			goto err;
-		json_array_append_new(out, json_pack("{s:s, s:o}", "role", role, "content", text));
+		}
+		if (text)
+			json_object_set_new(one, "content", text);
+		json_array_append_new(out, one);
 	}
 	return out;
 err:
@@ -287,11 +338,25 @@ err:
 static const char *const chat_known[] = {
 	"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
 	"logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "stream", "stream_options",
+	"response_format", "tools", "tool_choice", "parallel_tool_calls",
 	/* nxd's own */
 	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora",
 	/* the chat template's arguments, as vLLM and llama.cpp's server take them */
-	"chat_template_kwargs", NULL
+	"chat_template_kwargs", "speculate", NULL
 };
+
+/* tools, tool_choice and parallel_tool_calls go to nxd as they are: it
+ * checks them against the model's chat template. */
+static int tool_fields(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
+{
+	static const char *const keys[] = { "tools", "tool_choice", "parallel_tool_calls" };
+	for (int i = 0; i < 3; i++) {
+		json_t *v = json_object_get(b, keys[i]);
+		if (v && !json_is_null(v))
+			json_object_set(g->req, keys[i], v);
+	}
+	return 0;
+}
 
 /* chat_template_kwargs: only enable_thinking, which is nxd's "think". */
 static int template_kwargs(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
@@ -325,7 +390,8 @@ int nxh_chat_begin(struct nxh_req *r)
 	if (!msgs)
 		return -1;
 	json_object_set_new(g->req, "messages", msgs);
-	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || template_kwargs(r, b, g))
+	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || tool_fields(r, b, g) ||
+	    template_kwargs(r, b, g) || nxh_response_format(r, b, g->req))
 		return -1;
 	bool has_lp, has_top;
 	long long top = 0;
@@ -346,7 +412,7 @@ int nxh_chat_begin(struct nxh_req *r)
 static const char *const completion_known[] = {
 	"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "logprobs",
 	"presence_penalty", "frequency_penalty", "stream", "stream_options", "echo", "best_of",
-	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", NULL
+	"top_k", "min_p", "repeat_penalty", "repeat_last_n", "ignore_eos", "lora", "speculate", NULL
 };
 
 /* One prompt: a string, an array of token ids, or an array holding one of those. */
@@ -629,14 +695,47 @@ static void on_token(struct nxh_req *r, json_t *ev)
 	}
 }
 
+/* A call nxd read out of the answer: OpenAI's streamed pieces (the id and
+ * name, then the arguments), or gathered for the whole answer. */
+static void on_tool_call(struct nxh_req *r, json_t *ev)
+{
+	struct nxh_gen *g = &r->gen;
+	json_t *tc = json_object_get(ev, "tool_call");
+	json_int_t index = json_integer_value(json_object_get(ev, "index"));
+	const char *id = json_string_value(json_object_get(tc, "id"));
+	const char *name = json_string_value(json_object_get(tc, "name"));
+	const char *args = json_string_value(json_object_get(tc, "arguments"));
+	if (!id || !name || !args)
+		return;
+	start(r);
+	if (!g->stream) {
+		if (!g->tool_calls)
+			g->tool_calls = json_array();
+		json_array_append_new(g->tool_calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
+							      "function", "name", name, "arguments", args));
+		return;
+	}
+	sse_choice(r, json_pack("{s:[{s:I, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", index, "id", id, "type",
+				"function", "function", "name", name, "arguments", ""), NULL, NULL);
+	sse_choice(r, json_pack("{s:[{s:I, s:{s:s}}]}", "tool_calls", "index", index, "function", "arguments", args), NULL,
+		   NULL);
+}
+
 static void answer(struct nxh_req *r, const char *finish, json_t *usage)
 {
 	struct nxh_gen *g = &r->gen;
 	json_t *c = json_pack("{s:i}", "index", 0);
 	json_t *text = json_stringn(g->text.p ? g->text.p : "", g->text.len);
 	if (g->api == NXH_API_CHAT) {
-		json_object_set_new(c, "message", json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", text,
-							    "refusal"));
+		/* a message of calls alone has no content, as OpenAI's */
+		if (g->tool_calls && g->text.len == 0) {
+			json_decref(text);
+			text = json_null();
+		}
+		json_t *m = json_pack("{s:s, s:o, s:n}", "role", "assistant", "content", text, "refusal");
+		if (g->tool_calls)
+			json_object_set(m, "tool_calls", g->tool_calls);
+		json_object_set_new(c, "message", m);
 		json_t *content = g->lp ? json_incref(g->lp) : json_array();
 		if (g->logprobs)
 			json_object_set_new(c, "logprobs", json_pack("{s:o, s:n}", "content", content, "refusal"));
@@ -674,7 +773,7 @@ static void on_done(struct nxh_req *r, json_t *ev)
 		return;
 	}
 	/* eos and a stop string are both "stop" to OpenAI. */
-	const char *finish = !strcmp(reason, "length") ? "length" : "stop";
+	const char *finish = !strcmp(reason, "length") ? "length" : !strcmp(reason, "tool_calls") ? "tool_calls" : "stop";
 	start(r);
 	if (!g->stream) {
 		answer(r, finish, usage_of(ev));
@@ -698,6 +797,8 @@ void nxh_gen_event(struct nxh_req *r, json_t *ev)
 		return;
 	if (!strcmp(name, "token"))
 		on_token(r, ev);
+	else if (!strcmp(name, "tool_call"))
+		on_tool_call(r, ev);
 	else if (!strcmp(name, "done"))
 		on_done(r, ev);
 	else if (!strcmp(name, "error"))

@@ -181,7 +181,7 @@ static void on_hello(struct nxh_req *r, json_t *ev)
 
 static bool is_final(const char *name)
 {
-	return strcmp(name, "token") && strcmp(name, "progress");
+	return strcmp(name, "token") && strcmp(name, "progress") && strcmp(name, "tool_call");
 }
 
 /* One line from nxd. Returns false once the request is over. */

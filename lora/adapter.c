@@ -132,6 +132,13 @@ static int pair_up(struct nx_lora_src *src, struct cand *c, size_t n, int config
 					x->name, x->is_gguf ? (a ? "lora_b" : "lora_a") : (a ? "lora_B" : "lora_A"), bn);
 				goto out;
 			}
+			/* phi3's Q, K, V and gate, up are parts of one matrix each (attn_qkv, ffn_up):
+			 * an adapter of the file's ffn_up is of both gate and up, never of one part */
+			if (m->hp.arch == NX_ARCH_PHI3 && w != NX_LORA_O && w != NX_LORA_DOWN) {
+				nx_errf(err, "lora: '%s': phi3's %s is part of a fused matrix (attn_qkv or ffn_up); adapters of "
+					"it are not implemented (attn_output and ffn_down are)", a->name, bn);
+				goto out;
+			}
 			const char *what = a->is_gguf ? "[n_in, rank]" : "[rank, n_in]";
 			const char *whatb = a->is_gguf ? "[rank, n_out]" : "[n_out, rank]";
 			if (a->n_dims != 2 || b->n_dims != 2) {
@@ -427,7 +434,8 @@ static int peft_build(struct nx_lora_src *src, const struct nx_st_file *f, const
 		goto out;
 	src->alpha = (float)pc.alpha;
 	src->rslora = pc.rslora;
-	src->permute_qk = m->hp.arch == NX_ARCH_LLAMA;
+	/* the GGUF's Q/K rows are permuted from Hugging Face's for llama's RoPE pairs (smollm3's too) */
+	src->permute_qk = m->hp.arch == NX_ARCH_LLAMA || m->hp.arch == NX_ARCH_SMOLLM3;
 	src->n_head = m->hp.n_head;
 	src->n_head_kv = m->hp.n_head_kv;
 	rc = 0;

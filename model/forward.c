@@ -126,6 +126,21 @@ static int attn_spans(int n_pos)
 	return (n_pos + NX_ATTN_SPAN - 1) / NX_ATTN_SPAN;
 }
 
+/* The first position a token at pos attends to: pos - n_swa + 1 within a
+ * sliding window (hp->n_swa), else 0. */
+static int attn_first(const struct nx_hparams *hp, int pos)
+{
+	return hp->n_swa && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0;
+}
+
+/* The spans of positions a token at pos attends over: those of [attn_first,
+ * pos], on the same fixed boundaries (multiples of NX_ATTN_SPAN) for every
+ * token, so a window changes which spans, never how a span is cut. */
+static int tok_spans(const struct nx_hparams *hp, int pos)
+{
+	return pos / NX_ATTN_SPAN - attn_first(hp, pos) / NX_ATTN_SPAN + 1;
+}
+
 /* Walks the state layout once for both sizing and carving: mem NULL sizes it. */
 static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparams *hp, const struct nx_state_cfg *c)
 {
@@ -1000,7 +1015,7 @@ static struct pass pass_begin(const struct nx_model *m, struct nx_state *s, cons
 	pass.dyn = !pass.lora.on || pass.lora.once;
 	int n_span_all = 0; /* spans of all tokens */
 	for (int t = 0; t < n; t++)
-		n_span_all += attn_spans(toks[t].pos + 1);
+		n_span_all += tok_spans(hp, toks[t].pos);
 	pass.multi_span = n_span_all > n;
 	pass.n_chunk = attn_chunks(hp, n_span_all, n_bands);
 	pass.n_units = n_span_all * hp->n_head_kv * pass.n_chunk;
@@ -1110,10 +1125,11 @@ static void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *v
 }
 
 /* Rotation pair i's angle per position: base^(-2i/rope_dim), divided by the
- * file's divisor for it (rope_freqs, Llama 3.1+) or the linear factor; YaRN
+ * file's divisor for it (div: rope_freqs, Llama 3.1+; LongRoPE's long or short
+ * factors, nx_model_rope_factors) or the linear factor; YaRN
  * keeps the pairs below yarn_lo as they are, divides those above yarn_hi and
  * ramps between (HF modeling_rope_utils.py; llama.cpp's rope_yarn). */
-static double rope_freq(const struct nx_model *m, int i)
+static double rope_freq(const struct nx_model *m, const float *div, int i)
 {
 	const struct nx_hparams *hp = &m->hp;
 	const double f = pow(hp->rope_base, -2.0 * i / hp->rope_dim);
@@ -1126,13 +1142,13 @@ static double rope_freq(const struct nx_model *m, int i)
 		return f / hp->rope_factor * ramp + f * (1 - ramp);
 	}
 	default:
-		return m->rope_freqs ? f / m->rope_freqs[i] : f;
+		return div ? f / div[i] : f;
 	}
 }
 
 /* Embedding rows, one band per token; and (private, redundant) each token's
  * RoPE cos and sin, shared by every layer: of theta_i = pos * rope_freq(i),
- * times YaRN's attention factor (1 otherwise). */
+ * times YaRN's or LongRoPE's attention factor (1 otherwise). */
 static void embed(struct pass *pass)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1143,9 +1159,11 @@ static void embed(struct pass *pass)
 	for (int t = lo; t < hi; t++)
 		emb->dequant((const uint8_t *)e->data + (size_t)pass->toks[t].token * e->row_bytes,
 			     pass->s->x + (size_t)t * hp->dim, hp->dim);
-	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale : 1.0;
+	const double ms = hp->rope_scaling == NX_ROPE_YARN ? hp->yarn_mscale
+			  : pass->m->rope_long ? hp->rope_attn_factor : 1.0;
+	const float *div = nx_model_rope_factors(pass->m, pass->s->cfg.n_ctx);
 	for (int i = 0; i < hp->rope_dim / 2; i++) {
-		const double f = rope_freq(pass->m, i);
+		const double f = rope_freq(pass->m, div, i);
 		for (int t = 0; t < pass->n; t++) {
 			float *cs = pass->sc->rope + (size_t)t * hp->rope_dim;
 			const double th = pass->toks[t].pos * f;
@@ -1156,7 +1174,8 @@ static void embed(struct pass *pass)
 }
 
 /* [A] xn = rmsnorm(x) * attn_norm (private); Q, K, V rows of this band (plus
- * biases), the per-head norms and RoPE on its Q and K rows; K and V rows to the cache. */
+ * biases), the per-head norms and RoPE (unless the layer has none) on its Q
+ * and K rows; K and V rows to the cache. */
 static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 {
 	const struct nx_hparams *hp = pass->hp;
@@ -1165,6 +1184,7 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	const struct nx_tok_in *toks = pass->toks;
 	const int n = pass->n, dim = hp->dim, q_dim = s->q_dim, kv_dim = s->kv_dim, hd = hp->head_dim;
 	const int n_ctx = s->cfg.n_ctx;
+	const bool ropes = nx_layer_ropes(hp, il);
 	norm_rows(pass, L->attn_norm, false);
 	capture(s, hp, n, il, NX_CAP_ATTN, sc->xn, pass->band);
 	sc->xq_src = NULL;
@@ -1178,7 +1198,8 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		delta_add(pass, il, NX_LORA_Q, sc->xn, dim, s->q, q_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
 		head_norm_rows(s->q, q_dim, n, lo, hi, L->q_norm, hp);
-		rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
+		if (ropes)
+			rope_rows(s->q, q_dim, n, lo, hi, sc->rope, hp);
 		prof_to(sc, NX_PROF_MATMUL);
 	}
 	if (!pass->lora.split)
@@ -1201,7 +1222,8 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 		delta_add(pass, il, NX_LORA_V, sc->xn, dim, s->v, kv_dim, lo, hi);
 		prof_to(sc, NX_PROF_OTHER);
 		head_norm_rows(s->k, kv_dim, n, lo, hi, L->k_norm, hp);
-		rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
+		if (ropes)
+			rope_rows(s->k, kv_dim, n, lo, hi, sc->rope, hp);
 		for (int t = 0; t < n; t++)
 			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
 				const int kh = c / hd;
@@ -1216,7 +1238,8 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	}
 }
 
-/* [B] attention over positions 0..pos of the token's slot, per (token, kv head,
+/* [B] attention over positions attn_first..pos of the token's slot (0..pos
+ * without a sliding window), per (token, kv head,
  * chunk of that kv head's query heads, span of positions): a chunk's heads share
  * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
  * more, each span's output and (max, sum) to att_part / att_ms, merged in [C]. */
@@ -1238,12 +1261,15 @@ static void attention(struct pass *pass, int il)
 		for (int u = lo; u < hi; u++) {
 			if (u < t_base) /* a range behind the last one (taken from another band's end) */
 				t = t_base = 0;
-			while (u >= t_base + per_span * attn_spans(toks[t].pos + 1))
-				t_base += per_span * attn_spans(toks[t++].pos + 1);
-			const int ns = attn_spans(toks[t].pos + 1), r = u - t_base, sn = r % ns;
+			while (u >= t_base + per_span * tok_spans(hp, toks[t].pos))
+				t_base += per_span * tok_spans(hp, toks[t++].pos);
+			const int ns = tok_spans(hp, toks[t].pos), r = u - t_base, sn = r % ns;
 			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
-			const int p0 = sn * NX_ATTN_SPAN, np = (sn + 1 < ns ? p0 + NX_ATTN_SPAN : toks[t].pos + 1) - p0;
+			/* span sn of the token's: the sn-th from the one holding its first position */
+			const int first = attn_first(hp, toks[t].pos), a = first / NX_ATTN_SPAN + sn;
+			const int p0 = a * NX_ATTN_SPAN > first ? a * NX_ATTN_SPAN : first;
+			const int np = (sn + 1 < ns ? (a + 1) * NX_ATTN_SPAN : toks[t].pos + 1) - p0;
 			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * row;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
@@ -1283,7 +1309,7 @@ static void attn_out(struct pass *pass, const struct nx_layer *L, int il)
 	if (pass->multi_span) {
 		for (int i = 0; i < n; i++) {
 			float *dst = sc->att_in + (size_t)i * q_dim;
-			const int ns = attn_spans(pass->toks[i].pos + 1);
+			const int ns = tok_spans(hp, pass->toks[i].pos);
 			if (ns == 1)
 				memcpy(dst, s->att_out + (size_t)i * q_dim, (size_t)q_dim * sizeof(float));
 			else

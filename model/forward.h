@@ -1,4 +1,4 @@
-/* forward.h - the batched forward pass of every family nxd runs (llama, qwen2, qwen3), written SPMD.
+/* forward.h - the batched forward pass of every family nxd runs (model.c: families), written SPMD.
  *
  * Every participant ("band") calls nx_forward with the same model, state and
  * batch and its own (band, n_bands); each computes only its share of every op

@@ -1,4 +1,4 @@
-/* model.h - a llama / qwen2 / qwen3 model bound to the tensors of a parsed GGUF file.
+/* model.h - a llama / qwen2 / qwen3 / phi3 / smollm3 model bound to the tensors of a parsed GGUF file.
  *
  * nx_model is plain data (no heap pointers of its own), so the daemon can copy
  * it into shared memory and swap one weight between steps (LoRA fold). */
@@ -14,9 +14,9 @@
 
 #define NX_MAX_LAYERS 128
 
-enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3 };
+enum nx_arch { NX_ARCH_LLAMA, NX_ARCH_QWEN2, NX_ARCH_QWEN3, NX_ARCH_PHI3, NX_ARCH_SMOLLM3 };
 
-/* general.architecture's name of a family ("llama", "qwen2", "qwen3"). */
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3"). */
 const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
@@ -44,10 +44,20 @@ struct nx_hparams {
 	 * take it / rope_factor, a linear ramp between (forward.c: rope_freq) */
 	float yarn_lo, yarn_hi;
 	float yarn_mscale;  /* YARN: 0.1 ln(rope_factor) + 1 */
+	/* LongRoPE (phi3's rope_factors_long / _short): cos and sin times this
+	 * attention factor (rope.scaling.attn_factor; 1 without the factors), and
+	 * the context past which the long factors apply (nx_model_rope_factors) */
+	float rope_attn_factor;
+	int rope_orig_ctx;
 	float norm_eps;
 	/* What the family does besides llama's (model.c: families): */
 	bool rope_neox; /* rotate (i, i + rope_dim/2) pairs (qwen2, qwen3) instead of (2i, 2i+1) (llama) */
 	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3) */
+	/* Attention reads the last n_swa positions only (the token's own among
+	 * them), as Hugging Face's sliding-window mask; 0: all (phi3) */
+	int n_swa;
+	/* Layers il with (il + 1) % nope_every == 0 apply no RoPE; 0: all do (smollm3: 4) */
+	int nope_every;
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -85,11 +95,29 @@ struct nx_model {
 	struct nx_wt output;        /* (n_vocab, dim); tok_embd when the file ties them */
 	const float *rope_freqs;    /* (rope_dim/2) each rotation pair's frequency divisor (llama: rope_freqs.weight,
 				     * Llama 3.1+), or NULL */
+	/* (rope_dim/2) LongRoPE's divisors for a context past rope_orig_ctx and
+	 * within it (phi3: rope_factors_long.weight, _short.weight), or NULL */
+	const float *rope_long, *rope_short;
 	struct nx_layer layers[NX_MAX_LAYERS];
 };
 
 /* Reads hyper-parameters from metadata and binds every tensor, checking
  * architecture, shapes and types. Norm and bias vectors must be F32. */
 int nx_model_bind(struct nx_model *m, const struct gguf_file *g, struct nx_err *err);
+
+/* The per-pair frequency divisors RoPE uses with a context of n_ctx positions
+ * per slot, or NULL (none): rope_freqs, or LongRoPE's long set when n_ctx is
+ * past rope_orig_ctx and its short set otherwise, as llama.cpp chooses. One
+ * choice per context, never per sequence or batch: a token's logits do not
+ * depend on the batch around it. (Hugging Face chooses per forward call, by
+ * the longest position it holds: the same set for a sequence that runs past
+ * rope_orig_ctx when n_ctx does, and for every sequence when n_ctx does not.) */
+const float *nx_model_rope_factors(const struct nx_model *m, int n_ctx);
+
+/* Whether layer il applies RoPE to Q and K (nope_every). */
+static inline bool nx_layer_ropes(const struct nx_hparams *hp, int il)
+{
+	return !hp->nope_every || (il + 1) % hp->nope_every != 0;
+}
 
 #endif

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "common/err.h"
+#include "sample/grammar.h"
 #include "sample/stop.h"
 
 /* The daemon hands a request's stop strings to the matcher as they are. */
@@ -36,6 +37,7 @@ static const char *const code_names[NXP_E_COUNT] = {
 	[NXP_E_SHUTTING_DOWN] = "shutting_down",
 	[NXP_E_UNSUPPORTED_VERSION] = "unsupported_version",
 	[NXP_E_INTERNAL] = "internal",
+	[NXP_E_INVALID_TOOL_CALL] = "invalid_tool_call",
 };
 
 const char *nxp_code_name(enum nxp_code code)
@@ -49,11 +51,12 @@ static const char *const role_names[] = {
 	[NXP_ROLE_SYSTEM] = "system",
 	[NXP_ROLE_USER] = "user",
 	[NXP_ROLE_ASSISTANT] = "assistant",
+	[NXP_ROLE_TOOL] = "tool",
 };
 
 const char *nxp_role_name(enum nxp_role role)
 {
-	if ((unsigned)role > NXP_ROLE_ASSISTANT)
+	if ((unsigned)role > NXP_ROLE_TOOL)
 		return "user";
 	return role_names[role];
 }
@@ -64,11 +67,12 @@ static const char *const reason_names[] = {
 	[NXP_DONE_STOP] = "stop",
 	[NXP_DONE_CANCELLED] = "cancelled",
 	[NXP_DONE_SHUTDOWN] = "shutdown",
+	[NXP_DONE_TOOL_CALLS] = "tool_calls",
 };
 
 const char *nxp_reason_name(enum nxp_reason reason)
 {
-	if ((unsigned)reason > NXP_DONE_SHUTDOWN)
+	if ((unsigned)reason > NXP_DONE_TOOL_CALLS)
 		return "eos";
 	return reason_names[reason];
 }
@@ -311,6 +315,28 @@ static void w_ids(struct wr *w, const int32_t *tokens, int n)
 	w_ch(w, ']');
 }
 
+/* {"id":"call_...","name":"...","arguments":"{...}"}: the arguments as a
+ * JSON string, as OpenAI carries them. */
+static void w_tool_call(struct wr *w, const struct nxp_tool_call *c)
+{
+	w_str(w, "{\"id\":");
+	w_jstr(w, c->id, strlen(c->id));
+	w_str(w, ",\"name\":");
+	w_jstr(w, c->name, strlen(c->name));
+	w_str(w, ",\"arguments\":");
+	w_jstr(w, c->arguments, strlen(c->arguments));
+	w_ch(w, '}');
+}
+
+size_t nxp_enc_tool_call(char *buf, size_t cap, const char *id, int index, const struct nxp_tool_call *c)
+{
+	struct wr w = {buf, cap, 0};
+	w_head(&w, id, "tool_call");
+	w_fmt(&w, ",\"index\":%d,\"tool_call\":", index);
+	w_tool_call(&w, c);
+	return w_tail(&w);
+}
+
 size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d)
 {
 	struct wr w = {buf, cap, 0};
@@ -318,6 +344,15 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 	w_str(&w, ",\"reason\":\"");
 	w_str(&w, nxp_reason_name(d->reason));
 	w_ch(&w, '"');
+	if (d->tool_calls) {
+		w_str(&w, ",\"tool_calls\":[");
+		for (int i = 0; i < d->n_tool_calls; i++) {
+			if (i)
+				w_ch(&w, ',');
+			w_tool_call(&w, &d->tool_calls[i]);
+		}
+		w_ch(&w, ']');
+	}
 	if (d->text) {
 		w_str(&w, ",\"text\":");
 		w_jstr(&w, d->text, d->text_len);
@@ -326,8 +361,12 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
+	if (d->constrained)
+		w_str(&w, d->incomplete ? ",\"incomplete\":true" : ",\"incomplete\":false");
 	if (d->has_seed)
 		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
+	if (d->speculated)
+		w_fmt(&w, ",\"speculate\":{\"drafted\":%d,\"accepted\":%d}", d->spec_drafted, d->spec_accepted);
 	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
 	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");
@@ -397,6 +436,15 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_str(&w, ",\"uptime_s\":");
 	w_num(&w, s->uptime_s);
 	w_fmt(&w, ",\"steps\":%" PRIu64 ",\"steps_retried\":%" PRIu64, s->steps, s->steps_retried);
+	if (s->spec_default) {
+		w_str(&w, ",\"speculate\":{");
+		w_str(&w, "\"default\":");
+		w_jstr(&w, s->spec_default, strlen(s->spec_default));
+		w_fmt(&w, ",\"k\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 ",\"acceptance\":", s->spec_k,
+		      s->spec_drafted, s->spec_accepted);
+		w_num(&w, s->spec_drafted ? (double)s->spec_accepted / (double)s->spec_drafted : NAN);
+		w_ch(&w, '}');
+	}
 	if (s->profile_ms && s->n_profile > 0) {
 		w_fmt(&w, ",\"profile\":{\"steps\":%" PRIu64 ",\"ms_per_step\":{", s->profile_steps);
 		for (int i = 0; i < s->n_profile; i++) {
@@ -449,6 +497,11 @@ size_t nxp_enc_error(char *buf, size_t cap, const char *id, enum nxp_code code, 
 char *nxp_enc_done_alloc(const char *id, const struct nxp_done *d, size_t *len_out)
 {
 	ENC_ALLOC(nxp_enc_done(buf, cap, id, d));
+}
+
+char *nxp_enc_tool_call_alloc(const char *id, int index, const struct nxp_tool_call *c, size_t *len_out)
+{
+	ENC_ALLOC(nxp_enc_tool_call(buf, cap, id, index, c));
 }
 
 char *nxp_enc_tokens_alloc(const char *id, const int32_t *tokens, int n_tok, size_t *len_out)
@@ -789,22 +842,26 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 				    nxp_json_type(role));
 		const char *rs = json_string_value(role);
 		int ri = -1;
-		for (int k = 0; k <= NXP_ROLE_ASSISTANT; k++)
+		for (int k = 0; k <= NXP_ROLE_TOOL; k++)
 			if (!strcmp(rs, role_names[k]))
 				ri = k;
 		if (ri < 0)
 			return fail(e, NXP_E_BAD_REQUEST,
-				    "field 'messages[%zu].role' must be one of system, user, assistant, got %s",
+				    "field 'messages[%zu].role' must be one of system, user, assistant, tool, got %s",
 				    i, short_str(rs, sb, sizeof(sb)));
+		g->messages[i].role = (enum nxp_role)ri;
+		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
+		if (nxp_parse_message_tools(m, i, &g->messages[i], e))
+			return -1;
+		if (!content && g->messages[i].tool_calls)
+			continue; /* an assistant message of calls alone */
 		if (!content)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].content' is required", i);
 		if (!json_is_string(content))
 			return fail(e, NXP_E_BAD_REQUEST,
 				    "field 'messages[%zu].content' must be a string, got %s", i,
 				    nxp_json_type(content));
-		g->messages[i].role = (enum nxp_role)ri;
 		g->messages[i].content = strdup(json_string_value(content));
-		g->n_messages = (int)i + 1; /* so free() sees what was copied so far */
 		if (!g->messages[i].content)
 			return fail(e, NXP_E_INTERNAL, "out of memory copying 'messages[%zu].content'", i);
 	}
@@ -888,6 +945,110 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 		if (!g->lora[i].name)
 			return fail(e, NXP_E_INTERNAL, "out of memory copying 'lora[%zu].name'", i);
 	}
+	return 0;
+}
+
+const char *nxp_spec_mode_name(enum nxp_spec_mode m)
+{
+	return m == NXP_SPEC_PROMPT ? "prompt" : "off";
+}
+
+bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m)
+{
+	if (!strcmp(s, "off"))
+		*m = NXP_SPEC_OFF;
+	else if (!strcmp(s, "prompt"))
+		*m = NXP_SPEC_PROMPT;
+	else
+		return false;
+	return true;
+}
+
+/* "speculate": {"mode": "off" | "prompt", "k": 1..NXP_MAX_SPEC_K}. A key
+ * nxd does not know (a draft model's options) is refused, not ignored: the
+ * client would believe it in effect. */
+static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *e)
+{
+	if (!json_is_object(v))
+		return fail(e, NXP_E_BAD_REQUEST, "field 'speculate' must be an object, got %s", nxp_json_type(v));
+	const char *key;
+	json_t *val;
+	json_object_foreach(v, key, val) {
+		if (strcmp(key, "mode") && strcmp(key, "k"))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'speculate.%s' is not supported (speculate takes 'mode' and 'k')", key);
+	}
+	json_t *mode = field(v, "mode");
+	if (mode) {
+		if (!json_is_string(mode))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'speculate.mode' must be a string, got %s",
+				    nxp_json_type(mode));
+		if (!nxp_spec_mode_parse(json_string_value(mode), &g->spec_mode))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'speculate.mode' must be \"off\" or \"prompt\", got \"%.64s\"",
+				    json_string_value(mode));
+	}
+	json_t *k = field(v, "k");
+	long long kk;
+	if (k) {
+		if (get_int(k, "speculate.k", 1, NXP_MAX_SPEC_K, &kk, e))
+			return -1;
+		g->spec_k = (int)kk;
+	}
+	return 0;
+}
+
+/* "format" ("json" or a JSON schema) or "grammar" (GBNF text), compiled
+ * here: what cannot be compiled is refused naming the construct. */
+static int parse_constraint(json_t *o, struct nxp_generate *g, struct nxp_error *e)
+{
+	json_t *fmt = field(o, "format"), *gr = field(o, "grammar");
+	if (!fmt && !gr)
+		return 0;
+	if (fmt && gr)
+		return fail(e, NXP_E_BAD_REQUEST, "fields 'format' and 'grammar' cannot be used together");
+	if (g->ignore_eos)
+		return fail(e, NXP_E_BAD_REQUEST,
+			    "field 'ignore_eos' cannot be used with '%s': the grammar decides where the output ends",
+			    fmt ? "format" : "grammar");
+	struct nx_err err = {{0}};
+	char *text = NULL;
+	const char *src;
+	size_t len;
+	if (gr) {
+		if (!json_is_string(gr))
+			return fail(e, NXP_E_BAD_REQUEST, "field 'grammar' must be a string of GBNF rules, got %s",
+				    nxp_json_type(gr));
+		src = json_string_value(gr);
+		len = json_string_length(gr);
+		g->format = NXP_FMT_GRAMMAR;
+	} else if (json_is_string(fmt)) {
+		if (strcmp(json_string_value(fmt), "json"))
+			return fail(e, NXP_E_BAD_REQUEST,
+				    "field 'format' must be \"json\" or a JSON schema object, got the string \"%.64s\"",
+				    json_string_value(fmt));
+		src = nx_grammar_json_gbnf();
+		len = strlen(src);
+		g->format = NXP_FMT_JSON;
+	} else if (json_is_object(fmt) || json_is_boolean(fmt)) {
+		char *schema = json_dumps(fmt, JSON_COMPACT | JSON_ENCODE_ANY);
+		if (!schema)
+			return fail(e, NXP_E_INTERNAL, "out of memory copying 'format'");
+		int rc = nx_schema_to_gbnf(schema, strlen(schema), &text, &err);
+		free(schema);
+		if (rc)
+			return fail(e, NXP_E_BAD_REQUEST, "field 'format': %s", err.msg);
+		src = text;
+		len = strlen(text);
+		g->format = NXP_FMT_SCHEMA;
+	} else {
+		return fail(e, NXP_E_BAD_REQUEST, "field 'format' must be \"json\" or a JSON schema object, got %s",
+			    nxp_json_type(fmt));
+	}
+	int rc = nx_grammar_compile(src, len, &g->grammar, &err);
+	free(text);
+	if (rc)
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s': %s", gr ? "grammar" : "format", err.msg);
 	return 0;
 }
 
@@ -1000,6 +1161,16 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 		return -1;
 	if (lora && parse_lora(lora, g, e))
 		return -1;
+	json_t *spec = field(o, "speculate");
+	if (spec && parse_speculate(spec, g, e))
+		return -1;
+	if (nxp_parse_tools(o, g, e) || parse_constraint(o, g, e))
+		return -1;
+	/* A grammar would have to admit the family's tool-call syntax as well;
+	 * not one nxd writes, so the two are not combined. */
+	if (g->tools && g->grammar)
+		return fail(e, NXP_E_BAD_REQUEST, "field 'tools' cannot be used with '%s'",
+			    g->format == NXP_FMT_GRAMMAR ? "grammar" : "format");
 	return 0;
 }
 
@@ -1329,15 +1500,20 @@ void nxp_request_free(struct nxp_request *req)
 		struct nxp_generate *g = &req->u.gen;
 		free(g->prompt);
 		free(g->system);
-		for (int i = 0; i < g->n_messages; i++)
+		for (int i = 0; i < g->n_messages; i++) {
 			free(g->messages[i].content);
+			free(g->messages[i].tool_calls);
+			free(g->messages[i].tool_call_id);
+		}
 		free(g->messages);
+		free(g->tools);
 		free(g->tokens);
 		for (int i = 0; i < g->n_stop; i++)
 			free(g->stop[i]);
 		for (int i = 0; i < g->n_lora; i++)
 			free(g->lora[i].name);
 		free(g->lora);
+		nx_grammar_free(g->grammar);
 		break;
 	}
 	case NXP_OP_TOKENIZE:

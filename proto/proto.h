@@ -18,6 +18,8 @@
 
 #include "sample/sampler.h"
 
+struct nx_grammar;
+
 #define NXP_VERSION        1
 #define NXP_MAX_LINE       ((size_t)1 << 20) /* default request line limit (bytes, '\n' excluded) */
 #define NXP_ID_MAX         256               /* JSON text of an id, NUL included */
@@ -33,6 +35,10 @@
 #define NXP_MAX_TYPE_NAME  16                /* "keep", "f16", "q8_0"... NUL included */
 #define NXP_MAX_LAYERS     1024              /* lora_report "layers": ids 0..1023 (the daemon checks n_layer) */
 #define NXP_MAX_DEPTH      1024              /* levels of arrays and objects, the request itself the first */
+#define NXP_MAX_TOOLS      128               /* tools offered per request */
+#define NXP_MAX_TOOL_NAME  64                /* bytes of a tool's name, [A-Za-z0-9_-] */
+#define NXP_MAX_TOOL_CALLS 128               /* calls per assistant message */
+#define NXP_MAX_SPEC_K     16                /* "speculate.k": drafted tokens per step at most */
 
 /* Operations. NXP_OP_NONE is what a zeroed request holds (safe to free).
  * Adding an op: an enum entry here, a member in nxp_request's union, an entry
@@ -68,6 +74,7 @@ enum nxp_code {
 	NXP_E_SHUTTING_DOWN,
 	NXP_E_UNSUPPORTED_VERSION,
 	NXP_E_INTERNAL,
+	NXP_E_INVALID_TOOL_CALL,   /* tool_choice asked for a call and the model's answer is not a valid one */
 	NXP_E_COUNT
 };
 
@@ -91,14 +98,20 @@ struct nxp_limits {
 // --- requests
 
 enum nxp_input { NXP_IN_PROMPT, NXP_IN_MESSAGES, NXP_IN_TOKENS };
-enum nxp_role { NXP_ROLE_SYSTEM, NXP_ROLE_USER, NXP_ROLE_ASSISTANT };
+enum nxp_role { NXP_ROLE_SYSTEM, NXP_ROLE_USER, NXP_ROLE_ASSISTANT, NXP_ROLE_TOOL };
 
 const char *nxp_role_name(enum nxp_role role);
 
 struct nxp_message {
 	enum nxp_role role;
-	char *content; /* owned, valid UTF-8 without NUL (jansson guarantees both) */
+	char *content; /* owned, valid UTF-8 without NUL (jansson guarantees both); NULL only for an
+			  assistant message of tool calls alone */
+	char *tool_calls; /* assistant: owned JSON text [{"id","name","arguments":{...}}, ...], or NULL */
+	char *tool_call_id; /* tool: owned, or NULL */
 };
+
+/* tool_choice (docs/protocol.md, "Tools"). */
+enum nxp_tool_choice { NXP_TOOLS_AUTO, NXP_TOOLS_NONE, NXP_TOOLS_REQUIRED, NXP_TOOLS_NAMED };
 
 struct nxp_lora_ref {
 	char *name;    /* owned */
@@ -107,6 +120,17 @@ struct nxp_lora_ref {
 };
 
 enum nxp_think { NXP_THINK_DEFAULT, NXP_THINK_OFF, NXP_THINK_ON };
+
+/* Speculative decoding of a generate ("speculate", docs/protocol.md). */
+enum nxp_spec_mode {
+	NXP_SPEC_DEFAULT, /* no "speculate.mode": the daemon's --speculate */
+	NXP_SPEC_OFF,
+	NXP_SPEC_PROMPT,  /* drafts by prompt lookup: n-grams of the request's own prompt and output */
+};
+
+const char *nxp_spec_mode_name(enum nxp_spec_mode m);
+/* "off" / "prompt" -> *m; false for anything else. */
+bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m);
 
 struct nxp_generate {
 	enum nxp_input input;
@@ -129,6 +153,18 @@ struct nxp_generate {
 	bool stream;                  /* default true */
 	struct nxp_lora_ref *lora;    /* (n_lora) owned */
 	int n_lora;
+	/* tools (proto/tools.c): the tool objects offered, as owned compact JSON
+	 * text of an array ({"type": "function", "function": {...}}), or NULL */
+	char *tools;
+	enum nxp_tool_choice tool_choice; /* AUTO unless given; given only with tools */
+	char tool_name[NXP_MAX_TOOL_NAME + 1]; /* NXP_TOOLS_NAMED: the tool */
+	bool parallel_tool_calls;     /* default true */
+	enum nxp_spec_mode spec_mode; /* "speculate.mode" */
+	int spec_k;                   /* "speculate.k": 1..NXP_MAX_SPEC_K, 0: the daemon's */
+	/* Constrained decoding: "format" or "grammar", compiled (owned; the
+	 * daemon takes it over), NULL when neither was given. */
+	enum nxp_format { NXP_FMT_NONE, NXP_FMT_JSON, NXP_FMT_SCHEMA, NXP_FMT_GRAMMAR } format;
+	struct nx_grammar *grammar;
 };
 
 struct nxp_tokenize {
@@ -199,6 +235,7 @@ enum nxp_reason {
 	NXP_DONE_STOP,       /* a stop string matched (the text ends before it) */
 	NXP_DONE_CANCELLED,  /* a cancel request, or the client went away */
 	NXP_DONE_SHUTDOWN,   /* the daemon is stopping */
+	NXP_DONE_TOOL_CALLS, /* the answer ended (eos, a stop string, or its one call with parallel_tool_calls false) with tool calls */
 };
 
 const char *nxp_reason_name(enum nxp_reason reason);
@@ -218,8 +255,17 @@ struct nxp_logprob {
 	float logprob;       /* non-finite values are written as null */
 };
 
+/* A tool call the model made (docs/protocol.md, "Tools"). */
+struct nxp_tool_call {
+	const char *id;         /* "call_..." */
+	const char *name;
+	const char *arguments;  /* JSON text of the arguments object */
+};
+
 struct nxp_done {
 	enum nxp_reason reason;
+	const struct nxp_tool_call *tool_calls; /* (n_tool_calls), only for non-streamed requests; NULL to omit */
+	int n_tool_calls;
 	const char *text;       /* full text, only for non-streamed requests; NULL to omit */
 	size_t text_len;
 	const int32_t *tokens;  /* (n_tokens) generated ids, only for non-streamed requests; NULL to omit */
@@ -230,8 +276,13 @@ struct nxp_done {
 	double prefill_ms;
 	double decode_ms;
 	double tokens_per_s;    /* completion tokens / decode seconds */
+	bool constrained;       /* a "format" or "grammar" request: "incomplete" is written */
+	bool incomplete;        /* the text is not a complete document of the grammar */
 	bool has_seed;          /* seed is written: the one the sampler used, so the answer can be asked for again */
 	uint64_t seed;          /* 0..2^63-1, a JSON integer a request's "seed" accepts */
+	bool speculated;        /* "speculate" is written: the request ran with speculation on */
+	int spec_drafted;       /* draft tokens verified */
+	int spec_accepted;      /* of those, the ones the model agreed with */
 };
 
 struct nxp_worker_status {
@@ -264,6 +315,10 @@ struct nxp_status {
 	double uptime_s;
 	uint64_t steps;            /* forward steps run */
 	uint64_t steps_retried;    /* steps run again after a worker died */
+	const char *spec_default;  /* the daemon's --speculate mode, "off" or "prompt" */
+	int spec_k;                /* and its k */
+	uint64_t spec_drafted;     /* draft tokens verified since start */
+	uint64_t spec_accepted;    /* of those, accepted */
 	/* nxd with NXD_PROFILE=1: where a step's time goes, per phase (model/forward.h:
 	 * nx_prof), in ms per step averaged over the workers; profile NULL: not profiled. */
 	const double *profile_ms;        /* (n_profile) */
@@ -283,6 +338,9 @@ size_t nxp_enc_token(char *buf, size_t cap, const char *id, int32_t token, const
 size_t nxp_enc_token_lp(char *buf, size_t cap, const char *id, int32_t token, const char *text,
 			size_t text_len, const struct nxp_logprob *self, const struct nxp_logprob *lp, int n_lp);
 size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done *d);
+/* A streamed request's tool call, once complete: index counts its calls from 0. */
+size_t nxp_enc_tool_call(char *buf, size_t cap, const char *id, int index, const struct nxp_tool_call *c);
+char *nxp_enc_tool_call_alloc(const char *id, int index, const struct nxp_tool_call *c, size_t *len_out);
 size_t nxp_enc_tokens(char *buf, size_t cap, const char *id, const int32_t *tokens, int n);
 size_t nxp_enc_text(char *buf, size_t cap, const char *id, const char *text, size_t text_len);
 size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_status *s);
@@ -371,6 +429,14 @@ char *nxp_enc_lora_unfolded_alloc(const char *id, const char *name, int tensors,
 char *nxp_enc_lora_report_alloc(const char *id, const struct nxp_lora_report *r, size_t *len_out);
 /* A job's progress: done of total units so far, stage its kind. */
 char *nxp_enc_progress_alloc(const char *id, int64_t done, int64_t total, const char *stage, size_t *len_out);
+
+// --- tools (proto/tools.c): parse_generate's and parse_messages' tool fields
+
+struct json_t;
+/* "tools", "tool_choice", "parallel_tool_calls" of a generate request. */
+int nxp_parse_tools(struct json_t *o, struct nxp_generate *g, struct nxp_error *e);
+/* messages[i]'s "tool_calls" (assistant) and "tool_call_id" (tool). */
+int nxp_parse_message_tools(struct json_t *m, size_t i, struct nxp_message *msg, struct nxp_error *e);
 
 // --- socket path
 

@@ -653,8 +653,38 @@ int32_t nx_sample(struct nx_sampler *s, const float *logits, const int32_t *hist
 	return nx_sample_grouped(s, logits, NULL, history, n_history, top, n_top);
 }
 
+static int32_t sample_row(struct nx_sampler *s, const float *logits, const float *gmax, const uint64_t *allowed,
+			  const int32_t *history, int n_history, struct nx_logprob *top, int *n_top);
+
 int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
 			  int n_history, struct nx_logprob *top, int *n_top)
+{
+	return sample_row(s, logits, gmax, NULL, history, n_history, top, n_top);
+}
+
+int32_t nx_sample_masked(struct nx_sampler *s, const float *logits, const uint64_t *allowed, const int32_t *history,
+			 int n_history, struct nx_logprob *top, int *n_top)
+{
+	return sample_row(s, logits, NULL, allowed, history, n_history, top, n_top);
+}
+
+/* Tokens outside the allowed set get -inf: every later pass (log-probs,
+ * top-k, softmax) then sees the distribution renormalized over the allowed. */
+static void apply_mask(float *w, int n, const uint64_t *allowed)
+{
+	for (int i = 0; i < n; i += 64) {
+		const uint64_t m = allowed[i >> 6];
+		const int len = n - i < 64 ? n - i : 64;
+		if (m == UINT64_MAX && len == 64)
+			continue;
+		for (int j = 0; j < len; j++)
+			if (!((m >> j) & 1))
+				w[i + j] = -INFINITY;
+	}
+}
+
+static int32_t sample_row(struct nx_sampler *s, const float *logits, const float *gmax, const uint64_t *allowed,
+			  const int32_t *history, int n_history, struct nx_logprob *top, int *n_top)
 {
 	const struct nx_sample_params *p = &s->p;
 	const int n = s->n_vocab;
@@ -690,6 +720,8 @@ int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float
 	} else {
 		sanitize(w, logits, n);
 		apply_penalty(s, history, n_history);
+		if (allowed)
+			apply_mask(w, n, allowed);
 		best = first_max(w, n);
 		if (best < 0)
 			return -1;

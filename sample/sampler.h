@@ -128,6 +128,14 @@ void nx_sample_group_max(const float *x, int n, float *gmax);
 int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
 			  int n_history, struct nx_logprob *top, int *n_top);
 
+/* Constrained decoding (sample/grammar.h): only the ids whose bit is set in
+ * allowed (ceil(n_vocab / 64) words) can be drawn. The mask is applied after
+ * the penalties and before everything else, so the draw, top-k, top-p and
+ * min-p, and the log-probabilities see the distribution renormalized over the
+ * allowed tokens. Never the group maxima: they do not know the mask. */
+int32_t nx_sample_masked(struct nx_sampler *s, const float *logits, const uint64_t *allowed, const int32_t *history,
+			 int n_history, struct nx_logprob *top, int *n_top);
+
 /* The log-probability (same distribution as top[]) of the token the last
  * nx_sample() returned; only computed when n_logprobs > 0, else 0. */
 float nx_sampler_last_logprob(const struct nx_sampler *s);

@@ -1,5 +1,6 @@
 /* chat.c - chat template detection, default system prompt extraction and rendering (see chat.h). */
 #include "tok/chat.h"
+#include "tok/chat_int.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -9,12 +10,15 @@
 #include <time.h>
 
 static bool has_literal(const char *jinja, const char *want);
+static int phi3_variant(const char *jinja);
 
 /* ChatML with Qwen3's handling of "<think>"; other "<think>" handling (a
  * generation prompt that opens "<think>" itself: QwQ, Qwen3's thinking-only
  * releases) is not guessed at. */
 static enum nx_chat_tmpl detect_chatml(const char *jinja)
 {
+	if (strstr(jinja, "<|im_sep|>")) /* Phi-4's '<|im_start|>user<|im_sep|>...<|im_end|>': no newlines */
+		return NX_CHAT_UNKNOWN;
 	if (!strstr(jinja, "<think>"))
 		return NX_CHAT_CHATML;
 	if (strstr(jinja, "reasoning_content") && strstr(jinja, "last_query_index") &&
@@ -69,6 +73,8 @@ enum nx_chat_tmpl nx_chat_detect(const char *jinja)
 		return NX_CHAT_LLAMA2;
 	if (strstr(jinja, "[INST]"))
 		return detect_mistral(jinja);
+	if (phi3_variant(jinja) >= 0)
+		return NX_CHAT_PHI3;
 	return NX_CHAT_UNKNOWN;
 }
 
@@ -84,6 +90,7 @@ static const char *const tmpl_names[NX_CHAT_N_KNOWN] = {
 	[NX_CHAT_MISTRAL_V7] = "mistral-v7",
 	[NX_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
 	[NX_CHAT_DEEPSEEK_R1] = "deepseek-r1",
+	[NX_CHAT_PHI3] = "phi3",
 };
 
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
@@ -96,7 +103,7 @@ const char *nx_chat_tmpl_name(enum nx_chat_tmpl t)
 const char *nx_chat_tmpl_names(void)
 {
 	return "raw, chatml, llama2, llama3, llama3.1, qwen3, mistral-v3, mistral-v3-tekken, mistral-v7, "
-	       "mistral-v7-tekken, deepseek-r1";
+	       "mistral-v7-tekken, deepseek-r1, phi3";
 }
 
 int nx_chat_tmpl_parse(const char *name, enum nx_chat_tmpl *out, struct nx_err *err)
@@ -153,13 +160,7 @@ int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, st
 
 /* --- a growable string (prompt rendering only, never per token) ---------- */
 
-struct sbuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-static void sb_add(struct sbuf *b, const char *s, size_t n)
+void sb_add(struct sbuf *b, const char *s, size_t n)
 {
 	if (b->oom)
 		return;
@@ -185,7 +186,7 @@ static void sb_add(struct sbuf *b, const char *s, size_t n)
 	b->p[b->len] = '\0';
 }
 
-static void sb_str(struct sbuf *b, const char *s)
+void sb_str(struct sbuf *b, const char *s)
 {
 	sb_add(b, s, strlen(s));
 }
@@ -219,7 +220,7 @@ static size_t space_before(const unsigned char *s, size_t n)
 	return 0;
 }
 
-static void sb_stripped(struct sbuf *b, const char *s)
+void sb_stripped(struct sbuf *b, const char *s)
 {
 	const unsigned char *u = (const unsigned char *)s;
 	size_t n = strlen(s), k;
@@ -397,6 +398,138 @@ static bool has_literal(const char *jinja, const char *want)
 	return hit != 0;
 }
 
+/* --- templates told by their whole text ---------------------------------- */
+
+static bool ident_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+static bool jinja_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Appends literal value v (n bytes) to o between \1 and \2, escaping those two and \3 with \3. */
+static char *put_canon_lit(char *o, const char *v, size_t n)
+{
+	*o++ = '\1';
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] == '\1' || v[i] == '\2' || v[i] == '\3')
+			*o++ = '\3';
+		*o++ = v[i];
+	}
+	*o++ = '\2';
+	return o;
+}
+
+/* The template as a canonical string (malloc'd), so that two spellings of one
+ * template compare equal: text outside tags as it is; inside {{ }} and {% %}
+ * whitespace dropped (one space kept between two identifier characters), and
+ * each run of string literals joined by '+' as one literal of their decoded
+ * value (so '<|user|>\n', "<|user|>\n" and '<|user|>' + '\n' are alike). */
+static char *canonical(const char *src)
+{
+	const size_t n = strlen(src);
+	char *out = malloc(2 * n + 3), *o = out, *val = malloc(n + 1);
+	if (!out || !val) {
+		free(out);
+		free(val);
+		return NULL;
+	}
+	const char *p = src;
+	while (*p) {
+		if (p[0] != '{' || (p[1] != '{' && p[1] != '%')) {
+			*o++ = *p++;
+			continue;
+		}
+		const char *close = p[1] == '{' ? "}}" : "%}";
+		*o++ = *p++;
+		*o++ = *p++;
+		while (*p && strncmp(p, close, 2) != 0) {
+			if (jinja_space(*p)) {
+				while (jinja_space(*p))
+					p++;
+				if (o > out && ident_char(o[-1]) && ident_char(*p))
+					*o++ = ' ';
+				continue;
+			}
+			if (*p != '\'' && *p != '"') {
+				*o++ = *p++;
+				continue;
+			}
+			size_t vl = 0;
+			for (;;) { /* a literal, and those joined to it by '+' */
+				const char q = *p, *b = p + 1, *e = b;
+				while (*e && *e != q)
+					e += (*e == '\\' && e[1]) ? 2 : 1;
+				if (!*e) { /* unterminated: the rest as it is (no template of ours is) */
+					o = put_canon_lit(o, val, vl);
+					strcpy(o, p);
+					free(val);
+					return out;
+				}
+				vl += decode_literal(b, e, val + vl);
+				p = e + 1;
+				const char *a = p;
+				while (jinja_space(*a))
+					a++;
+				if (*a != '+')
+					break;
+				a++;
+				while (jinja_space(*a))
+					a++;
+				if (*a != '\'' && *a != '"')
+					break;
+				p = a;
+			}
+			o = put_canon_lit(o, val, vl);
+		}
+		if (*p) {
+			*o++ = *p++;
+			*o++ = *p++;
+		}
+	}
+	*o = '\0';
+	free(val);
+	return out;
+}
+
+/* Phi-3's templates: 0 renders every system message (Phi-3-mini-4k/128k-instruct's),
+ * 1 leaves out an empty one (Phi-3.5-mini-instruct's, Phi-3-medium's later). */
+static const char *const phi3_templates[] = {
+	"{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif "
+	"message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor "
+	"%}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}",
+	"{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' + "
+	"message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + "
+	"'<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ "
+	"eos_token }}{% endif %}",
+};
+
+/* Which of phi3_templates jinja is (its trailing whitespace aside), or -1. */
+static int phi3_variant(const char *jinja)
+{
+	if (!strstr(jinja, "<|assistant|>") || !strstr(jinja, "<|end|>"))
+		return -1;
+	size_t n = strlen(jinja);
+	while (n && jinja_space(jinja[n - 1]))
+		n--;
+	char *src = strndup(jinja, n), *c = src ? canonical(src) : NULL;
+	int hit = -1;
+	for (int i = 0; c && hit < 0 && i < (int)(sizeof(phi3_templates) / sizeof(phi3_templates[0])); i++) {
+		char *k = canonical(phi3_templates[i]);
+		if (k && !strcmp(c, k))
+			hit = i;
+		free(k);
+	}
+	free(c);
+	free(src);
+	return hit;
+}
+
 static const char *skip_ws_back(const char *p, const char *start)
 {
 	while (p > start && (p[-1] == ' ' || p[-1] == '\t' || p[-1] == '\n'))
@@ -451,14 +584,6 @@ static char *assigned_literal(const char *jinja, const char *var)
 	return a.val;
 }
 
-struct find_default {
-	enum nx_chat_tmpl t;
-	const char *src;
-	char *lit;        /* the whole literal, malloc'd (ChatML, Llama 3) */
-	size_t body_off, body_len;
-	bool oom;
-};
-
 static bool starts_with(const char *s, size_t n, const char *pre)
 {
 	size_t l = strlen(pre);
@@ -503,7 +628,7 @@ static int default_cb(const struct lit *l, void *ctx)
 }
 
 /* Finds the template's default system literal; f->lit stays NULL when none. */
-static int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err)
+int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err)
 {
 	memset(f, 0, sizeof(*f));
 	f->t = t;
@@ -602,7 +727,7 @@ static void render_llama3(struct sbuf *b, const struct find_default *f, const st
 }
 
 /* Llama 3.1's date line: the template's date_string, or today's when it asks strftime_now. */
-static void llama31_date(char *buf, size_t n, const char *jinja)
+void llama31_date(char *buf, size_t n, const char *jinja)
 {
 	char *lit = jinja && !strstr(jinja, "strftime_now") ? assigned_literal(jinja, "date_string") : NULL;
 	time_t now = time(NULL);
@@ -634,7 +759,7 @@ static void render_llama31(struct sbuf *b, const char *jinja, const struct nx_ch
 }
 
 /* [s, e) without leading (lead) or trailing (trail) newlines: Python's lstrip / rstrip('\n'). */
-static void strip_nl(const char **s, const char **e, bool lead, bool trail)
+void strip_nl(const char **s, const char **e, bool lead, bool trail)
 {
 	while (lead && *s < *e && **s == '\n')
 		(*s)++;
@@ -642,7 +767,7 @@ static void strip_nl(const char **s, const char **e, bool lead, bool trail)
 		(*e)--;
 }
 
-static const char *last_of(const char *s, const char *e, const char *pat)
+const char *last_of(const char *s, const char *e, const char *pat)
 {
 	const size_t pl = strlen(pat);
 	const char *hit = NULL;
@@ -652,23 +777,32 @@ static const char *last_of(const char *s, const char *e, const char *pat)
 	return hit;
 }
 
-/* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
-static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+/* A Qwen3 assistant turn's reasoning [*r, *re) and content [*c, *ce), split as the template does. */
+void qwen3_split(const char *content, const char **r, const char **re, const char **c, const char **ce)
 {
-	const char *c = content, *ce = content + strlen(content), *r = "", *re = r;
+	*c = content;
+	*ce = content + strlen(content);
+	*r = *re = "";
 	const char *close = strstr(content, "</think>");
 	if (close) {
 		/* reasoning: before the first </think>, rstrip \n, after its last <think>, lstrip \n */
 		const char *rs = content, *rend = close;
 		strip_nl(&rs, &rend, false, true);
 		const char *open = last_of(rs, rend, "<think>");
-		r = open ? open + strlen("<think>") : rs;
-		re = rend;
-		strip_nl(&r, &re, true, false);
+		*r = open ? open + strlen("<think>") : rs;
+		*re = rend;
+		strip_nl(r, re, true, false);
 		/* content: after the last </think>, lstrip \n */
-		c = last_of(content, ce, "</think>") + strlen("</think>");
-		strip_nl(&c, &ce, true, false);
+		*c = last_of(content, *ce, "</think>") + strlen("</think>");
+		strip_nl(c, ce, true, false);
 	}
+}
+
+/* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
+static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+{
+	const char *c, *ce, *r, *re;
+	qwen3_split(content, &r, &re, &c, &ce);
 	sb_str(b, "<|im_start|>assistant\n");
 	if (think) {
 		strip_nl(&r, &re, true, true);
@@ -681,7 +815,7 @@ static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
 	sb_str(b, "<|im_end|>\n");
 }
 
-static bool is_tool_response(const char *s)
+bool is_tool_response(const char *s)
 {
 	size_t n = strlen(s), a = strlen("<tool_response>"), z = strlen("</tool_response>");
 	return n >= a && n >= z && !memcmp(s, "<tool_response>", a) && !memcmp(s + n - z, "</tool_response>", z);
@@ -721,6 +855,23 @@ static void render_qwen3(struct sbuf *b, const struct nx_chat_msg *m, int n, boo
 	}
 	if (gen)
 		sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* Phi-3's turns; skip_empty_system: Phi-3.5's template (phi3_variant 1). */
+static void render_phi3(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+{
+	const bool skip_empty_system = jinja && phi3_variant(jinja) == 1;
+	for (int i = 0; i < n; i++) {
+		if (skip_empty_system && !strcmp(m[i].role, "system") && !*m[i].content)
+			continue;
+		sb_str(b, "<|");
+		sb_str(b, m[i].role);
+		sb_str(b, "|>\n");
+		sb_str(b, m[i].content);
+		sb_str(b, "<|end|>\n");
+	}
+	/* without a generation prompt the template ends on eos_token: Phi-3's, whose vocabulary has it */
+	sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
 static int render_llama2(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
@@ -991,7 +1142,7 @@ static void render_deepseek_r1(struct sbuf *b, const char *jinja, const struct n
 }
 
 /* A thinking option the template cannot follow is refused, not dropped. */
-static int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err)
+int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err)
 {
 	if (th == NX_CHAT_THINK_OFF && t != NX_CHAT_QWEN3)
 		return nx_errf(err, "chat: \"think\": false needs a template that can turn thinking off (qwen3); the "
@@ -1060,6 +1211,9 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 		break;
 	case NX_CHAT_DEEPSEEK_R1:
 		render_deepseek_r1(&b, jinja, msgs, n, add_generation_prompt);
+		break;
+	case NX_CHAT_PHI3:
+		render_phi3(&b, jinja, msgs, n, add_generation_prompt);
 		break;
 	default:
 		break;

@@ -30,14 +30,14 @@
  *     before the (trimmed) system message, if any. {date} is the template's
  *     `set date_string = "..."` (26 Jul 2024 in Meta's), or today's
  *     ("%d %b %Y", as Hugging Face's strftime_now gives it) when the
- *     template asks strftime_now (Llama 3.2's). No tools.
+ *     template asks strftime_now (Llama 3.2's). Tools: tok/tools.h.
  *   Qwen3 (ChatML with reasoning_content and last_query_index): ChatML
  *     without a default system, and an assistant turn's "<think>...</think>"
  *     reasoning dropped (what follows "</think>", its leading newlines
  *     stripped), except an assistant turn after the last user message that
  *     is the last message or had reasoning: "<think>\n{reasoning}\n</think>\n\n"
  *     then the content. The generation prompt is "<|im_start|>assistant\n"
- *     (thinking on, enable_thinking undefined). No tools.
+ *     (thinking on, enable_thinking undefined). Tools: tok/tools.h.
  *   Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Large-2407):
  *     <s>[INST] {user}[/INST] {assistant}</s>[INST] {system}\n\n{user}[/INST]
  *     The system message goes into the last message when that is a user
@@ -62,10 +62,18 @@
  *     An assistant turn keeps only what follows its last "</think>". The
  *     generation prompt is "<｜Assistant｜><think>\n" (or "<｜Assistant｜>"
  *     for the templates that do not open the reasoning themselves).
+ *   Phi-3 (Phi-3-mini/-medium-*-instruct, Phi-3.5-mini-instruct: one of
+ *     their templates, told apart from any other by its whole text, spelling
+ *     of literals and spaces in tags aside):
+ *     <|{role}|>\n{content}<|end|>\n ... + "<|assistant|>\n" with
+ *     add_generation_prompt, else the eos_token "<|endoftext|>". Content is
+ *     not trimmed; Phi-3.5's template leaves out an empty system message.
  *   Raw (no template in the file): the contents one after another, nothing
  *     added, for base models that just continue text.
  *   Unknown: a template that is none of these (a ChatML one that opens
- *     "<think>" itself, Mistral's [INST] without <<SYS>>, ...). Rendering it
+ *     "<think>" itself, Phi-4's <|im_sep|> turns, SmolLM3's (its system turn
+ *     built from metadata, a /think or /no_think switch and a default
+ *     instruction), Mistral's [INST] without <<SYS>>, ...). Rendering it
  *     is an error naming nxd --chat-template: never a guess.
  *
  * BOS / EOS appear as text ("<s>", "</s>", "<|begin_of_text|>"): the
@@ -93,6 +101,7 @@ enum nx_chat_tmpl {
 	NX_CHAT_MISTRAL_V7,
 	NX_CHAT_MISTRAL_V7_TEKKEN,
 	NX_CHAT_DEEPSEEK_R1,
+	NX_CHAT_PHI3,
 	NX_CHAT_N_KNOWN, /* the templates above can be rendered and named */
 	NX_CHAT_UNKNOWN = NX_CHAT_N_KNOWN,
 };
@@ -110,12 +119,13 @@ struct nx_chat_msg {
  * Mistral v7 ("[SYSTEM_PROMPT] ") or v7 tekken ("[SYSTEM_PROMPT]"); "[INST]"
  * and "[/INST]" literals with the system message in the last user turn ->
  * Mistral v3 ("[INST] ") or v3 tekken ("[INST]"); "<｜User｜>" and
- * "<｜Assistant｜>" cutting "</think>" -> DeepSeek R1; anything else (ChatML
- * with other "<think>" handling, Mistral v1's "[INST] ... [/INST]") -> UNKNOWN. */
+ * "<｜Assistant｜>" cutting "</think>" -> DeepSeek R1; Phi-3's or Phi-3.5's
+ * template -> Phi-3; anything else (ChatML with other "<think>" handling or
+ * with "<|im_sep|>", Mistral v1's "[INST] ... [/INST]") -> UNKNOWN. */
 enum nx_chat_tmpl nx_chat_detect(const char *jinja);
 
 /* "raw", "chatml", "llama2", "llama3", "llama3.1", "qwen3", "mistral-v3",
- * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "deepseek-r1"; "unknown". */
+ * "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "deepseek-r1", "phi3"; "unknown". */
 const char *nx_chat_tmpl_name(enum nx_chat_tmpl t);
 
 /* The inverse of nx_chat_tmpl_name for the known ones (nxd --chat-template). */

@@ -75,6 +75,16 @@ static void test_detect(void **state)
 	assert_int_equal(nx_chat_detect("[INST] {{ m }} [/INST]"), NX_CHAT_UNKNOWN); /* Mistral's: no <<SYS>> */
 	assert_int_equal(nx_chat_detect("{{ '<|im_start|>assistant\\n<think>\\n' }} reasoning_content last_query_index"),
 			 NX_CHAT_UNKNOWN);
+	/* Phi-3's template (with its newlines as escapes) is phi3; Phi-4's <|im_sep|> turns are not ChatML */
+	assert_int_equal(nx_chat_detect("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\\n' + "
+					"message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\\n' + "
+					"message['content'] + '<|end|>\\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + "
+					"message['content'] + '<|end|>\\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+					"'<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"),
+			 NX_CHAT_PHI3);
+	assert_int_equal(nx_chat_detect("{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}"), NX_CHAT_UNKNOWN);
+	assert_int_equal(nx_chat_detect("{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}{{ '<|assistant|>\\n' }}"),
+			 NX_CHAT_UNKNOWN);
 	assert_string_equal(nx_chat_tmpl_name(NX_CHAT_UNKNOWN), "unknown");
 
 	for (int t = NX_CHAT_RAW; t < NX_CHAT_N_KNOWN; t++) {

@@ -208,13 +208,19 @@ static void test_generate_wrong_types(void **st)
 		{GEN "\"lora\":[{\"name\":3}]}", "field 'lora[0].name' must be a string, got integer"},
 		{GEN "\"lora\":[{\"name\":\"a\",\"scale\":\"1\"}]}", "field 'lora[0].scale' must be a number, got string"},
 		{GEN "\"lora\":[{\"name\":\"a\"},{\"name\":\"a\"}]}", "field 'lora[1].name' repeats adapter 'a'"},
+		{GEN "\"speculate\":\"prompt\"}", "field 'speculate' must be an object, got string"},
+		{GEN "\"speculate\":{\"mode\":\"draft\"}}", "field 'speculate.mode' must be \"off\" or \"prompt\", got \"draft\""},
+		{GEN "\"speculate\":{\"mode\":true}}", "field 'speculate.mode' must be a string, got boolean"},
+		{GEN "\"speculate\":{\"k\":\"4\"}}", "field 'speculate.k' must be an integer, got string"},
+		{GEN "\"speculate\":{\"k\":2.5}}", "field 'speculate.k' must be an integer, got 2.5"},
+		{GEN "\"speculate\":{\"mode\":\"prompt\",\"model\":\"d.gguf\"}}", "field 'speculate.model' is not supported"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[\"hi\"]}", "field 'messages[0]' must be an object, got string"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\"}]}", "field 'messages[0].content' is required"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"content\":\"x\"}]}", "field 'messages[0].role' is required"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":1,\"content\":\"x\"}]}", "field 'messages[0].role' must be a string, got integer"},
 		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":[]}]}", "field 'messages[0].content' must be a string, got array"},
-		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"tool\",\"content\":\"b\"}]}",
-		 "field 'messages[1].role' must be one of system, user, assistant, got \"tool\""},
+		{"{\"id\":1,\"op\":\"generate\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"function\",\"content\":\"b\"}]}",
+		 "field 'messages[1].role' must be one of system, user, assistant, tool, got \"function\""},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		check_err(cases[i].line, NXP_E_BAD_REQUEST, cases[i].needle, NULL);
@@ -247,6 +253,8 @@ static void test_generate_ranges(void **st)
 	check_err(GEN "\"max_tokens\":0}", NXP_E_OUT_OF_RANGE,
 		  "field 'max_tokens' must be at least 1 (more than 512 is taken as 512)", "got 0");
 	check_err(GEN "\"max_tokens\":-1}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "got -1");
+	check_err(GEN "\"speculate\":{\"k\":0}}", NXP_E_OUT_OF_RANGE, "'speculate.k'", "got 0");
+	check_err(GEN "\"speculate\":{\"k\":17}}", NXP_E_OUT_OF_RANGE, "'speculate.k'", "got 17");
 	check_err(GEN "\"max_tokens\":1e300}", NXP_E_OUT_OF_RANGE, "'max_tokens'", "1e+300");
 	check_err(GEN "\"temperature\":-1}", NXP_E_OUT_OF_RANGE, "'temperature'", "got -1");
 	check_err(GEN "\"temperature\":-0.0001}", NXP_E_OUT_OF_RANGE, "'temperature'", NULL);
@@ -381,6 +389,15 @@ static void test_generate_full(void **st)
 	assert_true(g->lora[0].scale == 0.5f);
 	assert_string_equal(g->lora[1].name, "b");
 	assert_true(g->lora[1].scale == 1.0f);
+	assert_int_equal(g->spec_mode, NXP_SPEC_DEFAULT); /* absent: the daemon's */
+	assert_int_equal(g->spec_k, 0);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"speculate\":{\"mode\":\"prompt\",\"k\":16}}", &r);
+	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_PROMPT);
+	assert_int_equal(r.u.gen.spec_k, 16);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"speculate\":{\"mode\":\"off\"}}", &r);
+	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_OFF);
 	nxp_request_free(&r);
 	assert_int_equal(r.op, NXP_OP_NONE);
 	nxp_request_free(&r); /* twice is harmless */
@@ -706,8 +723,8 @@ static void test_enc_done(void **st)
 	json_decref(j);
 
 	/* Streamed: no text, no tokens; every reason has its name. */
-	static const char *reasons[] = {"eos", "length", "stop", "cancelled", "shutdown"};
-	for (int r = 0; r <= NXP_DONE_SHUTDOWN; r++) {
+	static const char *reasons[] = {"eos", "length", "stop", "cancelled", "shutdown", "tool_calls"};
+	for (int r = 0; r <= NXP_DONE_TOOL_CALLS; r++) {
 		struct nxp_done s = {.reason = (enum nxp_reason)r, .decode_ms = NAN};
 		n = nxp_enc_done(buf, sizeof(buf), "5", &s);
 		j = load_line(buf, n);
@@ -770,7 +787,8 @@ static void test_enc_small_events(void **st)
 
 	static const char *codes[] = {"parse_error", "too_large", "bad_request", "unknown_op",
 				      "out_of_range", "context_overflow", "busy", "not_found",
-				      "forbidden", "shutting_down", "unsupported_version", "internal"};
+				      "forbidden", "shutting_down", "unsupported_version", "internal",
+				      "invalid_tool_call"};
 	assert_int_equal(sizeof(codes) / sizeof(codes[0]), NXP_E_COUNT);
 	for (int c = 0; c < NXP_E_COUNT; c++)
 		assert_string_equal(nxp_code_name((enum nxp_code)c), codes[c]);

@@ -1,9 +1,14 @@
-"""reference.py - an independent float64 llama / qwen2 / qwen3 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 / phi3 / smollm3 forward pass in numpy, the ground truth for the engine.
 
-Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py): RMSNorm,
-SwiGLU, grouped-query attention; qwen2's Q/K/V biases; qwen3's RMSNorm of each head of Q and K before
-RoPE; RoPE on pairs (i, i + rope_dim/2) (rotate_half) for qwen2/qwen3, and on (2i, 2i+1) for llama,
-whose Q/K rows llama.cpp's converter permutes so that the two are the same computation.
+Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py,
+modeling_phi3.py, modeling_smollm3.py): RMSNorm, SwiGLU, grouped-query attention; qwen2's Q/K/V biases;
+qwen3's RMSNorm of each head of Q and K before RoPE; RoPE on pairs (i, i + rope_dim/2) (rotate_half) for
+qwen2/qwen3/phi3, and on (2i, 2i+1) for llama and smollm3, whose Q/K rows llama.cpp's converter permutes
+so that the two are the same computation. phi3: qkv_proj (attn_qkv: Q's rows, K's, V's) and
+gate_up_proj (ffn_up: chunk(2), gate first), rotate_half on the first rope_dim dims of each head
+(partial_rotary_factor), LongRoPE (hf_rope "longrope") and the sliding-window mask (kv > q - window).
+smollm3: no RoPE in the layers its config's no_rope_layers marks 0 (by default every 4th:
+(i + 1) % no_rope_layer_interval == 0).
 
 RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
 rope_scaling, not the GGUF keys nxd reads.
@@ -116,15 +121,30 @@ def _field(reader, key, default=None):
     return f.contents()
 
 
-def hf_rope(base, dim, rope_scaling=None):
+def hf_rope(base, dim, rope_scaling=None, seq_len=None):
     """(inverse frequencies (dim/2,), attention factor) of RoPE over dim dimensions, as Hugging Face's
     modeling_rope_utils.py defines them for rope_scaling (the config's dict; None: unscaled): linear,
-    llama3 (Llama 3.1's smooth blend) and yarn (in float64 here)."""
+    llama3 (Llama 3.1's smooth blend), yarn and longrope (in float64 here). For longrope the dict also
+    carries the config's max_position_embeddings and original_max_position_embeddings, and seq_len is
+    the sequence length the rotary embedding sees (longrope_frequency_update: its largest position + 1)."""
     inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
     rs = rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "default":
         return inv, 1.0
+    if kind in ("longrope", "su"):  # _compute_longrope_parameters
+        orig = rs.get("original_max_position_embeddings")
+        if orig:
+            factor = rs["max_position_embeddings"] / orig
+        else:
+            factor, orig = rs["factor"], rs["max_position_embeddings"]
+        att = rs.get("attention_factor")
+        if att is None:
+            att = 1.0 if factor <= 1.0 else np.sqrt(1 + np.log(factor) / np.log(orig))
+        ext = np.asarray(rs["long_factor"] if seq_len and seq_len > orig else rs["short_factor"], np.float64)
+        # (the factors as float32, as torch.tensor(..., dtype=float32) holds them)
+        ext = ext.astype(np.float32).astype(np.float64)
+        return 1.0 / (ext * base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)), att
     factor = rs["factor"]
     if kind == "linear":
         return inv / factor, 1.0
@@ -153,10 +173,14 @@ def hf_rope(base, dim, rope_scaling=None):
 
 
 class Reference:
-    def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None, kv="f16"):
+    def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None, sliding_window=None,
+                 no_rope_layers=None, rope_seq_len=None, kv="f16"):
         """rope_scaling: the Hugging Face config's rope_scaling the file was converted from (the GGUF
-        keeps only what llama.cpp's converter writes: for llama3, per-dimension factors). kv: the K/V
-        cache's type, "f16" (exact K/V unless emulate) or "q8_0" (K/V through round_kv_q8_0)."""
+        keeps only what llama.cpp's converter writes: for llama3, per-dimension factors).
+        sliding_window: the config's sliding_window (phi3; None: none). no_rope_layers: the config's
+        (smollm3; None: SmolLM3Config's default). rope_seq_len: for longrope, the sequence length the
+        rotary embedding sees (None: each sequence's own). kv: the K/V cache's type, "f16" (exact K/V
+        unless emulate) or "q8_0" (K/V through round_kv_q8_0)."""
         if kv not in ("f16", "q8_0"):
             raise ValueError(f"kv type {kv!r}")
         self.kv = kv
@@ -176,9 +200,16 @@ class Reference:
         scaled = f"{a}.rope.scaling.type" in r.fields or any(t.name == "rope_freqs.weight" for t in r.tensors)
         if scaled and rope_scaling is None:
             raise ValueError(f"{path} scales RoPE: give the rope_scaling it was converted from")
-        self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling)
+        if a == "phi3" and any(t.name == "rope_factors_long.weight" for t in r.tensors) and rope_scaling is None:
+            raise ValueError(f"{path} has LongRoPE factors: give the rope_scaling it was converted from")
+        self.rope_scaling, self.rope_seq_len = rope_scaling, rope_seq_len
+        self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling, rope_seq_len)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a in ("qwen2", "qwen3")
+        self.neox = a in ("qwen2", "qwen3", "phi3")
+        self.window = sliding_window
+        if no_rope_layers is None:  # SmolLM3Config: no_rope_layer_interval = 4
+            no_rope_layers = [int((i + 1) % 4 != 0) if a == "smollm3" else 1 for i in range(self.n_layer)]
+        self.use_rope = [bool(u) for u in no_rope_layers]
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -209,10 +240,14 @@ class Reference:
 
     def _rope(self, x, pos):
         """x (T, heads, head_dim): rotate the first rope_dim dims of each head by pos * inv_freq[i]
-        (base^(-2i/rope_dim) unscaled), cos and sin times the attention factor (YaRN's; else 1)."""
+        (base^(-2i/rope_dim) unscaled), cos and sin times the attention factor (YaRN's, LongRoPE's; else 1)."""
         half = self.rope_dim // 2
-        theta = pos[:, None] * self.inv_freq[None, :]  # (T, half)
-        c, s = self.rope_att * np.cos(theta)[:, None, :], self.rope_att * np.sin(theta)[:, None, :]
+        inv, att = self.inv_freq, self.rope_att
+        if self.rope_seq_len is None and (self.rope_scaling or {}).get("rope_type") == "longrope":
+            # longrope: the factor set of the sequence's own length
+            inv, att = hf_rope(self.rope_base, self.rope_dim, self.rope_scaling, len(pos))
+        theta = pos[:, None] * inv[None, :]  # (T, half)
+        c, s = att * np.cos(theta)[:, None, :], att * np.sin(theta)[:, None, :]
         x = x.copy()
         if self.neox:
             a, b = x[..., :half].copy(), x[..., half:self.rope_dim].copy()
@@ -229,12 +264,18 @@ class Reference:
         pos = np.arange(T, dtype=np.float64)
         x = self.t["token_embd.weight"][tokens].astype(np.float64)
         causal = np.triu(np.full((T, T), -np.inf), k=1)
+        if self.window:  # masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window
+            causal = causal + np.tril(np.full((T, T), -np.inf), k=-self.window)
         for il in range(self.n_layer):
             p = f"blk.{il}."
             xn = self._rmsnorm(x, self._w(p + "attn_norm.weight"))
-            q = self._mm(xn, p + "attn_q.weight")
-            k = self._mm(xn, p + "attn_k.weight")
-            v = self._mm(xn, p + "attn_v.weight")
+            if self.arch == "phi3":  # qkv_proj, split at query_pos and query_pos + kv heads' size
+                qkv = self._mm(xn, p + "attn_qkv.weight")
+                q, k, v = np.split(qkv, [H * hd, (H + Hkv) * hd], axis=1)
+            else:
+                q = self._mm(xn, p + "attn_q.weight")
+                k = self._mm(xn, p + "attn_k.weight")
+                v = self._mm(xn, p + "attn_v.weight")
             if self.arch == "qwen2":
                 q = q + self._w(p + "attn_q.bias")
                 k = k + self._w(p + "attn_k.bias")
@@ -243,8 +284,9 @@ class Reference:
             if self.arch == "qwen3":  # Qwen3RMSNorm over each head's head_dim, before RoPE
                 q = self._rmsnorm(q, self._w(p + "attn_q_norm.weight"))
                 k = self._rmsnorm(k, self._w(p + "attn_k_norm.weight"))
-            q = self._rope(q, pos)
-            k = self._kv(self._rope(k, pos))
+            if self.use_rope[il]:
+                q, k = self._rope(q, pos), self._rope(k, pos)
+            k = self._kv(k)
             v = self._kv(v.reshape(T, Hkv, hd))
             # Query head h reads kv head h // (H / Hkv).
             k = np.repeat(k, H // Hkv, axis=1)
@@ -255,8 +297,11 @@ class Reference:
             att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
             x = x + self._mm(att, p + "attn_output.weight")
             xn = self._rmsnorm(x, self._w(p + "ffn_norm.weight"))
-            g = self._mm(xn, p + "ffn_gate.weight")
-            u = self._mm(xn, p + "ffn_up.weight")
+            if self.arch == "phi3":  # gate_up_proj, then chunk(2): gate first
+                g, u = np.split(self._mm(xn, p + "ffn_up.weight"), 2, axis=1)
+            else:
+                g = self._mm(xn, p + "ffn_gate.weight")
+                u = self._mm(xn, p + "ffn_up.weight")
             x = x + self._mm(g / (1 + np.exp(-g)) * u, p + "ffn_down.weight")
         return self._rmsnorm(x, self._w("output_norm.weight"))
 

@@ -543,7 +543,7 @@ def test_stale_socket_replaced_and_live_one_kept(model_path, nxd_bin, tmp_path):
         d2 = Daemon(model_path, tmp_path, args=["--ctx", "256"], socket_path=sock, name="b")
         d2.spawn()
         assert d2.proc.wait(20) == 1
-        assert "in use by a running daemon" in d2.log()
+        assert f"belongs to another nxd (pid {d.pid} holds" in d2.log(), d2.log()
         assert d.status()["event"] == "status"
         # A file that is not a socket is never removed.
         other = tmp_path / "plain"
@@ -564,6 +564,31 @@ def test_stale_socket_replaced_and_live_one_kept(model_path, nxd_bin, tmp_path):
         assert d4.stop() == 0
     finally:
         d.kill()
+
+
+def test_two_daemons_started_at_once_on_a_stale_socket(model_path, nxd_bin, tmp_path):
+    """Both see the stale socket; exactly one replaces it and serves, the other is refused naming the
+    one that holds it, and the socket at the path is the server's."""
+    for round_ in range(4):
+        sock = tmp_path / f"r{round_}.sock"
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(sock))
+        s.close()
+        ds = [Daemon(model_path, tmp_path, args=["--ctx", "256"], socket_path=sock, name=f"r{round_}{k}")
+              for k in "ab"]
+        for d in ds:
+            d.spawn()
+        try:
+            wait_until(lambda: any(d.proc.poll() is not None for d in ds), timeout=60, what="one of two refused")
+            loser = next(d for d in ds if d.proc.poll() is not None)
+            winner = next(d for d in ds if d is not loser)
+            assert loser.proc.returncode == 1 and "belongs to another nxd" in loser.log(), loser.log()
+            wait_until(lambda: "ready:" in winner.log(), timeout=60, what="the other ready")
+            assert winner.status()["event"] == "status"
+            assert winner.stop() == 0 and not sock.exists()
+        finally:
+            for d in ds:
+                d.kill()
 
 
 def test_futex_thread_fallback_and_context_end(model_path, nxd_bin, tmp_path, reference):

@@ -232,21 +232,21 @@ def test_tokenize_detokenize_models(stack, model_id):
 def test_errors_are_openai_errors(client, model_id, stack):
     d, g = stack
     cases = [
-        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+        (dict(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),  # SmolLM2's template has none
         (dict(n=2), "n"),
         (dict(temperature=3), "temperature"),
         (dict(top_logprobs=2), "top_logprobs"),
         (dict(stream_options={"include_usage": True}), "stream_options"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(stop=["x"] * 9), "stop"),
-        (dict(messages=[{"role": "tool", "content": "x"}]), "messages"),
+        (dict(messages=[{"role": "function", "content": "x"}]), "messages"),
         (dict(messages=[{"role": "user", "content": "x", "name": "bob"}]), "messages[0].name"),
         (dict(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
          "messages[0].content"),
         (dict(messages=[]), "messages"),
         (dict(seed=-1), "seed"),
         (dict(logit_bias={"1": 5}), "logit_bias"),
-        (dict(response_format={"type": "json_object"}), "response_format"),
+        (dict(response_format={"type": "xml"}), "response_format"),
         (dict(user="bob"), "user"),
     ]
     for kw, param in cases:
@@ -764,7 +764,7 @@ def test_ollama_api(stack, client, model_id):
     assert st == 200 and gen["response"] == want
     st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "x", "options": {"mirostat": 1}})
     assert st == 400 and "options.mirostat" in e["error"]
-    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "format": "json"})
+    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": msgs, "format": "yaml"})
     assert st == 400 and "format" in e["error"]
     st, _, e = request(g, "POST", "/api/chat", {"model": "nope", "messages": msgs})
     assert st == 404 and "nope" in e["error"]

@@ -3,8 +3,9 @@ configuration docs/http.md shows: a mixed load spreads over both, one node's nxd
 restarted, and only the streams it was sending fail, each with an error event; the other node serves on
 and the restarted one rejoins.
 
-Root only (network namespaces); skips without nginx, `ip netns` or openssl. nginx is not in scripts/deps,
-since Debian's package starts a web server on port 80 when installed: `apt-get install nginx` to run this.
+Root only (network namespaces); skips without nginx, `ip netns` or openssl. scripts/deps unpacks Debian's
+nginx into ~/.cache/nxd/nginx rather than installing it (the package starts a web server on port 80 when
+installed); an nginx on PATH is used first.
 Traffic stays on 127.0.0.1 (client to nginx) and on the veth pairs the test makes to its own namespaces
 (10.231.K.0/29); the namespaces are deleted at the end, also on failure."""
 import http.client
@@ -43,10 +44,20 @@ def run(*argv, check=True):
     return p
 
 
+NGINX_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nxd" / "nginx"
+
+
+def nginx_bin():
+    cached = NGINX_CACHE / "usr" / "sbin" / "nginx"
+    return shutil.which("nginx") or (str(cached) if os.access(cached, os.X_OK) else None)
+
+
 def skip_unless_possible():
     if os.geteuid() != 0:
         pytest.skip("needs root: the nodes run in network namespaces of their own (ip netns)")
-    for prog, pkg in (("nginx", "nginx"), ("ip", "iproute2"), ("openssl", "openssl")):
+    if not nginx_bin():
+        pytest.skip(f"nginx is neither on PATH nor in {NGINX_CACHE} (scripts/deps unpacks it there)")
+    for prog, pkg in (("ip", "iproute2"), ("openssl", "openssl")):
         if not shutil.which(prog):
             pytest.skip(f"{prog} is not installed (apt-get install {pkg})")
     probe = f"nxdlbprobe{os.getpid()}"
@@ -135,7 +146,7 @@ http {{
     include {self.dir}/nxd.conf;
 }}
 """)
-        self.argv = ["nginx", "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c",
+        self.argv = [nginx_bin(), "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c",
                      str(self.dir / "nginx.conf")]
         self.proc = None
 

@@ -180,6 +180,18 @@ def test_generate_streams(nxd):
     assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in nxd.raw)
 
 
+def test_generate_speculate(nxd):
+    nxd.handlers["generate"] = stream_pieces(["ok"])
+    r = run(["generate", "--speculate", "prompt:6", "hi"], sock=nxd.path)
+    assert r.returncode == 0, r.stderr
+    assert nxd.requests[-1]["speculate"] == {"mode": "prompt", "k": 6}
+    r = run(["generate", "--speculate", "off", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and nxd.requests[-1]["speculate"] == {"mode": "off"}
+    for bad in ("draft", "prompt:0", "prompt:17", "prompt:x"):
+        r = run(["generate", "--speculate", bad, "hi"], sock=nxd.path)
+        assert r.returncode == 2 and b"--speculate" in r.stderr, (bad, r.stderr)
+
+
 def test_generate_stdin_raw_tokens(nxd):
     nxd.handlers["generate"] = stream_pieces(["ok"])
     r = run(["generate", "--raw", "-"], sock=nxd.path, stdin="line one\nline two\n".encode())
@@ -335,13 +347,15 @@ def test_tokenize_detokenize_status(nxd):
                           {"pid": 12, "cpu": 1, "state": "busy", "restarts": 2}],
               "slots": {"total": 8, "used": 3, "queued": 1}, "tokens_served": 12345,
               "sequences_per_step": {"mean": 2.5, "max": 4}, "tokens_per_s": 42.25,
-              "uptime_s": 3725.0, "steps": 99, "steps_retried": 1}
+              "uptime_s": 3725.0, "steps": 99, "steps_retried": 1,
+              "speculate": {"default": "prompt", "k": 6, "drafted": 200, "accepted": 150, "acceptance": 0.75}}
     nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
     r = run(["status"], sock=nxd.path)
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
     for want in ["SmolLM2", "llama", "Q4_1", "8192", "pid 12", "busy", "restarts 2",
-                 "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s"]:
+                 "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s",
+                 "prompt by default (k 6), 150 of 200 drafted tokens accepted (75.0%)"]:
         assert want in out, (want, out)
     r = run(["status", "--json"], sock=nxd.path)
     assert r.returncode == 0

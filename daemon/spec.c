@@ -1,0 +1,164 @@
+/* spec.c - speculative decoding by prompt lookup: drafts from the request's own tokens, how many a step carries, back-off.
+ *
+ * Drafting. The last n tokens of a sequence (prompt and output, n = 3, 2,
+ * then 1) are looked for earlier in it; the tokens that followed their latest
+ * occurrence are the draft. Edited code, a continued list or a quoted passage
+ * repeat their input, and that is where drafts are right.
+ *
+ * Verifying is sched.c's: the drafts ride after the sequence's decode token
+ * in the same step, each wanting logits, and the rows are sampled in order;
+ * a draft is kept while it equals the token drawn, and the first token that
+ * differs (or the one after the last draft) is emitted as well. The forward
+ * pass gives a token the same floats whatever else is in its step, so with
+ * greedy decoding the tokens and logprobs are those of decoding one at a
+ * time. With sampling, each row is sampled exactly as without speculation
+ * (the same draws of the request's seeded generator, one per emitted token):
+ * for a draft d proposed with certainty (a point-mass draft distribution q)
+ * that is the speculative-sampling rule itself, accept with probability
+ * min(1, p(d)/q(d)) = p(d) and else draw from p without d, renormalised,
+ * and the same seed gives the same answer with speculation on or off.
+ *
+ * Cost. A rejected draft costs its share of the step. A sequence whose drafts
+ * keep failing drafts fewer (k_cur) and then not at all for a while (skip,
+ * doubling up to NXD_SPEC_MAX_BACKOFF steps). Drafts never displace another
+ * sequence's tokens (they are planned last), and in a step shared with other
+ * sequences they may add at most NXD_SPEC_SHARED_COST of its time, by the
+ * step-time fit t = a + b n + c r (tokens n, logits rows r) over recent
+ * steps. */
+#define _GNU_SOURCE
+#include "daemon/nxd.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NXD_SPEC_NGRAM 3            /* longest suffix looked up */
+#define NXD_SPEC_MISSES 2           /* fully rejected drafts in a row before a back-off */
+#define NXD_SPEC_MAX_BACKOFF 16     /* decode steps */
+#define NXD_SPEC_SHARED_COST 0.05   /* of a shared step's time */
+#define NXD_SPEC_FIT_DECAY 0.98     /* per step: the fit follows the last ~50 steps */
+
+void nxd_spec_admit(struct nxd_slot *s, int k)
+{
+	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1 };
+}
+
+/* The latest i < n_hist - n with hist[i .. i + n) == hist[n_hist - n ..), -1: none. */
+static int lookup(const int32_t *hist, int n_hist, int n)
+{
+	const int32_t *suf = hist + n_hist - n;
+	for (int i = n_hist - n - 1; i >= 0; i--)
+		if (hist[i] == suf[0] && !memcmp(hist + i, suf, (size_t)n * sizeof(*hist)))
+			return i;
+	return -1;
+}
+
+int nxd_spec_draft(struct nxd_slot *s, int max)
+{
+	struct nxd_spec_slot *sp = &s->spec;
+	sp->n_draft = 0;
+	if (sp->skip > 0) {
+		sp->skip--;
+		return 0;
+	}
+	if (max > sp->k_cur)
+		max = sp->k_cur;
+	if (max > NXP_MAX_SPEC_K)
+		max = NXP_MAX_SPEC_K;
+	for (int n = NXD_SPEC_NGRAM; n >= 1 && max > 0; n--) {
+		if (s->n_hist <= n)
+			continue;
+		const int i = lookup(s->hist, s->n_hist, n);
+		if (i < 0)
+			continue;
+		int m = s->n_hist - (i + n);
+		m = m < max ? m : max;
+		memcpy(sp->draft, s->hist + i + n, (size_t)m * sizeof(*sp->draft));
+		sp->n_draft = m;
+		break;
+	}
+	return sp->n_draft;
+}
+
+void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
+{
+	struct nxd_spec_slot *sp = &s->spec;
+	d->stats.spec_drafted += (uint64_t)seen;
+	d->stats.spec_accepted += (uint64_t)accepted;
+	if (s->req) {
+		const int k = s->req->spec_k;
+		if (accepted == sp->n_draft)
+			sp->k_cur = 2 * sp->k_cur < k ? 2 * sp->k_cur : k;
+		else
+			sp->k_cur = accepted + 1 > sp->k_cur / 2 ? accepted + 1 : sp->k_cur / 2;
+		if (accepted > 0) {
+			sp->misses = 0;
+			sp->backoff = 1;
+		} else if (++sp->misses >= NXD_SPEC_MISSES) {
+			sp->misses = 0;
+			sp->skip = sp->backoff;
+			sp->backoff = sp->backoff * 2 < NXD_SPEC_MAX_BACKOFF ? sp->backoff * 2 : NXD_SPEC_MAX_BACKOFF;
+		}
+	}
+	sp->n_draft = 0;
+}
+
+/* The fit t = a + b n + c r of step seconds against its tokens n and its
+ * logits rows r (a row costs the output head besides its token): decayed
+ * least squares, the normal equations solved by Cramer's rule. */
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
+{
+	struct nxd_spec_fit *f = &d->stats.spec_fit;
+	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
+	for (int i = 0; i < 3; i++) {
+		for (int j = 0; j < 3; j++)
+			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
+		f->xt[i] = c * f->xt[i] + x[i] * dt;
+	}
+}
+
+static double det3(const double m[3][3])
+{
+	return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+	       m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+}
+
+/* coef: a, b, c; false while the steps seen do not tell them apart. When
+ * every step had a row per token (decoders only), n and r cannot be told
+ * apart, and need not: a draft adds one of each, so t = a + b n is solved
+ * alone (c = 0). */
+static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
+{
+	const double w = f->xx[0][0], det = det3(f->xx);
+	if (w < 8)
+		return false;
+	/* relative to the scale of the sums: steps of too few different shapes */
+	if (fabs(det) > 1e-6 * f->xx[1][1] * f->xx[2][2] * w) {
+		for (int k = 0; k < 3; k++) {
+			double m[3][3];
+			memcpy(m, f->xx, sizeof(m));
+			for (int i = 0; i < 3; i++)
+				m[i][k] = f->xt[i];
+			coef[k] = det3(m) / det;
+		}
+		return true;
+	}
+	const double det2 = f->xx[0][0] * f->xx[1][1] - f->xx[0][1] * f->xx[1][0];
+	if (!(det2 > 1e-3 * f->xx[1][1] * w))
+		return false;
+	coef[0] = (f->xt[0] * f->xx[1][1] - f->xx[0][1] * f->xt[1]) / det2;
+	coef[1] = (f->xx[0][0] * f->xt[1] - f->xx[1][0] * f->xt[0]) / det2;
+	coef[2] = 0;
+	return true;
+}
+
+int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
+{
+	double k[3];
+	if (!fit_solve(&d->stats.spec_fit, k))
+		return 0;
+	const double step = k[0] + k[1] * n + k[2] * rows, draft = k[1] + k[2];
+	if (!(step > 0) || !(draft > 0))
+		return 0;
+	const double extra = NXD_SPEC_SHARED_COST * step / draft;
+	return extra < 1 ? 0 : extra > NXP_MAX_SPEC_K ? NXP_MAX_SPEC_K : (int)extra;
+}

@@ -1,0 +1,46 @@
+/* chat_int.h - what tok/chat.c shares with tok/chat_tools.c: the prompt's growable string and the families' common pieces. Not an interface of the engine. */
+#ifndef NX_CHAT_INT_H
+#define NX_CHAT_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/err.h"
+#include "tok/chat.h"
+
+/* A growable string (prompt rendering only, never per token); oom sticks. */
+struct sbuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+void sb_add(struct sbuf *b, const char *s, size_t n);
+void sb_str(struct sbuf *b, const char *s);
+/* s with Python's str.strip() whitespace removed (Jinja's trim). */
+void sb_stripped(struct sbuf *b, const char *s);
+
+/* The template's default system turn (ChatML, Llama 2, Llama 3). */
+struct find_default {
+	enum nx_chat_tmpl t;
+	const char *src;
+	char *lit;        /* the whole literal, malloc'd (ChatML, Llama 3) */
+	size_t body_off, body_len;
+	bool oom;
+};
+int find_default(enum nx_chat_tmpl t, const char *jinja, struct find_default *f, struct nx_err *err);
+
+/* Llama 3.1's "Today Date: " value. */
+void llama31_date(char *buf, size_t n, const char *jinja);
+
+/* [s, e) without leading (lead) or trailing (trail) newlines. */
+void strip_nl(const char **s, const char **e, bool lead, bool trail);
+/* Qwen3: an assistant turn's reasoning and content, as its template splits them. */
+void qwen3_split(const char *content, const char **r, const char **re, const char **c, const char **ce);
+/* A thinking option the template cannot follow is an error naming it. */
+int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err);
+
+/* Qwen3: a user turn that is "<tool_response>...</tool_response>". */
+bool is_tool_response(const char *s);
+
+#endif

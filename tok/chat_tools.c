@@ -1,0 +1,584 @@
+/* chat_tools.c - conversations with tools rendered as each family's template does (see tools.h), and JSON written as the templates' tojson writes it. */
+#include "tok/tools.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tok/chat_int.h"
+
+enum nx_tool_style nx_chat_tool_style(enum nx_chat_tmpl t, const char *jinja)
+{
+	switch (t) {
+	case NX_CHAT_LLAMA31:
+		return NX_TOOLS_LLAMA3;
+	case NX_CHAT_QWEN3:
+		return NX_TOOLS_QWEN;
+	case NX_CHAT_CHATML:
+		/* Qwen2.5's template; SmolLM2's and Qwen2's have no tools */
+		if (jinja && strstr(jinja, "<tools>") && strstr(jinja, "<tool_call>") && strstr(jinja, "<tool_response>"))
+			return NX_TOOLS_QWEN;
+		return NX_TOOLS_NONE;
+	default:
+		return NX_TOOLS_NONE;
+	}
+}
+
+char *nx_tool_prefix(enum nx_tool_style s, const char *name)
+{
+	struct sbuf b = { 0 };
+	sb_add(&b, "", 0);
+	if (s == NX_TOOLS_QWEN)
+		sb_str(&b, "<tool_call>\n");
+	sb_str(&b, "{\"name\": \"");
+	if (name) {
+		sb_str(&b, name); /* tool names are [A-Za-z0-9_-] (proto.c) */
+		sb_str(&b, s == NX_TOOLS_QWEN ? "\", \"arguments\": " : "\", \"parameters\": ");
+	}
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	return b.p;
+}
+
+/* --- Python's json.dumps ------------------------------------------------- */
+
+static void json_string_py(struct sbuf *b, const char *s, size_t n)
+{
+	sb_str(b, "\"");
+	size_t run = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		const char *esc = NULL;
+		char u[8];
+		switch (c) {
+		case '"': esc = "\\\""; break;
+		case '\\': esc = "\\\\"; break;
+		case '\n': esc = "\\n"; break;
+		case '\r': esc = "\\r"; break;
+		case '\t': esc = "\\t"; break;
+		case '\b': esc = "\\b"; break;
+		case '\f': esc = "\\f"; break;
+		default:
+			if (c < 0x20) {
+				snprintf(u, sizeof(u), "\\u%04x", c);
+				esc = u;
+			}
+		}
+		if (!esc)
+			continue;
+		sb_add(b, s + run, i - run);
+		sb_str(b, esc);
+		run = i + 1;
+	}
+	sb_add(b, s + run, n - run);
+	sb_str(b, "\"");
+}
+
+/* repr(float): the shortest digits that read back as x, in fixed notation
+ * when the decimal exponent is in [-4, 16) (".0" added to an integer), else
+ * as d.ddde+XX. */
+static void json_real_py(struct sbuf *b, double x)
+{
+	char e[40], digits[24];
+	int exp10 = 0;
+	for (int prec = 0; prec < 17; prec++) {
+		snprintf(e, sizeof(e), "%.*e", prec, x);
+		if (strtod(e, NULL) == x)
+			break;
+	}
+	/* e: [-]d[.ddd]e[+-]XX */
+	const char *p = e;
+	bool neg = *p == '-';
+	if (neg)
+		p++;
+	size_t nd = 0;
+	for (; *p && *p != 'e'; p++)
+		if (*p != '.' && nd < sizeof(digits) - 1)
+			digits[nd++] = *p;
+	digits[nd] = '\0';
+	if (*p == 'e')
+		exp10 = atoi(p + 1);
+	while (nd > 1 && digits[nd - 1] == '0')
+		digits[--nd] = '\0';
+	char out[64];
+	size_t o = 0;
+	if (neg)
+		out[o++] = '-';
+	if (exp10 >= -4 && exp10 < 16) {
+		if (exp10 < 0) {
+			out[o++] = '0';
+			out[o++] = '.';
+			for (int k = -1; k > exp10; k--)
+				out[o++] = '0';
+			for (size_t k = 0; k < nd; k++)
+				out[o++] = digits[k];
+		} else {
+			for (int k = 0; k <= exp10; k++)
+				out[o++] = (size_t)k < nd ? digits[k] : '0';
+			out[o++] = '.';
+			if (nd > (size_t)exp10 + 1)
+				for (size_t k = (size_t)exp10 + 1; k < nd; k++)
+					out[o++] = digits[k];
+			else
+				out[o++] = '0';
+		}
+		out[o] = '\0';
+	} else {
+		out[o++] = digits[0];
+		if (nd > 1) {
+			out[o++] = '.';
+			for (size_t k = 1; k < nd; k++)
+				out[o++] = digits[k];
+		}
+		snprintf(out + o, sizeof(out) - o, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+	}
+	sb_str(b, out);
+}
+
+static void newline_indent(struct sbuf *b, int indent, int level)
+{
+	sb_str(b, "\n");
+	for (int i = 0; i < indent * level; i++)
+		sb_str(b, " ");
+}
+
+static void json_py(struct sbuf *b, const json_t *v, int indent, bool compact, int level)
+{
+	const char *item_sep = compact || indent >= 0 ? "," : ", ", *key_sep = compact ? ":" : ": ";
+	char num[32];
+	switch (json_typeof(v)) {
+	case JSON_OBJECT: {
+		if (json_object_size(v) == 0) {
+			sb_str(b, "{}");
+			break;
+		}
+		sb_str(b, "{");
+		const char *key;
+		json_t *val;
+		bool first = true;
+		json_object_foreach((json_t *)v, key, val) {
+			if (!first)
+				sb_str(b, item_sep);
+			first = false;
+			if (indent >= 0)
+				newline_indent(b, indent, level + 1);
+			json_string_py(b, key, strlen(key));
+			sb_str(b, key_sep);
+			json_py(b, val, indent, compact, level + 1);
+		}
+		if (indent >= 0)
+			newline_indent(b, indent, level);
+		sb_str(b, "}");
+		break;
+	}
+	case JSON_ARRAY: {
+		if (json_array_size(v) == 0) {
+			sb_str(b, "[]");
+			break;
+		}
+		sb_str(b, "[");
+		size_t i;
+		json_t *val;
+		json_array_foreach(v, i, val) {
+			if (i)
+				sb_str(b, item_sep);
+			if (indent >= 0)
+				newline_indent(b, indent, level + 1);
+			json_py(b, val, indent, compact, level + 1);
+		}
+		if (indent >= 0)
+			newline_indent(b, indent, level);
+		sb_str(b, "]");
+		break;
+	}
+	case JSON_STRING:
+		json_string_py(b, json_string_value(v), json_string_length(v));
+		break;
+	case JSON_INTEGER:
+		snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+		sb_str(b, num);
+		break;
+	case JSON_REAL:
+		json_real_py(b, json_real_value(v));
+		break;
+	case JSON_TRUE: sb_str(b, "true"); break;
+	case JSON_FALSE: sb_str(b, "false"); break;
+	case JSON_NULL: sb_str(b, "null"); break;
+	}
+}
+
+char *nx_tool_json(const json_t *v, int indent, bool compact)
+{
+	struct sbuf b = { 0 };
+	sb_add(&b, "", 0);
+	json_py(&b, v, indent, compact, 0);
+	if (b.oom) {
+		free(b.p);
+		return NULL;
+	}
+	return b.p;
+}
+
+static void sb_json(struct sbuf *b, const json_t *v, int indent)
+{
+	char *s = nx_tool_json(v, indent, false);
+	if (!s)
+		b->oom = true;
+	else
+		sb_str(b, s);
+	free(s);
+}
+
+/* --- conversations with tools -------------------------------------------- */
+
+static bool is_role(const struct nx_chat_turn *m, const char *role)
+{
+	return !strcmp(m->role, role);
+}
+
+/* Roles, content and calls as the tool conventions need them: a call list
+ * only on assistant turns, content on every turn but those. */
+static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, struct nx_err *err)
+{
+	if (n <= 0 || !m)
+		return nx_errf(err, "chat: no messages");
+	for (int i = 0; i < n; i++) {
+		if (!m[i].role)
+			return nx_errf(err, "chat: message %d has no role", i);
+		if (!is_role(&m[i], "system") && !is_role(&m[i], "user") && !is_role(&m[i], "assistant") &&
+		    !is_role(&m[i], "tool"))
+			return nx_errf(err, "chat: message %d has unknown role \"%.64s\"; expected system, user, assistant "
+				       "or tool", i, m[i].role);
+		if (is_role(&m[i], "system") && i != 0)
+			return nx_errf(err, "chat: message %d has role \"system\"; a system message may only come first", i);
+		if (m[i].calls && !is_role(&m[i], "assistant"))
+			return nx_errf(err, "chat: message %d (%s) carries tool calls; only assistant messages do", i,
+				       m[i].role);
+		if (m[i].calls) {
+			json_error_t je;
+			calls[i] = json_loads(m[i].calls, 0, &je);
+			if (!json_is_array(calls[i]) || json_array_size(calls[i]) == 0)
+				return nx_errf(err, "chat: message %d: its tool calls are not a non-empty JSON array", i);
+			size_t k;
+			json_t *c;
+			json_array_foreach(calls[i], k, c)
+				if (!json_is_string(json_object_get(c, "name")) ||
+				    !json_is_object(json_object_get(c, "arguments")))
+					return nx_errf(err, "chat: message %d: tool call %zu needs a name and an arguments "
+						       "object", i, k);
+		} else if (!m[i].content) {
+			return nx_errf(err, "chat: message %d (%s) has no content", i, m[i].role);
+		}
+	}
+	return 0;
+}
+
+/* Qwen2.5 (ChatML): the system turn carries the tools; with none, the
+ * template's default system turn stands in for a missing one. */
+static void render_qwen25(struct sbuf *b, const struct find_default *f, const struct nx_chat_turn *m, int n,
+			  json_t **calls, const json_t *tools, bool gen)
+{
+	bool sys = is_role(&m[0], "system");
+	if (tools) {
+		sb_str(b, "<|im_start|>system\n");
+		if (sys)
+			sb_str(b, m[0].content);
+		else if (f->lit)
+			sb_add(b, f->lit + f->body_off, f->body_len);
+		sb_str(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+			  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
+		size_t k;
+		json_t *t;
+		json_array_foreach(tools, k, t) {
+			sb_str(b, "\n");
+			sb_json(b, t, -1);
+		}
+		sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+			  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+			  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+	} else if (sys) {
+		sb_str(b, "<|im_start|>system\n");
+		sb_str(b, m[0].content);
+		sb_str(b, "<|im_end|>\n");
+	} else if (f->lit) {
+		sb_str(b, f->lit);
+	}
+	for (int i = sys ? 1 : 0; i < n; i++) {
+		if (is_role(&m[i], "tool")) {
+			if (i == 0 || !is_role(&m[i - 1], "tool"))
+				sb_str(b, "<|im_start|>user");
+			sb_str(b, "\n<tool_response>\n");
+			sb_str(b, m[i].content);
+			sb_str(b, "\n</tool_response>");
+			if (i == n - 1 || !is_role(&m[i + 1], "tool"))
+				sb_str(b, "<|im_end|>\n");
+		} else if (calls[i]) {
+			sb_str(b, "<|im_start|>assistant");
+			if (m[i].content && *m[i].content) {
+				sb_str(b, "\n");
+				sb_str(b, m[i].content);
+			}
+			size_t k;
+			json_t *c;
+			json_array_foreach(calls[i], k, c) {
+				sb_str(b, "\n<tool_call>\n{\"name\": \"");
+				sb_str(b, json_string_value(json_object_get(c, "name")));
+				sb_str(b, "\", \"arguments\": ");
+				sb_json(b, json_object_get(c, "arguments"), -1);
+				sb_str(b, "}\n</tool_call>");
+			}
+			sb_str(b, "<|im_end|>\n");
+		} else {
+			sb_str(b, "<|im_start|>");
+			sb_str(b, m[i].role);
+			sb_str(b, "\n");
+			sb_str(b, m[i].content);
+			sb_str(b, "<|im_end|>\n");
+		}
+	}
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* Qwen3: as Qwen2.5 without a default system turn, and with its handling of
+ * reasoning in the assistant turns after the last question (chat.c). */
+static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int n, json_t **calls,
+			       const json_t *tools, bool gen)
+{
+	bool sys = is_role(&m[0], "system");
+	if (tools) {
+		sb_str(b, "<|im_start|>system\n");
+		if (sys) {
+			sb_str(b, m[0].content);
+			sb_str(b, "\n\n");
+		}
+		sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+			  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
+		size_t k;
+		json_t *t;
+		json_array_foreach(tools, k, t) {
+			sb_str(b, "\n");
+			sb_json(b, t, -1);
+		}
+		sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+			  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+			  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+	} else if (sys) {
+		sb_str(b, "<|im_start|>system\n");
+		sb_str(b, m[0].content);
+		sb_str(b, "<|im_end|>\n");
+	}
+	int last_query = n - 1; /* the last user message that is not a tool's response */
+	for (int i = n - 1; i >= 0; i--)
+		if (is_role(&m[i], "user") && !is_tool_response(m[i].content)) {
+			last_query = i;
+			break;
+		}
+	for (int i = sys ? 1 : 0; i < n; i++) {
+		const char *content = m[i].content ? m[i].content : "";
+		if (is_role(&m[i], "tool")) {
+			if (i == 0 || !is_role(&m[i - 1], "tool"))
+				sb_str(b, "<|im_start|>user");
+			sb_str(b, "\n<tool_response>\n");
+			sb_str(b, content);
+			sb_str(b, "\n</tool_response>");
+			if (i == n - 1 || !is_role(&m[i + 1], "tool"))
+				sb_str(b, "<|im_end|>\n");
+			continue;
+		}
+		if (!is_role(&m[i], "assistant")) {
+			sb_str(b, "<|im_start|>");
+			sb_str(b, m[i].role);
+			sb_str(b, "\n");
+			sb_str(b, content);
+			sb_str(b, "<|im_end|>\n");
+			continue;
+		}
+		const char *r, *re, *c, *ce;
+		qwen3_split(content, &r, &re, &c, &ce);
+		sb_str(b, "<|im_start|>assistant\n");
+		if (i > last_query && (i == n - 1 || re > r)) {
+			const char *cs = c;
+			strip_nl(&r, &re, true, true);
+			sb_str(b, "<think>\n");
+			sb_add(b, r, (size_t)(re - r));
+			sb_str(b, "\n</think>\n\n");
+			strip_nl(&cs, &ce, true, false);
+			sb_add(b, cs, (size_t)(ce - cs));
+		} else {
+			sb_add(b, c, (size_t)(ce - c));
+		}
+		bool has_content = c < ce; /* the template tests its content before the lstrip above */
+		if (calls[i]) {
+			size_t k;
+			json_t *call;
+			json_array_foreach(calls[i], k, call) {
+				if (k > 0 || has_content)
+					sb_str(b, "\n");
+				sb_str(b, "<tool_call>\n{\"name\": \"");
+				sb_str(b, json_string_value(json_object_get(call, "name")));
+				sb_str(b, "\", \"arguments\": ");
+				sb_json(b, json_object_get(call, "arguments"), -1);
+				sb_str(b, "}\n</tool_call>");
+			}
+		}
+		sb_str(b, "<|im_end|>\n");
+	}
+	if (gen)
+		sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* Llama 3.1: tools go in the first user message (tools_in_user_message,
+ * the template's default); an assistant call is one JSON object; a tool's
+ * result is an ipython turn holding it as a JSON string (the template's
+ * `content is iterable` is true of a string). */
+static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct nx_chat_turn *m, int n,
+				json_t **calls, const json_t *tools, bool gen, struct nx_err *err)
+{
+	char date[64];
+	llama31_date(date, sizeof(date), jinja);
+	sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n");
+	if (tools)
+		sb_str(b, "Environment: ipython\n");
+	sb_str(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+	sb_str(b, date);
+	sb_str(b, "\n\n");
+	int i = 0;
+	if (is_role(&m[0], "system")) {
+		sb_stripped(b, m[0].content);
+		i = 1;
+	}
+	sb_str(b, "<|eot_id|>");
+	if (tools) {
+		if (i == n)
+			return nx_errf(err, "chat: the llama3.1 template puts the tools in the first user message, and there "
+				       "is none");
+		if (!is_role(&m[i], "user"))
+			return nx_errf(err, "chat: message %d has role \"%s\"; the llama3.1 template puts the tools in the "
+				       "first user message, so the conversation must go on with one", i, m[i].role);
+		sb_str(b, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with "
+			  "a JSON for a function call with its proper arguments that best answers the given prompt.\n\n"
+			  "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and "
+			  "its value}.Do not use variables.\n\n");
+		size_t k;
+		json_t *t;
+		json_array_foreach(tools, k, t) {
+			sb_json(b, t, 4);
+			sb_str(b, "\n\n");
+		}
+		sb_stripped(b, m[i].content);
+		sb_str(b, "<|eot_id|>");
+		i++;
+	}
+	for (; i < n; i++) {
+		if (is_role(&m[i], "tool")) {
+			json_t *s = json_string(m[i].content);
+			sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+			if (!s)
+				b->oom = true;
+			else
+				sb_json(b, s, -1);
+			json_decref(s);
+			sb_str(b, "<|eot_id|>");
+		} else if (calls[i]) {
+			if (json_array_size(calls[i]) != 1)
+				return nx_errf(err, "chat: message %d has %zu tool calls; the llama3.1 template takes one call "
+					       "per assistant message", i, json_array_size(calls[i]));
+			json_t *c = json_array_get(calls[i], 0);
+			sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+			sb_str(b, json_string_value(json_object_get(c, "name")));
+			sb_str(b, "\", \"parameters\": ");
+			sb_json(b, json_object_get(c, "arguments"), -1);
+			sb_str(b, "}<|eot_id|>");
+		} else {
+			sb_str(b, "<|start_header_id|>");
+			sb_str(b, m[i].role);
+			sb_str(b, "<|end_header_id|>\n\n");
+			sb_stripped(b, m[i].content);
+			sb_str(b, "<|eot_id|>");
+		}
+	}
+	if (gen)
+		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	return 0;
+}
+
+int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *turns, int n,
+			 const char *tools_json, const char *prefix, const struct nx_chat_opts *opts, char **out,
+			 struct nx_err *err)
+{
+	static const struct nx_chat_opts defaults = { .add_generation_prompt = true, .thinking = NX_CHAT_THINK_DEFAULT };
+	if (!opts)
+		opts = &defaults;
+	*out = NULL;
+	bool tooled = tools_json != NULL || prefix != NULL;
+	for (int i = 0; i < n && turns && !tooled; i++)
+		tooled = turns[i].calls || (turns[i].role && !strcmp(turns[i].role, "tool"));
+	if (!tooled) {
+		struct nx_chat_msg *msgs = calloc(n > 0 ? (size_t)n : 1, sizeof(*msgs));
+		if (!msgs)
+			return nx_errf(err, "chat: out of memory");
+		for (int i = 0; i < n; i++)
+			msgs[i] = (struct nx_chat_msg){ turns[i].role, turns[i].content };
+		int rc = nx_chat_render_opts(t, jinja, msgs, n, opts, out, err);
+		free(msgs);
+		return rc;
+	}
+	enum nx_tool_style style = nx_chat_tool_style(t, jinja);
+	if (style == NX_TOOLS_NONE)
+		return nx_errf(err, "chat: the model's chat template (%s) has no tool-call convention nxd knows: tools, "
+			       "tool messages and assistant tool calls are rendered for Llama 3.1-3.3 (llama3.1) and "
+			       "Qwen2.5 / Qwen3 templates only", nx_chat_tmpl_name(t));
+
+	json_t *tools = NULL, **calls = calloc(n > 0 ? (size_t)n : 1, sizeof(*calls));
+	struct find_default f = { 0 };
+	struct sbuf b = { 0 };
+	int rc = -1;
+	if (!calls) {
+		nx_errf(err, "chat: out of memory");
+		goto out;
+	}
+	if (check_turns(turns, n, calls, err) || check_thinking(t, opts->thinking, err))
+		goto out;
+	if (tools_json) {
+		json_error_t je;
+		tools = json_loads(tools_json, 0, &je);
+		if (!json_is_array(tools)) {
+			nx_errf(err, "chat: the tools are not a JSON array");
+			goto out;
+		}
+	}
+	if (find_default(t, jinja, &f, err))
+		goto out;
+	sb_add(&b, "", 0);
+	rc = 0;
+	bool gen = opts->add_generation_prompt;
+	if (t == NX_CHAT_LLAMA31) {
+		rc = render_llama31_tools(&b, jinja, turns, n, calls, tools, gen, err);
+	} else if (t == NX_CHAT_QWEN3) {
+		render_qwen3_tools(&b, turns, n, calls, tools, gen);
+		if (gen && opts->thinking == NX_CHAT_THINK_OFF) /* enable_thinking false, as chat.c renders it */
+			sb_str(&b, "<think>\n\n</think>\n\n");
+	} else {
+		render_qwen25(&b, &f, turns, n, calls, tools, gen);
+	}
+	if (prefix)
+		sb_str(&b, prefix);
+	if (rc == 0 && b.oom)
+		rc = nx_errf(err, "chat: out of memory rendering %d messages", n);
+out:
+	for (int i = 0; calls && i < n; i++)
+		json_decref(calls[i]);
+	free(calls);
+	json_decref(tools);
+	free(f.lit);
+	if (rc) {
+		free(b.p);
+		return -1;
+	}
+	*out = b.p;
+	return 0;
+}

@@ -1,0 +1,280 @@
+/* tools.c - the model's tool calls read back out of its answer as it streams (see tools.h). */
+#define _GNU_SOURCE /* memmem: model text may hold NUL bytes */
+#include "tok/tools.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/splitmix.h"
+
+enum {
+	ST_TEXT,    /* Qwen: plain text; buf holds a tail that may begin "<tool_call>" */
+	ST_CALL,    /* Qwen: inside a block; buf holds "<tool_call>" and what follows */
+	ST_START,   /* Llama: only whitespace so far (buf) */
+	ST_ANSWER,  /* Llama: the answer opened as a call would; all of it is in buf */
+	ST_PLAIN,   /* Llama: a plain answer, passed through */
+};
+
+static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+
+static void grow(struct nx_toolp *p, char **s, size_t *len, size_t *cap, const char *add, size_t n)
+{
+	if (p->oom || n == 0)
+		return;
+	if (*len + n + 1 > *cap) {
+		size_t c = *cap ? *cap : 256;
+		while (c < *len + n + 1)
+			c *= 2;
+		char *q = realloc(*s, c);
+		if (!q) {
+			p->oom = true;
+			return;
+		}
+		*s = q;
+		*cap = c;
+	}
+	memcpy(*s + *len, add, n);
+	*len += n;
+	(*s)[*len] = '\0';
+}
+
+static void emit(struct nx_toolp *p, const char *s, size_t n)
+{
+	grow(p, &p->out, &p->out_len, &p->out_cap, s, n);
+}
+
+static void hold(struct nx_toolp *p, const char *s, size_t n)
+{
+	grow(p, &p->buf, &p->buf_len, &p->buf_cap, s, n);
+}
+
+static void drop(struct nx_toolp *p, size_t n)
+{
+	if (n == 0)
+		return;
+	memmove(p->buf, p->buf + n, p->buf_len - n);
+	p->buf_len -= n;
+	if (p->buf)
+		p->buf[p->buf_len] = '\0';
+}
+
+int nx_toolp_init(struct nx_toolp *p, enum nx_tool_style style, const json_t *tools, enum nx_tool_choice choice,
+		  const char *name, bool parallel, const char *prefix, uint64_t id_seed, struct nx_err *err)
+{
+	memset(p, 0, sizeof(*p));
+	if (style == NX_TOOLS_NONE)
+		return nx_errf(err, "tools: no tool convention");
+	p->style = style;
+	p->choice = choice;
+	p->parallel = parallel;
+	p->id_state = id_seed;
+	p->state = style == NX_TOOLS_QWEN ? ST_TEXT : ST_START;
+	p->tools = json_deep_copy(tools);
+	if (!p->tools)
+		return nx_errf(err, "tools: out of memory");
+	if (choice == NX_TOOL_NAMED) {
+		size_t i;
+		json_t *t;
+		json_array_foreach(p->tools, i, t) {
+			json_t *fn = json_object_get(t, "function");
+			if (name && !strcmp(json_string_value(json_object_get(fn, "name")) ?: "", name))
+				p->schema = json_object_get(fn, "parameters");
+		}
+	}
+	if (prefix)
+		nx_toolp_feed(p, prefix, strlen(prefix));
+	p->out_len = 0; /* the prefix is the prompt's: nothing of it is the model's text */
+	return 0;
+}
+
+void nx_toolp_free(struct nx_toolp *p)
+{
+	json_decref(p->tools);
+	free(p->buf);
+	free(p->out);
+	for (int i = 0; i < p->n_calls; i++) {
+		free(p->calls[i].name);
+		free(p->calls[i].arguments);
+	}
+	free(p->calls);
+	memset(p, 0, sizeof(*p));
+}
+
+static const json_t *tool_named(const struct nx_toolp *p, const char *name)
+{
+	size_t i;
+	json_t *t;
+	json_array_foreach(p->tools, i, t) {
+		json_t *fn = json_object_get(t, "function");
+		const char *n = json_string_value(json_object_get(fn, "name"));
+		if (n && !strcmp(n, name))
+			return fn;
+	}
+	return NULL;
+}
+
+static void fail(struct nx_toolp *p, const char *fmt, const char *a, const char *b)
+{
+	if (p->failed)
+		return;
+	p->failed = true;
+	snprintf(p->why, sizeof(p->why), fmt, a, b);
+}
+
+/* text [s, s+n) as a call: a JSON object with a "name" of an offered tool
+ * and an object of arguments under args_key (or "arguments"). Appends the
+ * call and returns true, or returns false leaving everything as it was. */
+static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *args_key)
+{
+	json_error_t je;
+	json_t *o = json_loadb(s, n, JSON_REJECT_DUPLICATES, &je);
+	json_t *name = json_object_get(o, "name");
+	json_t *args = json_object_get(o, args_key);
+	if (!args)
+		args = json_object_get(o, "arguments");
+	const json_t *fn = json_is_string(name) ? tool_named(p, json_string_value(name)) : NULL;
+	/* nothing else in the object but, as Llama 3.2 writes it, "type": "function" */
+	json_t *type = json_object_get(o, "type");
+	size_t keys = 2 + (json_is_string(type) && !strcmp(json_string_value(type), "function"));
+	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == keys;
+	if (ok && p->choice != NX_TOOL_AUTO) {
+		/* the hook for constrained decoding: there the grammar of the
+		 * tool's parameters will keep the arguments valid as they are
+		 * sampled; until then they are checked once complete */
+		const json_t *schema = p->choice == NX_TOOL_NAMED ? p->schema : json_object_get(fn, "parameters");
+		struct nx_err ve;
+		if (schema && nx_tool_schema_validate(schema, args, &ve) < 0) {
+			fail(p, "the model's call of '%.64s' has arguments that do not match its parameters: %.300s",
+			     json_string_value(name), ve.msg);
+			ok = false;
+		}
+	}
+	if (ok && p->n_calls == p->calls_cap) {
+		int cap = p->calls_cap ? 2 * p->calls_cap : 4;
+		struct nx_tool_call *c = realloc(p->calls, (size_t)cap * sizeof(*c));
+		if (!c)
+			ok = false, p->oom = true;
+		else
+			p->calls = c, p->calls_cap = cap;
+	}
+	if (ok) {
+		struct nx_tool_call *c = &p->calls[p->n_calls];
+		uint64_t a = nx_splitmix64(&p->id_state), b = nx_splitmix64(&p->id_state);
+		snprintf(c->id, sizeof(c->id), "call_%016llx%08llx", (unsigned long long)a,
+			 (unsigned long long)(b & 0xffffffffu));
+		c->name = strdup(json_string_value(name));
+		c->arguments = nx_tool_json(args, -1, true);
+		if (!c->name || !c->arguments) {
+			free(c->name);
+			free(c->arguments);
+			p->oom = true;
+			ok = false;
+		} else {
+			p->n_calls++;
+		}
+	}
+	json_decref(o);
+	return ok;
+}
+
+/* Qwen: the blocks complete in buf become calls, text around them passes. */
+static void qwen_scan(struct nx_toolp *p, bool end)
+{
+	for (;;) {
+		if (nx_toolp_done(p)) {
+			drop(p, p->buf_len);
+			return;
+		}
+		if (p->state == ST_TEXT) {
+			char *at = p->buf_len ? memmem(p->buf, p->buf_len, OPEN, sizeof(OPEN) - 1) : NULL;
+			if (at) {
+				emit(p, p->buf, (size_t)(at - p->buf));
+				drop(p, (size_t)(at - p->buf));
+				p->state = ST_CALL;
+				continue;
+			}
+			/* keep the longest tail that may begin OPEN */
+			size_t keep = 0;
+			for (size_t k = sizeof(OPEN) - 2; k > 0 && !end; k--)
+				if (k <= p->buf_len && !memcmp(p->buf + p->buf_len - k, OPEN, k)) {
+					keep = k;
+					break;
+				}
+			emit(p, p->buf, p->buf_len - keep);
+			drop(p, p->buf_len - keep);
+			return;
+		}
+		/* ST_CALL */
+		if (nx_toolp_done(p)) { /* the answer ended with its call: what follows is not part of it */
+			drop(p, p->buf_len);
+			p->state = ST_TEXT;
+			return;
+		}
+		char *close = memmem(p->buf + sizeof(OPEN) - 1, p->buf_len - (sizeof(OPEN) - 1), CLOSE, sizeof(CLOSE) - 1);
+		if (!close && !end)
+			return;
+		const char *body = p->buf + sizeof(OPEN) - 1;
+		size_t blen = close ? (size_t)(close - body) : p->buf_len - (sizeof(OPEN) - 1);
+		size_t whole = close ? (size_t)(close - p->buf) + sizeof(CLOSE) - 1 : p->buf_len;
+		/* an unclosed block at the end is a call only when its JSON is whole */
+		if (!take_call(p, body, blen, "arguments"))
+			emit(p, p->buf, whole);
+		drop(p, whole);
+		p->state = ST_TEXT;
+		if (!p->buf_len)
+			return;
+	}
+}
+
+/* Llama 3: a call is the whole answer; anything else is plain text. */
+static void llama_scan(struct nx_toolp *p, bool end)
+{
+	if (p->state == ST_START) {
+		size_t i = 0;
+		while (i < p->buf_len && (p->buf[i] == ' ' || p->buf[i] == '\n' || p->buf[i] == '\t' || p->buf[i] == '\r'))
+			i++;
+		if (i < p->buf_len)
+			p->state = p->buf[i] == '{' ? ST_ANSWER : ST_PLAIN;
+	}
+	if (p->state == ST_PLAIN || (p->state == ST_START && end)) {
+		emit(p, p->buf, p->buf_len);
+		drop(p, p->buf_len);
+		p->state = ST_PLAIN;
+		return;
+	}
+	if (p->state == ST_ANSWER && end) {
+		if (!take_call(p, p->buf, p->buf_len, "parameters"))
+			emit(p, p->buf, p->buf_len);
+		drop(p, p->buf_len);
+		p->state = ST_PLAIN;
+	}
+}
+
+void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
+{
+	p->out_len = 0;
+	if (p->out)
+		p->out[0] = '\0';
+	hold(p, s, n);
+	if (p->style == NX_TOOLS_QWEN)
+		qwen_scan(p, false);
+	else
+		llama_scan(p, false);
+}
+
+void nx_toolp_finish(struct nx_toolp *p)
+{
+	if (p->style == NX_TOOLS_QWEN)
+		qwen_scan(p, true);
+	else
+		llama_scan(p, true);
+	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0)
+		fail(p, "%s%s", "tool_choice asks for a call and the model's answer is not a valid one",
+		     p->oom ? " (out of memory)" : "");
+}
+
+bool nx_toolp_done(const struct nx_toolp *p)
+{
+	return (!p->parallel && p->n_calls > 0) || p->n_calls >= NX_TOOL_MAX_CALLS || p->failed;
+}
