@@ -969,6 +969,8 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.arch = d->model.arch,
 		.type = d->model.type,
 		.activations = nx_act_mode_name(d->o.act_one_part),
+		.kv_type = nx_kv_type_name(d->o.kv_type),
+		.kv_bytes = nx_kv_cache_bytes(&d->model.m.hp, &d->shm.cfg),
 		.n_ctx = d->o.n_ctx,
 		.n_vocab = d->model.n_vocab,
 		.workers = ws,
