@@ -1,6 +1,6 @@
 /* tools.h - tool calling: each family's convention for offering tools and showing calls and results in the prompt (tok/chat_tools.c), the model's calls read back out of its answer (tok/tools.c), and a call's arguments checked against the tool's JSON schema (tok/tool_schema.c).
  *
- * Two conventions, as the families' own templates write them:
+ * Three conventions, as the families' own templates write them:
  *
  *   Qwen (Qwen2.5's ChatML template, which has <tools>, <tool_call> and
  *     <tool_response> in it, and Qwen3's): the tools are listed in the
