@@ -704,3 +704,15 @@ def test_mistral_openai_round_trip_call_result_answer(tmp_path, name):
                                                                                         "arguments": "{}"}}]},
                     {"role": "tool", "tool_call_id": "call_1", "content": "21"}])
             assert "tool call ids of 9 characters" in str(e.value)
+
+
+def test_mistral_calls_are_the_same_with_speculation(tmp_path):
+    with serve(None, render.source("mistral-v3-tekken.jinja"), MISTRAL_SCRIPT, tmp_path, "m", MISTRAL_CONTROL) as d, \
+            Client(d.sock) as c:
+        for choice in ("auto", named("get_weather")):
+            outs = []
+            for mode in ("off", "prompt"):
+                _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, stream=False,
+                                           speculate={"mode": mode})
+                outs.append((text, done["reason"], [(t["name"], t["arguments"]) for t in done["tool_calls"]]))
+            assert outs[0] == outs[1] and outs[0][1] == "tool_calls", outs
