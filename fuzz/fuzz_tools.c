@@ -1,10 +1,11 @@
 /* fuzz_tools.c - libFuzzer target: the reader of a model's tool calls (tok/tools.c) and the JSON-schema check of their arguments (tok/tool_schema.c).
  *
  * Input: byte 0 is a set of flags, the rest is a model's answer:
- *   bit 0     convention: 0 Qwen (<tool_call> blocks), 1 Llama 3 (the whole answer)
+ *   bits 0, 7 convention: 0 Qwen (<tool_call> blocks), 1 Llama 3 (the whole answer),
+ *             2 Mistral ("[TOOL_CALLS] [" lists), 3 Mistral Nemo ("[TOOL_CALLS][")
  *   bits 1-2  tool_choice: 0 auto, 1 required, 2 the named tool get_weather
  *   bit 3     parallel_tool_calls false
- *   bits 4-7  the answer is fed in pieces of this many bytes (0: at once), as tokens come
+ *   bits 4-6  the answer is fed in pieces of this many bytes (0: at once), as tokens come
  * or, with flags 0xff, the rest is "schema\0value": both parsed as JSON and,
  * when the schema passes nx_tool_schema_check, the value validated.
  *
@@ -57,7 +58,9 @@ static void add(char **s, size_t *len, const char *p, size_t n)
 
 static void run(int flags, const char *answer, size_t n, size_t step, struct outcome *o)
 {
-	enum nx_tool_style style = flags & 1 ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN;
+	static const enum nx_tool_style styles[] = { NX_TOOLS_QWEN, NX_TOOLS_LLAMA3, NX_TOOLS_MISTRAL,
+						     NX_TOOLS_MISTRAL_TIGHT };
+	enum nx_tool_style style = styles[(flags & 1) | ((flags >> 6) & 2)];
 	int c = (flags >> 1) & 3;
 	enum nx_tool_choice choice = c == 1 ? NX_TOOL_REQUIRED : c == 2 ? NX_TOOL_NAMED : NX_TOOL_AUTO;
 	const char *name = choice == NX_TOOL_NAMED ? "get_weather" : NULL;
@@ -118,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	int flags = data[0];
 	const char *answer = (const char *)data + 1;
-	size_t n = size - 1, step = (size_t)(flags >> 4);
+	size_t n = size - 1, step = (size_t)((flags >> 4) & 7);
 	struct outcome whole, cut;
 	run(flags, answer, n, n ? n : 1, &whole);
 	run(flags, answer, n, step ? step : 1, &cut);
