@@ -139,7 +139,7 @@ uninstall:
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
 
 # Side-by-side benchmark against llama.cpp (docs/bench.md), about 7 minutes on an idle machine:
-#   make bench [CASES=decode,prefill,concurrent,memory,qwen,moe,chat,http] [REPS=5] [BENCH_ARGS="--wait-idle 600"]
+#   make bench [CASES=decode,prefill,concurrent,memory,qwen,moe,chat,http,depth] [REPS=5] [BENCH_ARGS="--wait-idle 600"]
 .PHONY: bench
 bench: deps
 	@scripts/bench-venv

@@ -2,8 +2,9 @@
 
     .venv-bench/bin/python bench/llama_side.py < SPEC.json > RESULT.json
 
-SPEC: {"model", "threads", "n_ctx", "n_batch", "flash_attn", "reps",
-       "decode": {"prompt": [ids], "n": 128} | null, "prefill": {"128": [ids], ...} | null}
+SPEC: {"model", "threads", "n_ctx", "n_batch", "flash_attn", "reps", "type_kv": GGML type of K and V | null,
+       "decode": {"prompt": [ids], "n": 128} | null, "prefill": {"128": [ids], ...} | null,
+       "depth": {"prefix": [ids], "news": [[ids], ...], "n": 128} | null}
 
 Loads the model with llama_cpp.Llama (n_threads = n_threads_batch = threads, n_batch = n_ubatch),
 then drives llama.cpp's C API (llama_decode on llama_batch_get_one, logits of the last token only,
@@ -12,6 +13,9 @@ argmax in numpy) so both engines time the same thing:
             single-token steps with greedy sampling: (n-1) / seconds; EOS is not checked (ignore_eos)
   prefill - clear the KV cache, time llama_decode over the prompt in n_batch chunks up to the
             last token's logits: prompt tokens / seconds
+  depth   - the prefix in the KV cache (untimed, once), then per repetition: time the new tokens
+            (prefill at the prefix's depth), then the n-1 decode steps after them, as decode; the
+            positions past the prefix are removed before the next one (llama-bench -d's two numbers)
 One short untimed warm-up first (it touches the mmap'd weights). Repetitions stop early, after at least
 "min_reps", once the next one would pass "budget_s" seconds for this measurement.
 """
@@ -41,7 +45,8 @@ def main():
     t0 = time.perf_counter()
     llm = llama_cpp.Llama(model_path=spec["model"], n_threads=threads, n_threads_batch=threads,
                           n_batch=n_batch, n_ubatch=n_batch, n_ctx=spec["n_ctx"],
-                          flash_attn=bool(spec.get("flash_attn", False)), verbose=False)
+                          flash_attn=bool(spec.get("flash_attn", False)), type_k=spec.get("type_kv"),
+                          type_v=spec.get("type_kv"), verbose=False)
     load_s = time.perf_counter() - t0
     ctx = llm.ctx
     mem = llama_cpp.llama_get_memory(ctx)
@@ -123,6 +128,21 @@ def main():
 
             rates, _ = repeat(one_prefill)
             out["prefill"][key] = {"tok_s": rates}
+    if spec.get("depth"):
+        prefix, news, n = spec["depth"]["prefix"], spec["depth"]["news"], spec["depth"]["n"]
+        clear()
+        feed(prefix)
+        pre, dec = [], []
+        for new in news[:max(1, reps)]:
+            llama_cpp.llama_memory_seq_rm(mem, 0, len(prefix), -1)
+            t = time.perf_counter()
+            tok = int(np.argmax(feed(new)))
+            pre.append(len(new) / (time.perf_counter() - t))
+            t = time.perf_counter()
+            for _ in range(n - 1):
+                tok = int(np.argmax(feed([tok])))
+            dec.append((n - 1) / (time.perf_counter() - t))
+        out["depth"] = {"prefill_tok_s": pre, "decode_tok_s": dec, "depth": len(prefix)}
     out["pss_kib"] = pss_kib()
     json.dump(out, sys.stdout)
 

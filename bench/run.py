@@ -66,7 +66,7 @@ import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
 ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "moe", "chat", "http",
-             "clients", "spec", "structured"]
+             "clients", "spec", "structured", "depth"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -85,6 +85,11 @@ STRUCTURED_SCHEMA = {"type": "object", "properties": {"people": {"type": "array"
                                      "note": {"type": "string"}},
     "required": ["name", "age", "city", "role", "note"]}}}, "required": ["people"]}
 BUDGET_S = 25.0   # per measurement and side: repetitions stop (after MIN_REPS) once past it
+# depth case: DEPTH_NEW tokens prefilled on top of each prefix, then DECODE_N decoded after them; the
+# second prefix fills SmolLM2's whole 8192-token context (nxd's --ctx stops at the model's).
+DEPTHS = (3584, 7552)
+DEPTH_NEW = 512
+GGML_TYPE = {"f16": 1, "q8_0": 8}  # llama.cpp's -ctk / -ctv types (ggml.h)
 
 
 def log(*a):
@@ -151,9 +156,10 @@ def repeat(fn, reps):
     return rates, first
 
 
-def run_llama_side(model, reps, decode=None, prefill=None, flash_attn=False):
-    spec = {"model": model, "threads": THREADS, "n_ctx": CTX, "n_batch": N_BATCH, "flash_attn": flash_attn,
-            "reps": reps, "min_reps": MIN_REPS, "budget_s": BUDGET_S, "decode": decode, "prefill": prefill}
+def run_llama_side(model, reps, decode=None, prefill=None, flash_attn=False, depth=None, n_ctx=CTX, type_kv=None):
+    spec = {"model": model, "threads": THREADS, "n_ctx": n_ctx, "n_batch": N_BATCH, "flash_attn": flash_attn,
+            "reps": reps, "min_reps": MIN_REPS, "budget_s": BUDGET_S, "decode": decode, "prefill": prefill,
+            "depth": depth, "type_kv": type_kv}
     p = subprocess.run([sys.executable, os.path.join(HERE, "llama_side.py")], input=json.dumps(spec),
                        capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
@@ -169,8 +175,26 @@ class Ours:
         self.ok = os.access(self.nxd, os.X_OK)
         self.why = None if self.ok else f"{self.nxd} is not built"
 
-    def daemon(self, model, batch=None, slots=SLOTS, extra=()):
-        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=CTX, batch=batch, extra=extra)
+    def daemon(self, model, batch=None, slots=SLOTS, extra=(), ctx=CTX):
+        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=ctx, batch=batch, extra=extra)
+
+    def depth(self, model, prefix, news, reps, kv_type, ctx):
+        """The prefix once (untimed), then per repetition prefix + new tokens on the same slot: the prompt
+        cache keeps the prefix's K/V, so the new tokens are prefilled at its depth (the daemon's
+        prefill_ms), and DECODE_N tokens decoded after them."""
+        with self.daemon(model, batch=N_BATCH, slots=1, ctx=ctx, extra=["--kv-type", kv_type]) as d:
+            c = nxd_side.Conn(d.sock)
+            c.generate(prefix, 1)
+            pre, dec, cached = [], [], []
+            for k, new in enumerate(news[:max(1, reps)]):
+                res = c.generate(prefix + new, DECODE_N, rid=k + 2)
+                pre.append(nxd_side.prefill_rate(res, len(new))[0])
+                dec.append(nxd_side.decode_rates(res)[0])
+                cached.append((res["done"].get("usage") or {}).get("cached_tokens"))
+            st = c.status()
+            c.close()
+            return {"prefill_tok_s": pre, "decode_tok_s": dec, "prompt_tokens_cached": cached,
+                    "kv_type": st.get("kv_type"), "kv_bytes": st.get("kv_bytes")}
 
     def decode(self, model, prompt, reps, probe=None):
         """probe: a bandwidth probe's command line, run before each repetition and after the last."""
@@ -572,6 +596,37 @@ def main():
     if "concurrent" in cases:
         l = concurrent_case("concurrent", "smollm2-135m Q4_1", q41, a.reps)
         concurrent_case("concurrent", "smollm2-135m Q4_1 fast", q41, a.reps, llama=l, **FAST)
+
+    # -------------------------------------------------------- depth: prefill and decode at 4k and 8k of context
+    def depth_case(case, key, path, reps):
+        """For each prefix of DEPTHS tokens: DEPTH_NEW tokens prefilled on top of it and DECODE_N decoded
+        after them (llama-bench's -d), nxd with an f16 and a q8_0 K/V cache against llama.cpp with flash
+        attention and the same two cache types (-ctk / -ctv)."""
+        reps = min(reps, MIN_REPS)
+        ctx = max(DEPTHS) + DEPTH_NEW + DECODE_N
+        log(f"bench: {case}: {key}: depths {list(DEPTHS)}, +{DEPTH_NEW} prefilled, {DECODE_N} decoded, x {reps}")
+        for depth in DEPTHS:
+            prefix = prompt_ids(11000 + depth, depth)
+            news = [prompt_ids(12000 + depth + k, DEPTH_NEW) for k in range(reps)]
+            for kv in ("f16", "q8_0"):
+                o, l = both(case, lambda: ours.depth(path, prefix, news, reps, kv, ctx),
+                            lambda: run_llama_side(path, reps, flash_attn=True, n_ctx=ctx, type_kv=GGML_TYPE[kv],
+                                                   depth={"prefix": prefix, "news": news, "n": DECODE_N})["depth"])
+                res["raw"][f"{case}/{key}/{depth}/{kv}"] = {"ours": o, "llama": l}
+                log(f"bench: {case}: {depth} {kv} KV: nxd prefill {o and o['prefill_tok_s']} decode "
+                    f"{o and o['decode_tok_s']}; llama.cpp prefill {l and l['prefill_tok_s']} decode "
+                    f"{l and l['decode_tok_s']} tok/s")
+                at = f"{depth}..{depth + DEPTH_NEW}"
+                table.add(case, f"{key} {kv} KV prefill at {at}", "tok/s", med(o["prefill_tok_s"]) if o else None,
+                          med(l["prefill_tok_s"]) if l else None,
+                          note=f"{DEPTH_NEW} new tokens on a {depth}-token prefix; llama.cpp flash attention on")
+                at = f"{depth + DEPTH_NEW}..{depth + DEPTH_NEW + DECODE_N}"
+                table.add(case, f"{key} {kv} KV decode at {at}", "tok/s", med(o["decode_tok_s"]) if o else None,
+                          med(l["decode_tok_s"]) if l else None,
+                          note=(f"nxd KV cache {o['kv_bytes'] / 2**20:.0f} MiB" if o and o.get("kv_bytes") else ""))
+
+    if "depth" in cases:
+        depth_case("depth", "smollm2-135m Q4_1", q41, a.reps)
 
     # -------------------------------------------------------- chat: a conversation's next turn
     def chat_case(case, key, path, reps):

@@ -310,6 +310,8 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	}
 	nxc_printf("model:     %s (%s, %s), context %lld, vocabulary %lld, activations %s\n", sget(ev, "model"),
 	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"), sget(ev, "activations"));
+	if (json_object_get(ev, "kv_type"))
+		nxc_printf("kv cache:  %s, %.1f MiB\n", sget(ev, "kv_type"), nget(ev, "kv_bytes") / 1048576);
 	json_t *ws = json_object_get(ev, "workers");
 	nxc_printf("workers:   %zu\n", json_array_size(ws));
 	for (size_t i = 0; i < json_array_size(ws); i++) {

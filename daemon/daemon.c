@@ -56,9 +56,11 @@ static void starting(struct nxd *d, double now, bool ready)
 			 nx_model_rope_factors(m, d->o.n_ctx) == m->rope_long ? "long" : "short", d->o.n_ctx,
 			 m->hp.rope_orig_ctx);
 	nxd_info("ready: listening on %s, %d workers, %d slots x %d positions%s%s%s, %d tokens per step, %s "
-		 "activations (started in %.2f s)", d->listen_activated ? "the socket from systemd" : d->o.socket_path,
+		 "activations, %s K/V cache of %.1f MiB (started in %.2f s)",
+		 d->listen_activated ? "the socket from systemd" : d->o.socket_path,
 		 d->n_workers, d->o.n_slots, d->o.n_ctx, d->ctx_note[0] ? " (" : "", d->ctx_note, d->ctx_note[0] ? ")" : "",
-		 d->o.n_batch, nx_act_mode_name(d->o.act_one_part), now - d->t_start);
+		 d->o.n_batch, nx_act_mode_name(d->o.act_one_part), nx_kv_type_name(d->o.kv_type),
+		 (double)nx_kv_cache_bytes(&d->model.m.hp, &d->shm.cfg) / 1048576, now - d->t_start);
 	sd_notifyf(0, "READY=1\nSTATUS=serving %s with %d workers\nMAINPID=%d", d->model.name, d->n_workers,
 		   (int)d->pid);
 }

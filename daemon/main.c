@@ -54,6 +54,10 @@ static const char usage[] =
 	"                       (one 8-bit part, as llama.cpp does: more tokens/s when several\n"
 	"                       clients share a step; logits ~0.16 off on SmolLM2, top-1 ~97%\n"
 	"                       the same)\n"
+	"  --kv-type T          how the K/V cache stores each value: f16 (the default) or q8_0\n"
+	"                       (8-bit blocks of 32 with an f16 scale, as llama.cpp's -ctk q8_0:\n"
+	"                       about half the memory, so a longer default --ctx; logits further\n"
+	"                       from the float result, docs/bench.md)\n"
 	"  --chat-template NAME|FILE\n"
 	"                       how chat requests (messages, or a prompt without \"raw\") become\n"
 	"                       the prompt: raw, chatml, llama2, llama3, llama3.1, qwen3,\n"
@@ -177,7 +181,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_SPEC };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_SPEC, O_KV };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -194,6 +198,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "no-prompt-cache", no_argument, 0, O_NOCACHE },
 		{ "activations", required_argument, 0, O_ACT },
 		{ "chat-template", required_argument, 0, O_CHAT },
+		{ "kv-type", required_argument, 0, O_KV },
 		{ "speculate", required_argument, 0, O_SPEC },
 		{ 0, 0, 0, 0 },
 	};
@@ -282,6 +287,10 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		case O_ACT:
 			if (!nx_act_mode_parse(optarg, &o->act_one_part))
 				return bad("--activations: '%s' is neither precise nor fast", optarg);
+			break;
+		case O_KV:
+			if (!nx_kv_type_parse(optarg, &o->kv_type))
+				return bad("--kv-type: '%s' is neither f16 nor q8_0", optarg);
 			break;
 		case O_CHAT: {
 			enum nx_chat_tmpl t;
@@ -468,6 +477,8 @@ static int start(struct nxd *d, struct nx_err *err)
 	 * file fail with EFBIG, reported, instead of killing the daemon. */
 	signal(SIGXFSZ, SIG_IGN);
 	if (nxd_model_load(d, err) < 0)
+		return -1;
+	if (nx_kv_type_check(&d->model.m.hp, d->o.kv_type, err) < 0)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;
 	if (d->o.n_ctx == 0)

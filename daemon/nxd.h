@@ -84,6 +84,7 @@ struct nxd_opts {
 	int max_tokens;       /* a request's max_tokens limit (0: the context) */
 	bool prompt_cache;    /* reuse a free slot's K/V for a prompt that starts with its tokens */
 	bool act_one_part;    /* --activations fast: matmul inputs in one 8-bit part (nx_state_cfg) */
+	enum nx_kv_type kv_type; /* --kv-type: how the K/V cache stores values (nx_state_cfg) */
 	int max_adapters;     /* adapters loaded at once (access.c: nxd_limits_check_adapter) */
 	size_t max_adapter_mb; /* MiB of adapters in memory at once */
 	bool use_mmap;

@@ -207,12 +207,12 @@ static int prompt_tokens(const struct nxd_prep_ctx *x, const struct nxp_generate
 	}
 	if (g->input == NXP_IN_PROMPT) {
 		if (g->system)
-			msgs[n++] = (struct nx_chat_turn){ "system", g->system, NULL };
-		msgs[n++] = (struct nx_chat_turn){ "user", g->prompt, NULL };
+			msgs[n++] = (struct nx_chat_turn){ "system", g->system, NULL, NULL };
+		msgs[n++] = (struct nx_chat_turn){ "user", g->prompt, NULL, NULL };
 	} else {
 		for (int i = 0; i < g->n_messages; i++)
 			msgs[n++] = (struct nx_chat_turn){ nxp_role_name(g->messages[i].role), g->messages[i].content,
-							   g->messages[i].tool_calls };
+							   g->messages[i].tool_calls, g->messages[i].tool_call_id };
 	}
 	struct nx_chat_opts co = {
 		.add_generation_prompt = true,

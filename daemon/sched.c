@@ -450,7 +450,10 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 		fail_req(d, r, NXP_E_OUT_OF_RANGE, err.msg);
 		return -1;
 	}
-	nx_detok_init(&s->detok, d->model.tok, 0);
+	/* Mistral's [TOOL_CALLS] is a control token, which the answer's text
+	 * leaves out: its reader of calls has to see it */
+	bool marks = r->tools && (r->tools->style == NX_TOOLS_MISTRAL || r->tools->style == NX_TOOLS_MISTRAL_TIGHT);
+	nx_detok_init(&s->detok, d->model.tok, marks ? NX_DETOK_SPECIAL : 0);
 	/* Positions past what this slot holds of r's prompt come from src: a
 	 * free slot, or one in use whose positions below n_past no step writes. */
 	if (p.src >= 0)
@@ -969,6 +972,8 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.arch = d->model.arch,
 		.type = d->model.type,
 		.activations = nx_act_mode_name(d->o.act_one_part),
+		.kv_type = nx_kv_type_name(d->o.kv_type),
+		.kv_bytes = nx_kv_cache_bytes(&d->model.m.hp, &d->shm.cfg),
 		.n_ctx = d->o.n_ctx,
 		.n_vocab = d->model.n_vocab,
 		.workers = ws,

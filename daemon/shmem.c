@@ -57,15 +57,12 @@ static int mul(size_t a, size_t b, size_t *out, const char *what, struct nx_err 
 	return 0;
 }
 
-/* The K and V caches: (n_slots, n_layer, n_head_kv, n_ctx, head_dim) f16 each (model/forward.h). */
+/* The K and V caches: (n_slots, n_layer, n_head_kv, n_ctx) rows of head_dim values each, as
+ * --kv-type stores them (model/forward.h). */
 static size_t kv_bytes(const struct nx_hparams *hp, const struct nx_state_cfg *cfg)
 {
-	size_t n = 2 * sizeof(nx_f16);
-	if (nx_size_mul(&n, (size_t)cfg->n_slots) || nx_size_mul(&n, (size_t)hp->n_layer) ||
-	    nx_size_mul(&n, (size_t)hp->n_head_kv) || nx_size_mul(&n, (size_t)cfg->n_ctx) ||
-	    nx_size_mul(&n, (size_t)hp->head_dim))
-		return SIZE_MAX;
-	return n;
+	const size_t n = nx_kv_cache_bytes(hp, cfg);
+	return n ? n : SIZE_MAX;
 }
 
 static int plan_fixed(struct nxd *d, struct plan *p, struct nx_err *err)
@@ -304,6 +301,7 @@ static void set_cfg(struct nxd *d)
 		.n_slots = d->o.n_slots,
 		.n_ctx = d->o.n_ctx,
 		.act_one_part = d->o.act_one_part,
+		.kv_type = d->o.kv_type,
 	};
 }
 

@@ -1,10 +1,11 @@
 /* fuzz_tools.c - libFuzzer target: the reader of a model's tool calls (tok/tools.c) and the JSON-schema check of their arguments (tok/tool_schema.c).
  *
  * Input: byte 0 is a set of flags, the rest is a model's answer:
- *   bit 0     convention: 0 Qwen (<tool_call> blocks), 1 Llama 3 (the whole answer)
+ *   bits 0, 7 convention: 0 Qwen (<tool_call> blocks), 1 Llama 3 (the whole answer),
+ *             2 Mistral ("[TOOL_CALLS] [" lists), 3 Mistral Nemo ("[TOOL_CALLS][")
  *   bits 1-2  tool_choice: 0 auto, 1 required, 2 the named tool get_weather
  *   bit 3     parallel_tool_calls false
- *   bits 4-7  the answer is fed in pieces of this many bytes (0: at once), as tokens come
+ *   bits 4-6  the answer is fed in pieces of this many bytes (0: at once), as tokens come
  * or, with flags 0xff, the rest is "schema\0value": both parsed as JSON and,
  * when the schema passes nx_tool_schema_check, the value validated.
  *
@@ -33,7 +34,13 @@ static const char TOOLS[] =
 
 static json_t *tools;
 static struct nx_vocab_trie *bytes_trie; /* the 256 bytes, and an end of generation */
-static char *call_gbnf[2][2]; /* [named][style]: the call grammars' text */
+static const enum nx_tool_style styles[] = { NX_TOOLS_QWEN, NX_TOOLS_LLAMA3, NX_TOOLS_MISTRAL, NX_TOOLS_MISTRAL_TIGHT };
+static char *call_gbnf[2][4]; /* [named][style]: the call grammars' text */
+
+static int style_index(int flags)
+{
+	return (flags & 1) | ((flags >> 6) & 2);
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -54,8 +61,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	struct nx_err err;
 	FUZZ_CHECK(nx_vocab_trie_from_pieces(257, pieces, lens, eog, &bytes_trie, &err) == 0, "trie: %s", err.msg);
 	for (int named = 0; named < 2; named++)
-		for (int st = 0; st < 2; st++)
-			FUZZ_CHECK(nx_tool_grammar(st ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN, tools,
+		for (int st = 0; st < 4; st++)
+			FUZZ_CHECK(nx_tool_grammar(styles[st], tools,
 						   named ? NX_TOOL_NAMED : NX_TOOL_REQUIRED, "get_weather", &call_gbnf[named][st],
 						   &err) == 0 && call_gbnf[named][st], "tool grammar: %s", err.msg);
 	return 0;
@@ -65,7 +72,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
  * (a matcher takes its grammar over: compiled for each answer). */
 static bool grammar_takes(int flags, const char *answer, size_t n)
 {
-	const char *gbnf = call_gbnf[((flags >> 1) & 3) == 2][flags & 1];
+	const char *gbnf = call_gbnf[((flags >> 1) & 3) == 2][style_index(flags)];
 	struct nx_grammar *g;
 	struct nx_gmatch *m;
 	struct nx_err err;
@@ -98,7 +105,7 @@ static void add(char **s, size_t *len, const char *p, size_t n)
 
 static void run(int flags, const char *answer, size_t n, size_t step, struct outcome *o)
 {
-	enum nx_tool_style style = flags & 1 ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN;
+	enum nx_tool_style style = styles[style_index(flags)];
 	int c = (flags >> 1) & 3;
 	enum nx_tool_choice choice = c == 1 ? NX_TOOL_REQUIRED : c == 2 ? NX_TOOL_NAMED : NX_TOOL_AUTO;
 	const char *name = choice == NX_TOOL_NAMED ? "get_weather" : NULL;
@@ -159,7 +166,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	int flags = data[0];
 	const char *answer = (const char *)data + 1;
-	size_t n = size - 1, step = (size_t)(flags >> 4);
+	size_t n = size - 1, step = (size_t)((flags >> 4) & 7);
 	struct outcome whole, cut;
 	run(flags, answer, n, n ? n : 1, &whole);
 	run(flags, answer, n, step ? step : 1, &cut);
@@ -174,15 +181,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(whole.len <= n, "more text released than the answer had");
 	if (!auto_choice && grammar_takes(flags, answer, n)) {
 		/* the call's JSON: the prefix's part of it, then the answer (Qwen: up to the close) */
-		char *prefix = nx_tool_prefix(flags & 1 ? NX_TOOLS_LLAMA3 : NX_TOOLS_QWEN,
-					      ((flags >> 1) & 3) == 2 ? "get_weather" : NULL);
+		enum nx_tool_style style = styles[style_index(flags)];
+		char *prefix = nx_tool_prefix(style, ((flags >> 1) & 3) == 2 ? "get_weather" : NULL);
 		char *doc = NULL;
 		size_t dlen = 0;
 		const char *open = strchr(prefix, '{');
 		add(&doc, &dlen, open, strlen(open));
 		add(&doc, &dlen, answer, n);
-		if (!(flags & 1))
+		if (style == NX_TOOLS_QWEN)
 			dlen -= strlen("\n</tool_call>");
+		else if (style != NX_TOOLS_LLAMA3)
+			dlen -= strlen("]"); /* Mistral: the list of this one call */
 		json_error_t je;
 		json_t *strict = json_loadb(doc, dlen, JSON_REJECT_DUPLICATES, &je), *loose = json_loadb(doc, dlen, 0, &je);
 		FUZZ_CHECK(loose != NULL, "the grammar took JSON that does not parse: %s", doc);

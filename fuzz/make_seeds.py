@@ -435,8 +435,8 @@ def tokenizer_seeds():
 
 
 # --- tool-call reader seeds (fuzz_tools.c) -----------------------------------------
-# Byte 0: bit 0 Llama (else Qwen), bits 1-2 tool_choice (auto, required, named),
-# bit 3 parallel_tool_calls false, bits 4-7 the piece size; 0xff: "schema\0value".
+# Byte 0: bits 0 and 7 the convention (0 Qwen, 1 Llama, 2 Mistral, 3 Mistral Nemo), bits 1-2 tool_choice
+# (auto, required, named), bit 3 parallel_tool_calls false, bits 4-6 the piece size; 0xff: "schema\0value".
 
 def tools_seeds():
     S = [
@@ -448,10 +448,20 @@ def tools_seeds():
         ("qwen-required-one", 0x0a, 'now", "arguments": {}}\n</tool_call><tool_call>{"name":"now","arguments":{}}</tool_call>'),
         ("llama-call", 0x01, '{"name": "get_weather", "parameters": {"city": "Paris"}}'),
         ("llama-text", 0x11, ' It is {sunny}'),
+        ("mistral-call", 0x80, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+        ("mistral-calls", 0xb0, 'Sure. [TOOL_CALLS] [{"name": "now", "arguments": {}, "id": "abcdefghi"}, '
+                                '{"name": "get_weather", "arguments": {"city": "R]o\\"me", "days": 2}}]'),
+        ("mistral-bad", 0x90, '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": }}] [TOOL_CALLS] {} [TOOL_CAL'),
+        ("mistral-named", 0xa4, '{"city": "Paris"}}]'),
+        ("mistral-one", 0x88, '[TOOL_CALLS] [{"name": "now", "arguments": {}}, {"name": "now", "arguments": {}}]'),
+        ("nemo-required", 0xc3, 'now", "arguments": {}}][TOOL_CALLS][{"name":"now","arguments":{}}]'),
+        ("nemo-args-form", 0x81, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'),
         # answers the call grammar takes (tok/tool_grammar.c), which the reader must take too
         ("qwen-required-held", 0x12, 'get_weather", "arguments": {"city": "Rome", "days": 12}}\n</tool_call>'),
         ("llama-required-held", 0x03, 'now", "parameters": {"x": [1, {"y": null}], "z": "\\u00e9"}}'),
         ("llama-named-held", 0x25, '{"city": "Paris"}}'),
+        ("mistral-required-held", 0x92, 'get_weather", "arguments": {"city": "Rome"}, "id": "a1B2c3D4e"}]'),
+        ("nemo-named-held", 0xc5, '{"city": "Paris"}}]'),
     ]
     out = [(n, bytes([f]) + t.encode()) for n, f, t in S]
     out.append(("schema", b"\xff" + b'{"type":"object","properties":{"a":{"anyOf":[{"type":"string","pattern":"^x"},'

@@ -1,5 +1,5 @@
-/* attn.h - attention of the query heads of one kv head over an f16 K/V cache, vectorized (AVX-512), for the
- * forward pass. */
+/* attn.h - attention of the query heads of one kv head over an f16 or Q8_0 K/V cache, vectorized (AVX-512),
+ * for the forward pass. */
 #ifndef NX_ATTN_H
 #define NX_ATTN_H
 
@@ -29,6 +29,19 @@ int nx_attn_group(int hd);
  * and deterministic for given inputs (no dependence on anything but them). */
 void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
 		   int hd, float scale, float *att, float *ms);
+
+/* nx_attend_f16 over a Q8_0 cache: key and value j are the hd / 32 blocks at
+ * kc + j * ld and vc + j * ld (ld in blocks), each value d * q. That product is
+ * exact in float (an 8-bit level times an f16 scale), so after it the
+ * arithmetic is nx_attend_f16's, operation for operation: on values that both
+ * formats hold exactly the two give the same bits. Same scratch, ms and
+ * per-head guarantees; hd % 32 == 0. */
+void nx_attend_q8_0(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,
+		    const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms);
+/* The scalar reference (any CPU, any hd % 32 == 0), head by head: scores summed
+ * element by element, softmax with expf, then the weighted sum of values. */
+void nx_attend_q8_0_ref(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,
+			const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms);
 
 /* One token's attention output, n_head heads of hd floats, over n_span spans of
  * its keys, from each span's output (softmax within the span) part[c][h] =

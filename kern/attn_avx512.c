@@ -1,5 +1,5 @@
-/* attn_avx512.c - nx_attend_f16 (kern/attn.h) with AVX-512: f16 keys and values converted in registers once for
- * the query heads of a group, a vector exp for the softmax; and nx_attn_merge. */
+/* attn_avx512.c - nx_attend_f16 and nx_attend_q8_0 (kern/attn.h) with AVX-512: f16 or Q8_0 keys and values
+ * converted in registers once for the query heads of a group, a vector exp for the softmax; and nx_attn_merge. */
 #include "kern/attn.h"
 
 #include "kern/cpu.h"
@@ -30,6 +30,24 @@ INL __m512 ld16(const nx_f16 *p)
 	return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
+/* Values 16c .. 16c + 15 of row j of a K or V run (ld: f16 values, or Q8_0
+ * blocks, a row apart) as floats. A Q8_0 value d * q is exact in float (an
+ * 8-bit level times an f16 scale), so what follows sees the value itself. */
+INL __m512 ld_row(const void *run, size_t j, size_t ld, int c, const bool q8)
+{
+	if (!q8)
+		return ld16((const nx_f16 *)run + j * ld + 16 * c);
+	const struct nx_block_q8_0 *b = (const struct nx_block_q8_0 *)run + j * ld + c / 2;
+	const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * (c & 1)))));
+	return _mm512_mul_ps(x, _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d)));
+}
+
+/* Bytes of a row of hd values. */
+INL size_t row_bytes(size_t ld, const bool q8)
+{
+	return q8 ? ld * sizeof(struct nx_block_q8_0) : ld * sizeof(nx_f16);
+}
+
 /* Most heads attend() takes in one pass over K/V (nx_attn_group). At hd 64 their
  * q, score and output accumulators and the keys in flight fit the 32 vector
  * registers (12 q + 12 scores + 4 keys; 24 outputs + 6 weights + 2 values). 4
@@ -41,9 +59,10 @@ INL __m512 ld16(const nx_f16 *p)
  * Each K and V chunk is loaded and converted once and used by every head; each
  * head's own arithmetic is the same operations in the same order as with G = 1,
  * so its output does not depend on G or on the other heads. */
-INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld, const int hd,
-		const int G, float scale, float *att, float *ms)
+INL void attend(float *out, const float *q, const void *kc, const void *vc, int n, size_t ld, const int hd,
+		const int G, const bool q8, float scale, float *att, float *ms)
 {
+	const size_t rb = row_bytes(ld, q8);
 	const int nc = hd / 16;
 	/* zeros: only so that at a generic hd (nc not known) GCC sees no unset elements */
 	__m512 qv[GMAX][16] = {0};
@@ -64,17 +83,16 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 #pragma GCC unroll 3
 		for (int g = 0; g < G; g++)
 			s[g][0] = s[g][1] = s[g][2] = s[g][3] = _mm512_setzero_ps();
-		const nx_f16 *k0 = kc + (size_t)j * ld;
 		/* These keys' value rows towards L2 while the scores are worked out:
 		 * a span of a short context is too short a stream for the hardware
 		 * prefetcher, and V is read right after. */
 		for (int z = 0; z < 4; z++)
-			for (int b = 0; b < hd * (int)sizeof(nx_f16); b += 64)
-				_mm_prefetch((const char *)(vc + (size_t)(j + z) * ld) + b, _MM_HINT_T1);
+			for (size_t b = 0; b < rb; b += 64)
+				_mm_prefetch((const char *)vc + (size_t)(j + z) * rb + b, _MM_HINT_T1);
 #pragma GCC unroll 16
 		for (int c = 0; c < nc; c++) {
-			const __m512 x0 = ld16(k0 + 16 * c), x1 = ld16(k0 + ld + 16 * c);
-			const __m512 x2 = ld16(k0 + 2 * ld + 16 * c), x3 = ld16(k0 + 3 * ld + 16 * c);
+			const __m512 x0 = ld_row(kc, j, ld, c, q8), x1 = ld_row(kc, j + 1, ld, c, q8);
+			const __m512 x2 = ld_row(kc, j + 2, ld, c, q8), x3 = ld_row(kc, j + 3, ld, c, q8);
 #pragma GCC unroll 3
 			for (int g = 0; g < G; g++) {
 				s[g][0] = _mm512_fmadd_ps(qv[g][c], x0, s[g][0]);
@@ -114,7 +132,7 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 			s[g] = _mm512_setzero_ps();
 #pragma GCC unroll 16
 		for (int c = 0; c < nc; c++) {
-			const __m512 x = ld16(kc + (size_t)j * ld + 16 * c);
+			const __m512 x = ld_row(kc, j, ld, c, q8);
 #pragma GCC unroll 3
 			for (int g = 0; g < G; g++)
 				s[g] = _mm512_fmadd_ps(qv[g][c], x, s[g]);
@@ -159,12 +177,10 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 	const int vb = 2 * G * nc <= 24 ? nc : 4;
 	for (int c0 = 0; c0 < nc; c0 += vb) {
 		__m512 o0[GMAX][16] = {0}, o1[GMAX][16] = {0};
-		const nx_f16 *vp = vc + 16 * c0;
 		for (j = 0; j + 2 <= n; j += 2) {
-			const nx_f16 *v0 = vp + (size_t)j * ld;
 #pragma GCC unroll 16
 			for (int c = 0; c < vb; c++) {
-				const __m512 x0 = ld16(v0 + 16 * c), x1 = ld16(v0 + ld + 16 * c);
+				const __m512 x0 = ld_row(vc, j, ld, c0 + c, q8), x1 = ld_row(vc, j + 1, ld, c0 + c, q8);
 #pragma GCC unroll 3
 				for (int g = 0; g < G; g++) {
 					const float *a = att + (size_t)g * n + j;
@@ -176,7 +192,7 @@ INL void attend(float *out, const float *q, const nx_f16 *kc, const nx_f16 *vc, 
 		if (j < n) {
 #pragma GCC unroll 16
 			for (int c = 0; c < vb; c++) {
-				const __m512 x0 = ld16(vp + (size_t)j * ld + 16 * c);
+				const __m512 x0 = ld_row(vc, j, ld, c0 + c, q8);
 #pragma GCC unroll 3
 				for (int g = 0; g < G; g++)
 					o0[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(att[(size_t)g * n + j]), x0, o0[g][c]);
@@ -198,13 +214,13 @@ int nx_attn_group(int hd)
 	return hd == 64 || hd == 128 ? GMAX : 1;
 }
 
-/* One instance per common head size and group, so the accumulators stay in
- * registers (at hd 128 and 3 heads some q chunks are read from the stack, which
- * measured faster than 2 heads a pass). n_q heads in as few passes of up to
- * nx_attn_group(hd) as there can be, as even as can be (7: 3, 2, 2), each
- * reusing att. */
-TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
-		       int hd, float scale, float *att, float *ms)
+/* One instance per common head size, group and cache type, so the
+ * accumulators stay in registers (at hd 128 and 3 heads some q chunks are read
+ * from the stack, which measured faster than 2 heads a pass). n_q heads in as
+ * few passes of up to nx_attn_group(hd) as there can be, as even as can be (7:
+ * 3, 2, 2), each reusing att. */
+INL void attend_heads(float *out, const float *q, int n_q, const void *kc, const void *vc, int n, size_t ld, int hd,
+		      const bool q8, float scale, float *att, float *ms)
 {
 	const int gmax = nx_attn_group(hd), passes = (n_q + gmax - 1) / gmax;
 	for (int i = 0, h = 0; i < passes; i++) {
@@ -212,21 +228,33 @@ TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, co
 		float *o = out + (size_t)h * hd, *m = ms ? ms + 2 * h : NULL;
 		const float *qh = q + (size_t)h * hd;
 		if (hd == 64 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 64, 3, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 3, q8, scale, att, m);
 		else if (hd == 64 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 64, 2, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 2, q8, scale, att, m);
 		else if (hd == 64)
-			attend(o, qh, kc, vc, n, ld, 64, 1, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 1, q8, scale, att, m);
 		else if (hd == 128 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 128, 3, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 3, q8, scale, att, m);
 		else if (hd == 128 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 128, 2, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 2, q8, scale, att, m);
 		else if (hd == 128)
-			attend(o, qh, kc, vc, n, ld, 128, 1, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 1, q8, scale, att, m);
 		else
-			attend(o, qh, kc, vc, n, ld, hd, 1, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, hd, 1, q8, scale, att, m);
 		h += g;
 	}
+}
+
+TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
+		       int hd, float scale, float *att, float *ms)
+{
+	attend_heads(out, q, n_q, kc, vc, n, ld, hd, false, scale, att, ms);
+}
+
+TGT void nx_attend_q8_0(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,
+			const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms)
+{
+	attend_heads(out, q, n_q, kc, vc, n, ld, hd, true, scale, att, ms);
 }
 
 /* nx_attn_merge_ref with hd / 16 (NC) vectors of each head's output in

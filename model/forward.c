@@ -42,7 +42,67 @@ static bool cfg_ok(const struct nx_hparams *hp, const struct nx_state_cfg *c)
 {
 	return hp->n_layer > 0 && hp->dim > 0 && hp->n_head > 0 && hp->n_head_kv > 0 && hp->head_dim > 0 &&
 	       hp->n_ff > 0 && hp->n_vocab > 0 && c->max_batch > 0 && c->max_logits >= 0 &&
-	       c->max_logits <= c->max_batch && c->n_slots > 0 && c->n_ctx > 0;
+	       c->max_logits <= c->max_batch && c->n_slots > 0 && c->n_ctx > 0 &&
+	       nx_kv_row_bytes(c->kv_type, hp->head_dim) > 0;
+}
+
+const char *nx_kv_type_name(enum nx_kv_type t)
+{
+	return t == NX_KV_Q8_0 ? "q8_0" : t == NX_KV_F16 ? "f16" : "?";
+}
+
+bool nx_kv_type_parse(const char *name, enum nx_kv_type *t)
+{
+	for (int k = NX_KV_F16; k <= NX_KV_Q8_0; k++)
+		if (!strcmp(name, nx_kv_type_name((enum nx_kv_type)k))) {
+			*t = (enum nx_kv_type)k;
+			return true;
+		}
+	return false;
+}
+
+size_t nx_kv_row_bytes(enum nx_kv_type t, int hd)
+{
+	if (hd <= 0)
+		return 0;
+	switch (t) {
+	case NX_KV_F16:
+		return (size_t)hd * sizeof(nx_f16);
+	case NX_KV_Q8_0:
+		return hd % QK8_0 ? 0 : (size_t)hd / QK8_0 * sizeof(struct nx_block_q8_0);
+	}
+	return 0;
+}
+
+int nx_kv_type_check(const struct nx_hparams *hp, enum nx_kv_type t, struct nx_err *err)
+{
+	if (nx_kv_row_bytes(t, hp->head_dim) == 0)
+		return nx_errf(err, "--kv-type %s: this model's heads of %d values are not a multiple of %d (Q8_0 "
+			       "blocks); use --kv-type f16", nx_kv_type_name(t), hp->head_dim, QK8_0);
+	if (t == NX_KV_Q8_0 && hp->attn_softcap > 0)
+		return nx_errf(err, "--kv-type %s: this model's attention soft-cap (attn_logit_softcapping %g) is "
+			       "computed with the f16 cache only; use --kv-type f16", nx_kv_type_name(t),
+			       (double)hp->attn_softcap);
+	return 0;
+}
+
+/* Bytes of one of the K and V caches: (n_slots, n_layer, n_head_kv, n_ctx) rows; 0 on overflow. */
+static size_t cache_bytes(const struct nx_hparams *hp, const struct nx_state_cfg *c)
+{
+	size_t n;
+	if (__builtin_mul_overflow((size_t)c->n_slots * hp->n_layer, (size_t)c->n_ctx, &n) ||
+	    __builtin_mul_overflow(n, (size_t)hp->n_head_kv, &n) ||
+	    __builtin_mul_overflow(n, nx_kv_row_bytes(c->kv_type, hp->head_dim), &n))
+		return 0;
+	return n;
+}
+
+size_t nx_kv_cache_bytes(const struct nx_hparams *hp, const struct nx_state_cfg *cfg)
+{
+	size_t n;
+	if (!cfg_ok(hp, cfg) || __builtin_mul_overflow(cache_bytes(hp, cfg), 2, &n))
+		return 0;
+	return n;
 }
 
 static int max_in(const struct nx_hparams *hp)
@@ -93,16 +153,15 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	       kv_dim = (size_t)hp->n_head_kv * hp->head_dim, n_ff = hp->n_ff, n_vocab = hp->n_vocab;
 	const size_t spans = (size_t)attn_spans(c->n_ctx), heads = B * (size_t)hp->n_head;
 	const size_t n_groups = (n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
-	size_t cache;
-	if (__builtin_mul_overflow((size_t)c->n_slots * hp->n_layer, (size_t)c->n_ctx, &cache) ||
-	    __builtin_mul_overflow(cache, kv_dim, &cache))
+	const size_t cache = cache_bytes(hp, c);
+	if (cache == 0)
 		return 0;
 	size_t total = 0;
 	if (!add_buf(&total, B * dim, sizeof(float)) || !add_buf(&total, B * q_dim, sizeof(float)) ||
 	    !add_buf(&total, B * kv_dim, sizeof(float)) || !add_buf(&total, B * kv_dim, sizeof(float)) ||
 	    !add_buf(&total, B * q_dim, sizeof(float)) || !add_buf(&total, B * n_ff, sizeof(float)) ||
 	    !add_buf(&total, hp->post_norms ? B * dim : 0, sizeof(float)) ||
-	    !add_buf(&total, cache, sizeof(nx_f16)) || !add_buf(&total, cache, sizeof(nx_f16)) ||
+	    !add_buf(&total, cache, 1) || !add_buf(&total, cache, 1) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_vocab, sizeof(float)) ||
 	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
 	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)) ||
@@ -118,8 +177,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		s->att_out = take(&p, B * q_dim, sizeof(float));
 		s->hb = take(&p, B * n_ff, sizeof(float));
 		s->y = take(&p, hp->post_norms ? B * dim : 0, sizeof(float));
-		s->k_cache = take(&p, cache, sizeof(nx_f16));
-		s->v_cache = take(&p, cache, sizeof(nx_f16));
+		s->k_cache = take(&p, cache, 1);
+		s->v_cache = take(&p, cache, 1);
 		s->logits = take(&p, (size_t)c->max_logits * n_vocab, sizeof(float));
 		s->logit_gmax = take(&p, (size_t)c->max_logits * n_groups, sizeof(float));
 		s->att_part = take(&p, heads * spans * hp->head_dim, sizeof(float));
@@ -143,6 +202,8 @@ size_t nx_state_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg
 int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hparams *hp,
 		  const struct nx_state_cfg *cfg, struct nx_err *err)
 {
+	if (nx_kv_type_check(hp, cfg->kv_type, err) < 0)
+		return -1;
 	if (!cfg_ok(hp, cfg))
 		return nx_errf(err, "forward: bad state config (max_batch %d, max_logits %d, n_slots %d, n_ctx %d)",
 			       cfg->max_batch, cfg->max_logits, cfg->n_slots, cfg->n_ctx);
@@ -168,13 +229,14 @@ void nx_state_copy_kv(const struct nx_state *s, int hd, int dst, int src, int p0
 {
 	if (p1 <= p0)
 		return;
-	const size_t n_ctx = (size_t)s->cfg.n_ctx, slot = (size_t)s->n_layer * n_ctx * s->kv_dim;
+	const size_t n_ctx = (size_t)s->cfg.n_ctx, row = nx_kv_row_bytes(s->cfg.kv_type, hd);
 	const size_t runs = (size_t)s->n_layer * (s->kv_dim / hd); /* (layer, kv head): n_ctx positions each */
-	const size_t len = (size_t)(p1 - p0) * hd * sizeof(nx_f16);
+	const size_t slot = runs * n_ctx * row, len = (size_t)(p1 - p0) * row;
+	uint8_t *const kc = s->k_cache, *const vc = s->v_cache;
 	for (size_t r = 0; r < runs; r++) {
-		const size_t at = r * n_ctx * hd + (size_t)p0 * hd;
-		memcpy(s->k_cache + dst * slot + at, s->k_cache + src * slot + at, len);
-		memcpy(s->v_cache + dst * slot + at, s->v_cache + src * slot + at, len);
+		const size_t at = (r * n_ctx + (size_t)p0) * row;
+		memcpy(kc + dst * slot + at, kc + src * slot + at, len);
+		memcpy(vc + dst * slot + at, vc + src * slot + at, len);
 	}
 }
 
@@ -1069,15 +1131,15 @@ static inline void delta_add(struct pass *pass, int il, enum nx_lora_which w, co
 }
 
 /* Layer il's cache (k_cache or v_cache) of slot 0: n_head_kv runs of n_ctx
- * positions; a slot's is slot_stride further. */
-static nx_f16 *layer_cache(nx_f16 *cache, const struct nx_state *s, int il)
+ * rows of nx_kv_row_bytes(cfg.kv_type, hd) bytes; a slot's is slot_stride further. */
+static uint8_t *layer_cache(void *cache, const struct nx_state *s, int il, int hd)
 {
-	return cache + (size_t)il * s->cfg.n_ctx * s->kv_dim;
+	return (uint8_t *)cache + (size_t)il * s->cfg.n_ctx * (s->kv_dim / hd) * nx_kv_row_bytes(s->cfg.kv_type, hd);
 }
 
-static size_t slot_stride(const struct nx_state *s)
+static size_t slot_stride(const struct nx_state *s, int hd)
 {
-	return (size_t)s->n_layer * s->cfg.n_ctx * s->kv_dim;
+	return (size_t)s->n_layer * s->cfg.n_ctx * (s->kv_dim / hd) * nx_kv_row_bytes(s->cfg.kv_type, hd);
 }
 
 /* xn = rmsnorm(x) * w of the tokens (only those that want logits, with only_logits), in the band's scratch. */
@@ -1226,10 +1288,16 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	}
 	if (!pass->lora.split)
 		delta_ax(pass, il, LORA_BIT(NX_LORA_K) | LORA_BIT(NX_LORA_V), sc->xn, dim);
-	const struct nx_type_traits *to_f16 = nx_type_get(NX_F16);
-	nx_f16 *kc = layer_cache(s->k_cache, s, il), *vc = layer_cache(s->v_cache, s, il);
-	const size_t stride = slot_stride(s);
-	for (struct split sp = op_rows(pass, 1, kv_dim, pass->rgrain); split_next(&sp, &lo, &hi);) {
+	/* f16 values, or Q8_0 blocks of 32 along each head (K after RoPE): a band's
+	 * rows are then whole blocks (kv_grain); both quantizers are the engine's
+	 * own, bit-identical to their scalar references (tests/c/test_quant.c) */
+	const bool q8 = s->cfg.kv_type == NX_KV_Q8_0;
+	const struct nx_type_traits *to_kv = nx_type_get(q8 ? NX_Q8_0 : NX_F16);
+	uint8_t *kc = layer_cache(s->k_cache, s, il, hd), *vc = layer_cache(s->v_cache, s, il, hd);
+	const size_t stride = slot_stride(s, hd), row = nx_kv_row_bytes(s->cfg.kv_type, hd);
+	const size_t vbytes = q8 ? sizeof(struct nx_block_q8_0) : sizeof(nx_f16), per = q8 ? QK8_0 : 1;
+	const int kv_grain = q8 && pass->rgrain % QK8_0 ? 2 * pass->rgrain : pass->rgrain; /* rgrain: 16k */
+	for (struct split sp = op_rows(pass, 1, kv_dim, kv_grain); split_next(&sp, &lo, &hi);) {
 		matmul(&L->wk, prep_act(sc, sc->xn, n, dim, &L->wk, toks, false), n, lo, hi, s->k, kv_dim, L->bk,
 		       MM_STORE);
 		matmul(&L->wv, prep_act(sc, sc->xn, n, dim, &L->wv, toks, false), n, lo, hi, s->v, kv_dim, L->bv,
@@ -1244,11 +1312,11 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 			for (int c = lo, e; c < hi; c = e) { /* the part of [lo, hi) in kv head c / hd */
 				const int kh = c / hd;
 				e = (kh + 1) * hd < hi ? (kh + 1) * hd : hi;
-				const size_t at = toks[t].slot * stride + ((size_t)kh * n_ctx + toks[t].pos) * hd +
-						  (size_t)(c - kh * hd);
+				const size_t at = toks[t].slot * stride + ((size_t)kh * n_ctx + toks[t].pos) * row +
+						  (size_t)(c - kh * hd) / per * vbytes;
 				const size_t x = (size_t)t * kv_dim + c;
-				to_f16->quant(s->k + x, kc + at, e - c);
-				to_f16->quant(s->v + x, vc + at, e - c);
+				to_kv->quant(s->k + x, kc + at, e - c);
+				to_kv->quant(s->v + x, vc + at, e - c);
 			}
 		prof_to(sc, NX_PROF_MATMUL);
 	}
@@ -1268,8 +1336,9 @@ static void attention(struct pass *pass, int il)
 	const int window = nx_layer_window(hp, il);
 	const struct attn_plan *plan = &pass->plan[window != 0];
 	const int n_ctx = s->cfg.n_ctx, n_chunk = plan->n_chunk, ns_max = pass->ns_max;
-	const nx_f16 *kc = layer_cache(s->k_cache, s, il), *vc = layer_cache(s->v_cache, s, il);
-	const size_t stride = slot_stride(s);
+	const uint8_t *kc = layer_cache(s->k_cache, s, il, hd), *vc = layer_cache(s->v_cache, s, il, hd);
+	const size_t stride = slot_stride(s, hd), row = nx_kv_row_bytes(s->cfg.kv_type, hd);
+	const bool q8 = s->cfg.kv_type == NX_KV_Q8_0;
 	const int per_span = hp->n_head_kv * n_chunk;
 	int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
 	int lo, hi;
@@ -1284,7 +1353,7 @@ static void attention(struct pass *pass, int il)
 			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
 			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
 			const int p0 = first + sn * NX_ATTN_SPAN, np = sn + 1 < ns ? NX_ATTN_SPAN : len - sn * NX_ATTN_SPAN;
-			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * hd;
+			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * row;
 			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
 			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
 			if (ns > 1) { /* (token, span, head) */
@@ -1292,13 +1361,22 @@ static void attention(struct pass *pass, int il)
 				out = s->att_part + at * hd;
 				ms = s->att_ms + at * 2;
 			}
-			if (pass->attn_fast)
-				nx_attend_f16(out, q, h1 - h0, kc + off, vc + off, np, (size_t)hd, hd, pass->attn_scale,
-					      pass->sc->att, ms);
+			if (q8) { /* rows of hd / 32 blocks; no soft-cap (nx_kv_type_check) */
+				const struct nx_block_q8_0 *kb = (const void *)(kc + off), *vb = (const void *)(vc + off);
+				if (pass->attn_fast)
+					nx_attend_q8_0(out, q, h1 - h0, kb, vb, np, (size_t)hd / QK8_0, hd, pass->attn_scale,
+						       pass->sc->att, ms);
+				else
+					nx_attend_q8_0_ref(out, q, h1 - h0, kb, vb, np, (size_t)hd / QK8_0, hd,
+							   pass->attn_scale, pass->sc->att, ms);
+			} else if (pass->attn_fast)
+				nx_attend_f16(out, q, h1 - h0, (const nx_f16 *)(kc + off), (const nx_f16 *)(vc + off), np,
+					      (size_t)hd, hd, pass->attn_scale, pass->sc->att, ms);
 			else
 				for (int h = 0; h < h1 - h0; h++)
-					attend(out + (size_t)h * hd, q + (size_t)h * hd, kc + off, vc + off, np - 1,
-					       (size_t)hd, hd, pass->attn_scale, hp->attn_softcap, pass->sc->att,
+					attend(out + (size_t)h * hd, q + (size_t)h * hd, (const nx_f16 *)(kc + off),
+					       (const nx_f16 *)(vc + off), np - 1, (size_t)hd, hd, pass->attn_scale,
+					       hp->attn_softcap, pass->sc->att,
 					       ms ? ms + 2 * h : NULL);
 		}
 }

@@ -20,6 +20,23 @@
 #include "model/model.h"
 #include "model/moe.h"
 
+/* How the K/V cache stores each value (nxd --kv-type). A row is one
+ * (kv head, position): head_dim values. */
+enum nx_kv_type {
+	NX_KV_F16,  /* f16 each */
+	NX_KV_Q8_0, /* head_dim / 32 Q8_0 blocks (kern/quant.h), K after RoPE, as ggml's q8_0 cache:
+		     * d = amax / 127 in f16, q = round(x / d); needs head_dim % 32 == 0 */
+};
+
+/* "f16" / "q8_0", as nxd --kv-type and status give them. */
+const char *nx_kv_type_name(enum nx_kv_type t);
+/* name -> *t; false when it names no type. */
+bool nx_kv_type_parse(const char *name, enum nx_kv_type *t);
+/* Bytes of one row of hd values; 0 when the type cannot hold hd (q8_0: hd % 32). */
+size_t nx_kv_row_bytes(enum nx_kv_type t, int hd);
+/* 0 when the model's heads fit type t; else an error naming both. */
+int nx_kv_type_check(const struct nx_hparams *hp, enum nx_kv_type t, struct nx_err *err);
+
 struct nx_state_cfg {
 	int max_batch;  /* tokens per step */
 	int max_logits; /* rows of logits per step (<= max_batch) */
@@ -30,6 +47,7 @@ struct nx_state_cfg {
 	 * them. Faster where several tokens share a step; further from the float
 	 * result (forward.c: prep_act_q). */
 	bool act_one_part;
+	enum nx_kv_type kv_type; /* how K and V are stored (NX_KV_F16 by default) */
 };
 
 /* The names of the two activation modes, as nxd --activations and status
@@ -94,16 +112,17 @@ struct nx_state {
 	int dim, kv_dim, q_dim, n_ff, n_vocab, n_layer;
 	float *x;       /* (max_batch, dim) residual stream */
 	float *q;       /* (max_batch, q_dim) queries; RoPE is applied in place */
-	float *k;       /* (max_batch, kv_dim) keys before RoPE (they reach k_cache rotated, as f16) */
-	float *v;       /* (max_batch, kv_dim) values (copied to v_cache as f16 by the band that made them) */
+	float *k;       /* (max_batch, kv_dim) keys before RoPE (they reach k_cache rotated, as cfg.kv_type) */
+	float *v;       /* (max_batch, kv_dim) values (copied to v_cache as cfg.kv_type by the band that made them) */
 	float *att_out; /* (max_batch, q_dim) attention output */
 	float *hb;      /* (max_batch, n_ff) SwiGLU (GeGLU) output */
 	float *y;       /* (max_batch, dim) with post_norms: Wo's or Wdown's output before its norm; else none */
-	/* (n_slots, n_layer, n_head_kv, n_ctx, head_dim): each kv head's keys in
-	 * one run, which attention reads front to back (not every third 128-byte
-	 * piece of a position's row, as with (n_ctx, kv_dim) per layer) */
-	nx_f16 *k_cache;
-	nx_f16 *v_cache;/* same shape as k_cache */
+	/* (n_slots, n_layer, n_head_kv, n_ctx) rows of head_dim values, each
+	 * nx_kv_row_bytes(cfg.kv_type) (f16 values or Q8_0 blocks): each kv head's
+	 * keys in one run, which attention reads front to back (not every third
+	 * 128-byte piece of a position's row, as with (n_ctx, kv_dim) per layer) */
+	void *k_cache;
+	void *v_cache;  /* same shape as k_cache */
 	float *logits;  /* (max_logits, n_vocab) */
 	/* (max_logits, ceil(n_vocab / NX_SAMPLE_GROUP)) each logits row's group
 	 * maxima (sample/sampler.h: nx_sample_group_max), by the band that wrote the group */
@@ -162,6 +181,8 @@ struct nx_scratch {
 	struct nx_prof *prof; /* NULL (the default): no timing; else this band's counters, added to */
 };
 
+/* Bytes of the K and V caches together (part of the state block); 0 when cfg is invalid or overflows. */
+size_t nx_kv_cache_bytes(const struct nx_hparams *hp, const struct nx_state_cfg *cfg);
 /* Bytes of the state block; 0 when cfg is invalid or the size overflows. */
 size_t nx_state_size(const struct nx_hparams *hp, const struct nx_state_cfg *cfg);
 /* Lays the state out in mem (size >= nx_state_size, 64-byte aligned). */
@@ -169,8 +190,8 @@ int nx_state_init(struct nx_state *s, void *mem, size_t size, const struct nx_hp
 		  const struct nx_state_cfg *cfg, struct nx_err *err);
 
 /* Copies the K/V of positions [p0, p1) of slot src into slot dst, every layer
- * and kv head (head_dim hd): the same floats a step would have written there
- * for the same tokens. Neither slot may be written by a step meanwhile (the
+ * and kv head (head_dim hd): the same bytes (f16 values or Q8_0 blocks) a step
+ * would have written there for the same tokens. Neither slot may be written by a step meanwhile (the
  * caller's scheduling: src's positions below its n_past stay as they are). */
 void nx_state_copy_kv(const struct nx_state *s, int hd, int dst, int src, int p0, int p1);
 

@@ -298,6 +298,8 @@ struct nxp_status {
 	const char *arch;
 	const char *type;      /* dominant weight type, e.g. "Q4_1" */
 	const char *activations; /* "precise" or "fast" (nxd --activations) */
+	const char *kv_type;   /* "f16" or "q8_0" (nxd --kv-type) */
+	uint64_t kv_bytes;     /* the K and V caches of every slot, as laid out (filled page by page) */
 	int n_ctx;
 	int n_vocab;
 	const struct nxp_worker_status *workers; /* (n_workers) */

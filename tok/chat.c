@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-static bool has_literal(const char *jinja, const char *want);
+bool has_literal(const char *jinja, const char *want);
 static int phi3_variant(const char *jinja);
 
 /* ChatML with Qwen3's handling of "<think>"; other "<think>" handling (a
@@ -390,7 +390,7 @@ static int lit_eq_cb(const struct lit *l, void *ctx)
 }
 
 /* Whether a string literal of the template's tags decodes to exactly want. */
-static bool has_literal(const char *jinja, const char *want)
+bool has_literal(const char *jinja, const char *want)
 {
 	char *scratch = malloc(strlen(jinja) + 1);
 	struct lit_eq q = { want };
@@ -1035,16 +1035,15 @@ static bool today_format(const char *jinja, char *fmt, size_t cap)
 	return *skip_ws(p) == ')';
 }
 
-/* Mistral Small's `set default_system_message = "..." + today + "..."`:
- * string literals and `today` joined by +, evaluated; false when the
- * template has it in another shape. *out is malloc'd. */
-static bool parse_default_system(const char *jinja, char **out)
+bool parse_set_string(const char *jinja, const char *name, char **out)
 {
 	*out = NULL;
-	const char *p = strstr(jinja, "set default_system_message");
+	char set[96];
+	snprintf(set, sizeof(set), "set %s", name);
+	const char *p = strstr(jinja, set);
 	if (!p)
 		return false;
-	p = skip_ws(p + strlen("set default_system_message"));
+	p = skip_ws(p + strlen(set));
 	if (*p != '=')
 		return false;
 	struct sbuf v = { 0 };
@@ -1083,6 +1082,12 @@ static bool parse_default_system(const char *jinja, char **out)
 	}
 	*out = v.p;
 	return true;
+}
+
+/* Mistral Small's `set default_system_message = "..." + today + "..."`. */
+static bool parse_default_system(const char *jinja, char **out)
+{
+	return parse_set_string(jinja, "default_system_message", out);
 }
 
 static void render_mistral_v7_tekken(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n)

@@ -40,6 +40,14 @@ void qwen3_split(const char *content, const char **r, const char **re, const cha
 /* A thinking option the template cannot follow is an error naming it. */
 int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err);
 
+/* Whether a string literal of the template's tags decodes to exactly want. */
+bool has_literal(const char *jinja, const char *want);
+
+/* Mistral Small's `set NAME = "..." + today + "..."`: string literals and
+ * `today` joined by +, evaluated as Jinja does; false when the template has
+ * it in another shape. *out is malloc'd. */
+bool parse_set_string(const char *jinja, const char *name, char **out);
+
 /* Qwen3: a user turn that is "<tool_response>...</tool_response>". */
 bool is_tool_response(const char *s);
 

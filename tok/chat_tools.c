@@ -8,6 +8,19 @@
 
 #include "tok/chat_int.h"
 
+/* Mistral Small 3.1's tool instruction, which its template puts before the
+ * system prompt: a template that has tools without it in the shape nxd
+ * reads is not guessed at. */
+static bool mistral_tool_prompt_ok(enum nx_chat_tmpl t, const char *jinja)
+{
+	if (t != NX_CHAT_MISTRAL_V7_TEKKEN)
+		return !strstr(jinja, "parallel_tool_prompt");
+	char *p = NULL;
+	bool ok = parse_set_string(jinja, "parallel_tool_prompt", &p);
+	free(p);
+	return ok;
+}
+
 enum nx_tool_style nx_chat_tool_style(enum nx_chat_tmpl t, const char *jinja)
 {
 	switch (t) {
@@ -20,6 +33,14 @@ enum nx_tool_style nx_chat_tool_style(enum nx_chat_tmpl t, const char *jinja)
 		if (jinja && strstr(jinja, "<tools>") && strstr(jinja, "<tool_call>") && strstr(jinja, "<tool_response>"))
 			return NX_TOOLS_QWEN;
 		return NX_TOOLS_NONE;
+	case NX_CHAT_MISTRAL_V3:
+	case NX_CHAT_MISTRAL_V7_TEKKEN:
+		return jinja && has_literal(jinja, "[AVAILABLE_TOOLS] [") && has_literal(jinja, "[TOOL_CALLS] [") &&
+			       has_literal(jinja, "[TOOL_RESULTS] {\"content\": ") && mistral_tool_prompt_ok(t, jinja)
+			       ? NX_TOOLS_MISTRAL : NX_TOOLS_NONE;
+	case NX_CHAT_MISTRAL_V3_TEKKEN:
+		return jinja && has_literal(jinja, "[AVAILABLE_TOOLS][") && has_literal(jinja, "[TOOL_CALLS][") &&
+			       has_literal(jinja, "[TOOL_RESULTS]{\"content\": ") ? NX_TOOLS_MISTRAL_TIGHT : NX_TOOLS_NONE;
 	default:
 		return NX_TOOLS_NONE;
 	}
@@ -31,10 +52,14 @@ char *nx_tool_prefix(enum nx_tool_style s, const char *name)
 	sb_add(&b, "", 0);
 	if (s == NX_TOOLS_QWEN)
 		sb_str(&b, "<tool_call>\n");
+	else if (s == NX_TOOLS_MISTRAL)
+		sb_str(&b, "[TOOL_CALLS] [");
+	else if (s == NX_TOOLS_MISTRAL_TIGHT)
+		sb_str(&b, "[TOOL_CALLS][");
 	sb_str(&b, "{\"name\": \"");
 	if (name) {
 		sb_str(&b, name); /* tool names are [A-Za-z0-9_-] (proto.c) */
-		sb_str(&b, s == NX_TOOLS_QWEN ? "\", \"arguments\": " : "\", \"parameters\": ");
+		sb_str(&b, s == NX_TOOLS_LLAMA3 ? "\", \"parameters\": " : "\", \"arguments\": ");
 	}
 	if (b.oom) {
 		free(b.p);
@@ -506,6 +531,175 @@ static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct 
 	return 0;
 }
 
+/* --- Mistral ------------------------------------------------------------- */
+
+/* Jinja's |length of a string: its code points. */
+static size_t code_points(const char *s)
+{
+	size_t n = 0;
+	for (; *s; s++)
+		n += ((unsigned char)*s & 0xc0) != 0x80;
+	return n;
+}
+
+/* s without its first code points, all but the last keep (Jinja's s[-keep:]). */
+static const char *last_code_points(const char *s, size_t keep)
+{
+	for (size_t skip = code_points(s) - keep; skip > 0; skip--)
+		for (s++; ((unsigned char)*s & 0xc0) == 0x80; s++)
+			;
+	return s;
+}
+
+/* A call's or a result's id as the template takes it: v3's exactly 9
+ * characters, Small 3.1's at least 9, of which it writes the last 9. */
+static const char *mistral_id(const char *id, bool v3)
+{
+	size_t n = id ? code_points(id) : 0;
+	if (v3 ? n != 9 : n < 9)
+		return NULL;
+	return v3 ? id : last_code_points(id, 9);
+}
+
+/* The tools as the templates list them: each function's keys but "return",
+ * a string value between quotes as it is (the templates do not escape it),
+ * any other value as tojson writes it. */
+static void mistral_tools(struct sbuf *b, const json_t *tools, bool tight)
+{
+	sb_str(b, tight ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
+	size_t k;
+	json_t *t;
+	json_array_foreach(tools, k, t) {
+		const char *key;
+		json_t *val;
+		bool first = true;
+		sb_str(b, "{\"type\": \"function\", \"function\": {");
+		json_object_foreach(json_object_get(t, "function"), key, val) {
+			if (!strcmp(key, "return"))
+				continue;
+			if (!first)
+				sb_str(b, ", ");
+			first = false;
+			sb_str(b, "\"");
+			sb_str(b, key);
+			if (json_is_string(val)) {
+				sb_str(b, "\": \"");
+				sb_add(b, json_string_value(val), json_string_length(val));
+				sb_str(b, "\"");
+			} else {
+				sb_str(b, "\": ");
+				sb_json(b, val, -1);
+			}
+		}
+		sb_str(b, "}}");
+		sb_str(b, k + 1 < json_array_size(tools) ? ", " : "]");
+	}
+	sb_str(b, "[/AVAILABLE_TOOLS]");
+}
+
+/* Mistral v3, v3 tekken (tight) and v7 tekken: the conversation with the
+ * tools before the last user turn, calls and results with their ids. No
+ * generation prompt: the templates have none. */
+static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *m,
+				int n, json_t **calls, const json_t *tools, struct nx_err *err)
+{
+	static const char ID_RULE_V3[] = "needs tool call ids of 9 characters (\"Tool call IDs should be alphanumeric "
+					 "strings with length 9!\"); nxd's own ids for it are 9";
+	static const char ID_RULE_V7[] = "needs tool call ids of at least 9 characters (\"Tool call IDs should be "
+					 "alphanumeric strings with length >= 9!\")";
+	bool tight = t == NX_CHAT_MISTRAL_V3_TEKKEN, v3 = t != NX_CHAT_MISTRAL_V7_TEKKEN;
+	const char *name = nx_chat_tmpl_name(t);
+	int first = is_role(&m[0], "system") ? 1 : 0, last_user = -1;
+	const char *sys = first ? m[0].content : NULL;
+	char *def = NULL, *tool_prompt = NULL;
+	int rc = 0;
+	for (int i = first; i < n; i++)
+		if (is_role(&m[i], "user"))
+			last_user = i;
+	sb_str(b, "<s>");
+	if (v3) {
+		/* user and assistant turns alternate, calls and results aside */
+		int k = 0;
+		for (int i = first; i < n; i++) {
+			if (is_role(&m[i], "tool") || calls[i])
+				continue;
+			if (is_role(&m[i], "user") != (k % 2 == 0))
+				return nx_errf(err, "chat: message %d has role \"%s\"; the %s template needs user and assistant "
+					       "turns to alternate, starting with user (tool calls and results aside)", i,
+					       m[i].role, name);
+			k++;
+		}
+	} else {
+		if (!sys && parse_set_string(jinja, "default_system_message", &def))
+			sys = def;
+		if (tools && !parse_set_string(jinja, "parallel_tool_prompt", &tool_prompt))
+			b->oom = true; /* nx_chat_tool_style read it: only memory can fail here */
+		/* the template joins them with "\<newline>\<newline>": nothing, in Jinja */
+		sb_str(b, "[SYSTEM_PROMPT]");
+		if (tool_prompt)
+			sb_str(b, tool_prompt);
+		if (sys)
+			sb_str(b, sys);
+		sb_str(b, "[/SYSTEM_PROMPT]");
+	}
+	for (int i = first; i < n && rc == 0; i++) {
+		if (is_role(&m[i], "user")) {
+			/* the templates test message == user_messages[-1]: a turn equal to the last one gets them too */
+			if (tools && !strcmp(m[i].content, m[last_user].content))
+				mistral_tools(b, tools, tight);
+			sb_str(b, v3 && !tight ? "[INST] " : "[INST]");
+			if (v3 && sys && i == n - 1) {
+				sb_str(b, sys);
+				sb_str(b, "\n\n");
+			}
+			sb_str(b, m[i].content);
+			sb_str(b, "[/INST]");
+		} else if (calls[i]) { /* the turn's content, if any, is not written */
+			sb_str(b, tight ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
+			size_t k;
+			json_t *c;
+			json_array_foreach(calls[i], k, c) {
+				const char *id = json_string_value(json_object_get(c, "id")), *w = mistral_id(id, v3);
+				if (!w) {
+					rc = nx_errf(err, "chat: message %d: tool call %zu has id \"%.40s\"; the %s template %s", i,
+						     k, id ? id : "", name, v3 ? ID_RULE_V3 : ID_RULE_V7);
+					break;
+				}
+				sb_str(b, "{\"name\": \"");
+				sb_str(b, json_string_value(json_object_get(c, "name")));
+				sb_str(b, "\", \"arguments\": ");
+				sb_json(b, json_object_get(c, "arguments"), -1);
+				sb_str(b, ", \"id\": \"");
+				sb_str(b, w);
+				sb_str(b, k + 1 < json_array_size(calls[i]) ? "\"}, " : "\"}]</s>");
+			}
+		} else if (is_role(&m[i], "assistant")) {
+			if (v3 && !tight) {
+				sb_str(b, " ");
+				sb_stripped(b, m[i].content);
+			} else {
+				sb_str(b, m[i].content);
+			}
+			sb_str(b, "</s>");
+		} else { /* tool */
+			const char *w = mistral_id(m[i].call_id, v3);
+			if (!w) {
+				rc = nx_errf(err, "chat: message %d (tool) answers call id \"%.40s\"; the %s template %s", i,
+					     m[i].call_id ? m[i].call_id : "", name, v3 ? ID_RULE_V3 : ID_RULE_V7);
+				break;
+			}
+			sb_str(b, tight ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
+			sb_str(b, m[i].content);
+			sb_str(b, ", \"call_id\": \"");
+			sb_str(b, w);
+			sb_str(b, "\"}[/TOOL_RESULTS]");
+		}
+	}
+	free(def);
+	free(tool_prompt);
+	return rc;
+}
+
 int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *turns, int n,
 			 const char *tools_json, const char *prefix, const struct nx_chat_opts *opts, char **out,
 			 struct nx_err *err)
@@ -530,8 +724,8 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 	enum nx_tool_style style = nx_chat_tool_style(t, jinja);
 	if (style == NX_TOOLS_NONE)
 		return nx_errf(err, "chat: the model's chat template (%s) has no tool-call convention nxd knows: tools, "
-			       "tool messages and assistant tool calls are rendered for Llama 3.1-3.3 (llama3.1) and "
-			       "Qwen2.5 / Qwen3 templates only", nx_chat_tmpl_name(t));
+			       "tool messages and assistant tool calls are rendered for Llama 3.1-3.3 (llama3.1), "
+			       "Qwen2.5 / Qwen3 and Mistral v3 / Nemo / Small 3.1 templates only", nx_chat_tmpl_name(t));
 
 	json_t *tools = NULL, **calls = calloc(n > 0 ? (size_t)n : 1, sizeof(*calls));
 	struct find_default f = { 0 };
@@ -558,6 +752,8 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 	bool gen = opts->add_generation_prompt;
 	if (t == NX_CHAT_LLAMA31) {
 		rc = render_llama31_tools(&b, jinja, turns, n, calls, tools, gen, err);
+	} else if (style == NX_TOOLS_MISTRAL || style == NX_TOOLS_MISTRAL_TIGHT) {
+		rc = render_mistral_tools(&b, t, jinja, turns, n, calls, tools, err);
 	} else if (t == NX_CHAT_QWEN3) {
 		render_qwen3_tools(&b, turns, n, calls, tools, gen);
 		if (gen && opts->thinking == NX_CHAT_THINK_OFF) /* enable_thinking false, as chat.c renders it */

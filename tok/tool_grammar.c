@@ -60,13 +60,18 @@ static void gb_lit(struct gb *b, const char *s)
 	gb_str(b, "\" ");
 }
 
-/* What the family writes after a call's arguments object, as its template
- * renders a call (chat_tools.c); NULL: a family nxd has no call grammar for. */
+/* GBNF of what the family writes after a call's arguments object, as its
+ * template renders a call (chat_tools.c); NULL: a family nxd has no call
+ * grammar for. Mistral's history gives each call an "id" of 9 letters and
+ * digits after its arguments: the model may write one (the reader takes it
+ * and gives the call nxd's own), then the list closes on this one call. */
 static const char *call_close(enum nx_tool_style s)
 {
 	switch (s) {
-	case NX_TOOLS_QWEN: return "}\n</tool_call>";
-	case NX_TOOLS_LLAMA3: return "}";
+	case NX_TOOLS_QWEN: return "\"}\\n</tool_call>\"";
+	case NX_TOOLS_LLAMA3: return "\"}\"";
+	case NX_TOOLS_MISTRAL:
+	case NX_TOOLS_MISTRAL_TIGHT: return "( \", \\\"id\\\": \\\"\" [a-zA-Z0-9]{9} \"\\\"\" )? \"}]\"";
 	default: return NULL;
 	}
 }
@@ -147,7 +152,7 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 		rc = nx_errf(err, "out of memory");
 	if (rc == 0) {
 		gb_str(&root, ") ");
-		gb_lit(&root, close);
+		gb_str(&root, close);
 		gb_str(&root, "\n");
 		gb_str(&root, json_rules);
 		gb_put(&root, rules.s ? rules.s : "", rules.n);

@@ -14,9 +14,16 @@ enum {
 	ST_START,   /* Llama: only whitespace so far (buf) */
 	ST_ANSWER,  /* Llama: the answer opened as a call would; all of it is in buf */
 	ST_PLAIN,   /* Llama: a plain answer, passed through */
+	ST_MTEXT,   /* Mistral: plain text; buf holds a tail that may begin "[TOOL_CALLS]" */
+	ST_MCALLS,  /* Mistral: buf holds "[TOOL_CALLS]", then whitespace and the JSON array read up to scan */
 };
 
-static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>";
+static const char OPEN[] = "<tool_call>", CLOSE[] = "</tool_call>", MOPEN[] = "[TOOL_CALLS]";
+
+static bool mistral(enum nx_tool_style s)
+{
+	return s == NX_TOOLS_MISTRAL || s == NX_TOOLS_MISTRAL_TIGHT;
+}
 
 static void grow(struct nx_toolp *p, char **s, size_t *len, size_t *cap, const char *add, size_t n)
 {
@@ -69,7 +76,7 @@ int nx_toolp_init(struct nx_toolp *p, enum nx_tool_style style, const json_t *to
 	p->choice = choice;
 	p->parallel = parallel;
 	p->id_state = id_seed;
-	p->state = style == NX_TOOLS_QWEN ? ST_TEXT : ST_START;
+	p->state = style == NX_TOOLS_QWEN ? ST_TEXT : mistral(style) ? ST_MTEXT : ST_START;
 	p->tools = json_deep_copy(tools);
 	if (!p->tools)
 		return nx_errf(err, "tools: out of memory");
@@ -137,6 +144,8 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	/* nothing else in the object but, as Llama 3.2 writes it, "type": "function" */
 	json_t *type = json_object_get(o, "type");
 	size_t keys = 2 + (json_is_string(type) && !strcmp(json_string_value(type), "function"));
+	/* nor, as Mistral's history writes calls, an "id" (nxd gives the call its own) */
+	keys += mistral(p->style) && json_is_string(json_object_get(o, "id"));
 	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == keys;
 	if (ok && p->choice != NX_TOOL_AUTO) {
 		/* the call's grammar (tool_grammar.c) held the arguments to the
@@ -161,8 +170,15 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	if (ok) {
 		struct nx_tool_call *c = &p->calls[p->n_calls];
 		uint64_t a = nx_splitmix64(&p->id_state), b = nx_splitmix64(&p->id_state);
-		snprintf(c->id, sizeof(c->id), "call_%016llx%08llx", (unsigned long long)a,
-			 (unsigned long long)(b & 0xffffffffu));
+		if (mistral(p->style)) { /* v3's templates take ids of 9 characters, and no others */
+			static const char ALNUM[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+			for (int k = 0; k < 9; k++, a /= 62)
+				c->id[k] = ALNUM[a % 62];
+			c->id[9] = '\0';
+		} else {
+			snprintf(c->id, sizeof(c->id), "call_%016llx%08llx", (unsigned long long)a,
+				 (unsigned long long)(b & 0xffffffffu));
+		}
 		c->name = strdup(json_string_value(name));
 		c->arguments = nx_tool_json(args, -1, true);
 		if (!c->name || !c->arguments) {
@@ -251,6 +267,100 @@ static void llama_scan(struct nx_toolp *p, bool end)
 	}
 }
 
+/* Mistral: [TOOL_CALLS] then a JSON array of calls, all of them well
+ * formed or none taken; text around the block passes. */
+static void mistral_scan(struct nx_toolp *p, bool end)
+{
+	const size_t mo = sizeof(MOPEN) - 1;
+	for (;;) {
+		if (nx_toolp_done(p)) { /* the answer ended with its calls: what follows is not part of it */
+			drop(p, p->buf_len);
+			p->state = ST_MTEXT;
+			return;
+		}
+		if (p->state == ST_MTEXT) {
+			char *at = p->buf_len ? memmem(p->buf, p->buf_len, MOPEN, mo) : NULL;
+			if (at) {
+				emit(p, p->buf, (size_t)(at - p->buf));
+				drop(p, (size_t)(at - p->buf));
+				p->state = ST_MCALLS;
+				p->scan = mo;
+				p->depth = 0;
+				p->in_str = p->esc = false;
+				continue;
+			}
+			size_t keep = 0;
+			for (size_t k = mo - 1; k > 0 && !end; k--)
+				if (k <= p->buf_len && !memcmp(p->buf + p->buf_len - k, MOPEN, k)) {
+					keep = k;
+					break;
+				}
+			emit(p, p->buf, p->buf_len - keep);
+			drop(p, p->buf_len - keep);
+			return;
+		}
+		/* ST_MCALLS: whitespace, then the array read to its closing bracket */
+		size_t i = p->scan;
+		bool closed = false;
+		for (; i < p->buf_len && !closed; i++) {
+			char ch = p->buf[i];
+			if (p->depth == 0) {
+				if (ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r')
+					continue;
+				if (ch != '[')
+					break; /* not a call list */
+				p->depth = 1;
+			} else if (p->in_str) {
+				if (p->esc)
+					p->esc = false;
+				else if (ch == '\\')
+					p->esc = true;
+				else if (ch == '"')
+					p->in_str = false;
+			} else if (ch == '"') {
+				p->in_str = true;
+			} else if (ch == '[' || ch == '{') {
+				p->depth++;
+			} else if ((ch == ']' || ch == '}') && --p->depth == 0) {
+				closed = true;
+			}
+		}
+		p->scan = i;
+		if (!closed && i == p->buf_len && !end)
+			return; /* the block may go on */
+		/* closed: [MOPEN, i) is the block; else what was read is not a call list (or was cut off) */
+		bool taken = false;
+		if (closed) {
+			const char *arr = memchr(p->buf + mo, '[', i - mo);
+			json_error_t je;
+			json_t *a = json_loadb(arr, (size_t)(p->buf + i - arr), JSON_REJECT_DUPLICATES, &je);
+			int before = p->n_calls;
+			bool all = json_is_array(a) && json_array_size(a) > 0;
+			for (size_t k = 0; all && k < json_array_size(a) && !nx_toolp_done(p); k++) {
+				char *one = json_dumps(json_array_get(a, k), JSON_COMPACT | JSON_ENCODE_ANY);
+				all = one && take_call(p, one, strlen(one), "arguments");
+				free(one);
+			}
+			json_decref(a);
+			if (!all) { /* none of the block's calls is one */
+				for (int k = before; k < p->n_calls; k++) {
+					free(p->calls[k].name);
+					free(p->calls[k].arguments);
+				}
+				p->n_calls = before;
+			}
+			taken = all;
+		}
+		size_t whole = i;
+		if (!taken) /* given back as text; a marker not followed by a list is text up to where it stopped */
+			emit(p, p->buf, whole);
+		drop(p, whole);
+		p->state = ST_MTEXT;
+		if (!p->buf_len)
+			return;
+	}
+}
+
 void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 {
 	p->out_len = 0;
@@ -259,6 +369,8 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 	hold(p, s, n);
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, false);
+	else if (mistral(p->style))
+		mistral_scan(p, false);
 	else
 		llama_scan(p, false);
 }
@@ -267,6 +379,8 @@ void nx_toolp_finish(struct nx_toolp *p)
 {
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, true);
+	else if (mistral(p->style))
+		mistral_scan(p, true);
 	else
 		llama_scan(p, true);
 	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0)

@@ -1,6 +1,6 @@
 /* tools.h - tool calling: each family's convention for offering tools and showing calls and results in the prompt (tok/chat_tools.c), the model's calls read back out of its answer (tok/tools.c), and a call's arguments checked against the tool's JSON schema (tok/tool_schema.c).
  *
- * Two conventions, as the families' own templates write them:
+ * Three conventions, as the families' own templates write them:
  *
  *   Qwen (Qwen2.5's ChatML template, which has <tools>, <tool_call> and
  *     <tool_response> in it, and Qwen3's): the tools are listed in the
@@ -15,7 +15,24 @@
  *     JSON object {"name": ..., "parameters": {...}}; one call per turn; tool
  *     results are "ipython" turns holding the result as a JSON string.
  *
- * Every other family has none: tools, tool messages and assistant calls are
+ *   Mistral (Mistral 7B Instruct v0.3's and Nemo's v3 templates, Mistral
+ *     Small 3.1's v7 tekken one): the tools, as
+ *     [AVAILABLE_TOOLS] [{"type": "function", "function": {...}}, ...][/AVAILABLE_TOOLS],
+ *     before the last user turn (and any user turn equal to it, as the
+ *     templates compare them); the model answers
+ *       [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+ *     ([TOOL_CALLS] a control token); a call in the history is written back
+ *     with its id, {"name": ..., "arguments": {...}, "id": "..."}, and a
+ *     result as [TOOL_RESULTS] {"content": ..., "call_id": "..."}[/TOOL_RESULTS].
+ *     Nemo's template has no space after the markers. v3's templates need
+ *     ids of 9 characters (they raise otherwise, and so does nxd); Small
+ *     3.1's takes an id of at least 9 by its last 9 and puts its tool
+ *     instruction (parallel_tool_prompt) before the system prompt. nxd's
+ *     call ids for these models are 9 letters and digits (take_call), so a
+ *     conversation sent back as nxd gave it renders.
+ *
+ * Every other family has none (Mistral Large 2411's v7 template and the
+ * later tekken ones with [TOOL_CALLS]name[ARGS]{...} among them): tools, tool messages and assistant calls are
  * refused for it, naming it. JSON is written into the prompt as the
  * templates' tojson writes it (Python's json.dumps: ", " and ": ", keys in
  * the order given, non-ASCII as is), so the prompt is the one the model was
@@ -44,18 +61,22 @@ enum nx_tool_style {
 	NX_TOOLS_NONE,   /* the family has no tool convention */
 	NX_TOOLS_QWEN,
 	NX_TOOLS_LLAMA3,
+	NX_TOOLS_MISTRAL,       /* "[TOOL_CALLS] [" */
+	NX_TOOLS_MISTRAL_TIGHT, /* Nemo's "[TOOL_CALLS][": no space after the markers */
 };
 
 /* The family's convention: Llama 3.1 and Qwen3 have one; ChatML only when
  * the template itself has Qwen2.5's tool markers (SmolLM2's and Qwen2's
- * have none). */
+ * have none); Mistral v3, v3 tekken and v7 tekken only when the template
+ * has the markers as the convention above spells them. */
 enum nx_tool_style nx_chat_tool_style(enum nx_chat_tmpl t, const char *jinja);
 
 /* A message of a conversation that may carry tools. */
 struct nx_chat_turn {
 	const char *role;     /* system, user, assistant, tool */
 	const char *content;  /* NULL: an assistant turn of calls only */
-	const char *calls;    /* assistant: JSON text of [{"name": s, "arguments": {...}}, ...], or NULL */
+	const char *calls;    /* assistant: JSON text of [{"id": s, "name": s, "arguments": {...}}, ...] ("id" optional), or NULL */
+	const char *call_id;  /* tool: the id of the call it answers, or NULL */
 };
 
 /* Renders turns with the tools offered (tools_json: JSON text of an array
@@ -91,7 +112,7 @@ enum nx_tool_choice {
 };
 
 struct nx_tool_call {
-	char id[32];      /* "call_" and 24 hex digits */
+	char id[32];      /* "call_" and 24 hex digits; Mistral: 9 of A-Z a-z 0-9 */
 	char *name;
 	char *arguments;  /* the arguments object as compact JSON text */
 };
@@ -113,6 +134,9 @@ struct nx_toolp {
 	size_t out_len, out_cap;
 	struct nx_tool_call *calls; /* (n_calls) in order */
 	int n_calls, calls_cap;
+	size_t scan;              /* Mistral: bytes of buf read into the call's JSON array so far */
+	int depth;                /* ... its brackets open there */
+	bool in_str, esc;         /* ... inside a string there, after a backslash */
 	uint64_t id_state;        /* call ids: a splitmix64 stream */
 	bool failed;              /* REQUIRED / NAMED: the answer is not a valid call (why) */
 	char why[512];
@@ -142,7 +166,8 @@ bool nx_toolp_done(const struct nx_toolp *p);
  * REQUIRED, an alternation over tools of each one's name and the
  * separator; the arguments under the tool's parameters schema
  * (nx_schema_to_gbnf_rules; any object when it has none); then the close
- * the family writes (Qwen "}\n</tool_call>", Llama "}"), after which only
+ * the family writes (Qwen "}\n</tool_call>", Llama "}", Mistral an optional
+ * "id" as its history writes calls and "}]"), after which only
  * the end of generation is allowed: one call, also when parallel calls are
  * allowed. *gbnf is malloc'd; NULL with 0 for AUTO or a family nxd has no
  * call grammar for (the check alone then). A schema the compiler refuses:

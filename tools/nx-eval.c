@@ -22,6 +22,8 @@
  *
  * --activations precise|fast: nxd's option of that name (nx_state_cfg.act_one_part).
  *
+ * --kv-type f16|q8_0: nxd's option of that name (nx_state_cfg.kv_type).
+ *
  * The pass runs as N bands on N pthreads meeting at a pthread barrier. Matrices
  * are packed for the tile kernels as in the daemon (model/repack.h); NX_PACK=0
  * in the environment keeps the plain layout and kernels. */
@@ -77,6 +79,7 @@ struct engine {
 static const char *lora_args[NX_LORA_MIX_MAX];
 static int n_lora_args, tok_lora;
 static bool act_one_part; /* --activations fast */
+static enum nx_kv_type kv_type; /* --kv-type */
 
 struct band_arg {
 	struct engine *e;
@@ -140,6 +143,8 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 			die("%s", err.msg);
 	}
 	e->n_threads = n_threads;
+	if (nx_kv_type_check(&e->m.hp, cfg.kv_type, &err))
+		die("%s", err.msg);
 	size_t ss = nx_state_size(&e->m.hp, &cfg), sz = nx_scratch_size(&e->m.hp, &cfg);
 	if (!ss || !sz)
 		die("bad state config (batch %d, slots %d, ctx %d)", cfg.max_batch, cfg.n_slots, cfg.n_ctx);
@@ -328,7 +333,7 @@ static void run_plan(const struct gguf_file *g, int n_threads, int ctx)
 	struct engine e;
 	engine_init(&e, g, n_threads,
 		    (struct nx_state_cfg){.max_batch = max_batch, .max_logits = max_batch, .n_slots = max_slot + 1,
-					  .n_ctx = ctx, .act_one_part = act_one_part});
+					  .n_ctx = ctx, .act_one_part = act_one_part, .kv_type = kv_type});
 	const int n_vocab = e.m.hp.n_vocab;
 	for (int i = 0; i < n_seqs; i++)
 		for (int j = 0; j < seqs[i].n; j++)
@@ -407,7 +412,7 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 	struct engine e;
 	engine_init(&e, g, n_threads,
 		    (struct nx_state_cfg){.max_batch = n_prompt, .max_logits = 1, .n_slots = 1, .n_ctx = ctx,
-					  .act_one_part = act_one_part});
+					  .act_one_part = act_one_part, .kv_type = kv_type});
 	const int n_vocab = e.m.hp.n_vocab;
 	struct nx_tok_in *toks = malloc(n_prompt * sizeof(*toks));
 	for (int i = 0; i < n_prompt; i++) {
@@ -432,6 +437,7 @@ static void generate(const struct gguf_file *g, int n_threads, int ctx, int n_ge
 
 #define USAGE                                                                                              \
 	"usage: nx-eval MODEL.gguf [--threads N] [--ctx C] [--lora ADAPTER[:SCALE]]... [--activations precise|fast] " \
+	"[--kv-type f16|q8_0] " \
 	"[--generate N --prompt-ids 1,2,3] < plan"
 
 /* ---------------------------------------------------------------- main */
@@ -460,6 +466,10 @@ int main(int argc, char **argv)
 		else if (strcmp(a, "--activations") == 0 && has_val) {
 			if (!nx_act_mode_parse(argv[++i], &act_one_part))
 				die("--activations: '%s' is neither precise nor fast", argv[i]);
+		}
+		else if (strcmp(a, "--kv-type") == 0 && has_val) {
+			if (!nx_kv_type_parse(argv[++i], &kv_type))
+				die("--kv-type: '%s' is neither f16 nor q8_0", argv[i]);
 		}
 		else if (a[0] != '-' && !path)
 			path = a;

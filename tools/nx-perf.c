@@ -2,7 +2,7 @@
  *
  *   nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C...]
  *                      [--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--cpu-time]
- *                      [--activations precise|fast]
+ *                      [--activations precise|fast] [--kv-type f16|q8_0]
  *
  * Runs the pass the way the daemon does: N bands on N threads pinned one per
  * CPU, started once, meeting at the daemon's spin-then-futex barrier
@@ -17,7 +17,7 @@
  * Each figure is printed for every rep, then the median and the best.
  * Matrices are packed for the tile kernels (model/repack.h) as in the daemon,
  * unless --plain. --profile adds the time split of each band (nx_prof, model/forward.h).
- * --activations: nxd's option of that name (nx_state_cfg.act_one_part). */
+ * --activations, --kv-type: nxd's options of those names (nx_state_cfg.act_one_part, kv_type). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -184,6 +184,8 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 	       small_pages ? " (--small-pages)" : "");
 	e->n_threads = n_threads;
 	e->spin = spin;
+	if (nx_kv_type_check(&e->m.hp, cfg.kv_type, &err))
+		die("%s", err.msg);
 	size_t ss = nx_state_size(&e->m.hp, &cfg), sz = nx_scratch_size(&e->m.hp, &cfg);
 	if (!ss || !sz)
 		die("bad state config");
@@ -322,6 +324,7 @@ int main(int argc, char **argv)
 	int n_threads = 2, reps = 5, G = 64, S = 1, P = 16;
 	long spin_us = 20;
 	bool profile = false, plain = false, act_one_part = false;
+	enum nx_kv_type kv_type = NX_KV_F16;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		bool v = i + 1 < argc;
@@ -350,6 +353,9 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--activations") && v) {
 			if (!nx_act_mode_parse(argv[++i], &act_one_part))
 				die("--activations: '%s' is neither precise nor fast", argv[i]);
+		} else if (!strcmp(a, "--kv-type") && v) {
+			if (!nx_kv_type_parse(argv[++i], &kv_type))
+				die("--kv-type: '%s' is neither f16 nor q8_0", argv[i]);
 		} else if (!strcmp(a, "--cpu-time"))
 			clk = CLOCK_PROCESS_CPUTIME_ID;
 		else if (a[0] != '-' && !path)
@@ -357,7 +363,7 @@ int main(int argc, char **argv)
 		else
 			die("usage: nx-perf MODEL.gguf [--threads N] [--reps R] [--decode G] [--seqs S] [--prefill C,C] "
 			    "[--prompt P] [--spin-us U] [--profile] [--plain] [--small-pages] [--static-bands] [--cpu-time] "
-			    "[--activations precise|fast]");
+			    "[--activations precise|fast] [--kv-type f16|q8_0]");
 	}
 	if (!path || n_threads < 1 || n_threads > 64 || reps < 1 || reps > 100 || G < 0 || S < 1 || S > 64 ||
 	    P < 1 || P > 4096)
@@ -403,7 +409,7 @@ int main(int argc, char **argv)
 	struct band_arg args[64];
 	engine_init(&e, &g, n_threads,
 		    (struct nx_state_cfg){.max_batch = batch, .max_logits = S, .n_slots = S, .n_ctx = ctx,
-					  .act_one_part = act_one_part},
+					  .act_one_part = act_one_part, .kv_type = kv_type},
 		    (uint32_t)spin_us * nx_spin_calibrate(),
 		    profile, plain, th, args);
 	printf("%s: %d threads, %d reps\n", path, n_threads, reps);

@@ -2,6 +2,10 @@
  * rounding bound, and each head's output bit-identical whether it is computed alone or
  * with the other query heads of its group; nx_attn_merge of spans' outputs: against the
  * same reference over all the keys, and bit for bit against nx_attn_merge_ref.
+ * nx_attend_q8_0 (a Q8_0 cache) and its scalar reference nx_attend_q8_0_ref: against the
+ * same double reference of the blocks' values within the same bound; the AVX-512 one bit for
+ * bit against nx_attend_f16 where every value is exact in both formats, and per head
+ * whatever the group.
  *
  * The bound: |out_i - ref_i| <= 2^-24 * (4 (hd / 16 + 4) S + n + 64) * V, S the largest
  * |scale * q . k_j| summed by magnitude (scale * sum_i |q_i k_ji|), V the largest |v_ji|.
@@ -51,6 +55,11 @@ struct attn_case {
 	float scale;
 	nx_f16 *kc, *vc; /* (n, ld) each; the test's head at + hd */
 	float *q;        /* (n_q, hd) */
+	/* Q8_0 rows of the same shape (ld / 32 blocks a row), and what the reference reads:
+	 * the f16 values, or with q8 set the blocks' values */
+	struct nx_block_q8_0 *kq, *vq;
+	float *kf, *vf;
+	bool q8;
 };
 
 static void case_init(struct attn_case *c, int n, int hd, int n_q, float scale)
@@ -69,6 +78,44 @@ static void case_init(struct attn_case *c, int n, int hd, int n_q, float scale)
 	}
 	for (int i = 0; i < n_q * hd; i++)
 		c->q[i] = rng_gauss();
+	c->kq = c->vq = NULL;
+	c->q8 = false;
+	c->kf = xmalloc((size_t)n * c->ld * sizeof(float));
+	c->vf = xmalloc((size_t)n * c->ld * sizeof(float));
+	for (size_t i = 0; i < (size_t)n * c->ld; i++)
+		c->kf[i] = nx_f16_to_f32(c->kc[i]), c->vf[i] = nx_f16_to_f32(c->vc[i]);
+}
+
+/* The case's K and V as Q8_0 blocks too. exact: each block's scale a power of two and its
+ * levels random, written to the f16 rows as well (d q is exact in f16 then), so both
+ * formats hold the same values; else the f16 values quantized (nx_type_ref(NX_Q8_0)), and
+ * the reference reads the blocks' values. */
+static void case_q8(struct attn_case *c, bool exact)
+{
+	const size_t nb = (size_t)c->n * c->ld / QK8_0;
+	c->kq = xmalloc(nb * sizeof(*c->kq));
+	c->vq = xmalloc(nb * sizeof(*c->vq));
+	const struct nx_type_traits *q8 = nx_type_ref(NX_Q8_0);
+	for (int w = 0; w < 2; w++) {
+		struct nx_block_q8_0 *b = w ? c->vq : c->kq;
+		nx_f16 *h = w ? c->vc : c->kc;
+		float *f = w ? c->vf : c->kf;
+		for (size_t i = 0; i < nb; i++) {
+			if (exact) {
+				const float d = ldexpf(1.0f, -2 - (int)(rng_next() % 6));
+				b[i].d = nx_f32_to_f16(d);
+				for (int j = 0; j < QK8_0; j++) {
+					b[i].qs[j] = (int8_t)((int)(rng_next() % 255) - 127);
+					h[i * QK8_0 + j] = nx_f32_to_f16(d * b[i].qs[j]);
+				}
+			} else {
+				q8->quant(f + i * QK8_0, b + i, QK8_0);
+			}
+			for (int j = 0; j < QK8_0; j++)
+				f[i * QK8_0 + j] = nx_f16_to_f32(b[i].d) * b[i].qs[j];
+		}
+	}
+	c->q8 = true;
 }
 
 static void case_free(struct attn_case *c)
@@ -76,6 +123,25 @@ static void case_free(struct attn_case *c)
 	free(c->kc);
 	free(c->vc);
 	free(c->q);
+	free(c->kq);
+	free(c->vq);
+	free(c->kf);
+	free(c->vf);
+}
+
+/* The attention function under test: nx_attend_f16, or with the case's Q8_0 rows
+ * nx_attend_q8_0 (ref: nx_attend_q8_0_ref), on kv head 1. */
+static void attend_case(const struct attn_case *c, bool ref, float *out, const float *q, int n_q, int p0, int np,
+			float *att, float *ms)
+{
+	const size_t lb = c->ld / QK8_0;
+	if (!c->q8)
+		nx_attend_f16(out, q, n_q, c->kc + (size_t)p0 * c->ld + c->hd, c->vc + (size_t)p0 * c->ld + c->hd, np,
+			      c->ld, c->hd, c->scale, att, ms);
+	else
+		(ref ? nx_attend_q8_0_ref : nx_attend_q8_0)(out, q, n_q, c->kq + (size_t)p0 * lb + c->hd / QK8_0,
+							    c->vq + (size_t)p0 * lb + c->hd / QK8_0, np, lb, c->hd,
+							    c->scale, att, ms);
 }
 
 /* Scratch for n_q heads as kern/attn.h asks for: min(n_q, nx_attn_group(hd)) * n floats. */
@@ -89,7 +155,7 @@ static size_t att_len(const struct attn_case *c)
  * poisoned guards after out and the scratch, which must come back untouched; with ms
  * (n_q x 2 floats) non-NULL, once more asking for each head's largest score and sum,
  * which must not change a bit of out. */
-static void run(const struct attn_case *c, int h0, int n_q, float *out, float *ms)
+static void run_with(const struct attn_case *c, bool ref, int h0, int n_q, float *out, float *ms)
 {
 	const size_t n_out = (size_t)n_q * c->hd;
 	struct attn_case one = *c;
@@ -101,37 +167,40 @@ static void run(const struct attn_case *c, int h0, int n_q, float *out, float *m
 		memcpy(o + i, &poison, sizeof(poison));
 	for (size_t i = 0; i < n_att + GUARD; i++)
 		memcpy(att + i, &poison, sizeof(poison));
-	nx_attend_f16(o, c->q + (size_t)h0 * c->hd, n_q, c->kc + c->hd, c->vc + c->hd, c->n, c->ld, c->hd, c->scale,
-		      att, NULL);
+	attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, NULL);
 	for (size_t i = 0; i < GUARD; i++) {
 		assert_memory_equal(o + n_out + i, &poison, sizeof(poison));
 		assert_memory_equal(att + n_att + i, &poison, sizeof(poison));
 	}
 	memcpy(out, o, n_out * sizeof(float));
 	if (ms) {
-		nx_attend_f16(o, c->q + (size_t)h0 * c->hd, n_q, c->kc + c->hd, c->vc + c->hd, c->n, c->ld, c->hd,
-			      c->scale, att, ms);
+		attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, ms);
 		assert_memory_equal(o, out, n_out * sizeof(float));
 	}
 	free(o);
 	free(att);
 }
 
+static void run(const struct attn_case *c, int h0, int n_q, float *out, float *ms)
+{
+	run_with(c, false, h0, n_q, out, ms);
+}
+
 /* out (hd doubles) = the case's head h, in double from the f16 values; *bound as in the
  * header; ms: the largest score and the sum of e^(score - it), and bounds on their errors
  * (a score's, as above; the sum's: each weight's e^d, d up to twice that, plus the exp's
  * ~4 ulps and n / 16 + 4 float additions). */
-static void reference(const struct attn_case *c, int h, double *out, double *bound, double ms[4])
+static void reference_seq(const struct attn_case *c, int h, double *out, double *bound, double ms[4], bool seq)
 {
 	const int n = c->n, hd = c->hd;
 	const float *q = c->q + (size_t)h * hd;
 	double *s = xmalloc((size_t)n * sizeof(double)), mx = -INFINITY, S = 0, V = 0, sum = 0;
 	for (int j = 0; j < n; j++) {
-		const nx_f16 *k = c->kc + (size_t)j * c->ld + hd;
+		const float *k = c->kf + (size_t)j * c->ld + hd;
 		double d = 0, m = 0;
 		for (int i = 0; i < hd; i++) {
-			d += (double)q[i] * nx_f16_to_f32(k[i]);
-			m += fabs((double)q[i] * nx_f16_to_f32(k[i]));
+			d += (double)q[i] * k[i];
+			m += fabs((double)q[i] * k[i]);
 		}
 		s[j] = d * c->scale;
 		mx = fmax(mx, s[j]);
@@ -144,18 +213,25 @@ static void reference(const struct attn_case *c, int h, double *out, double *bou
 	for (int i = 0; i < hd; i++)
 		out[i] = 0;
 	for (int j = 0; j < n; j++) {
-		const nx_f16 *v = c->vc + (size_t)j * c->ld + hd;
+		const float *v = c->vf + (size_t)j * c->ld + hd;
 		for (int i = 0; i < hd; i++) {
-			out[i] += s[j] * nx_f16_to_f32(v[i]);
-			V = fmax(V, fabs(nx_f16_to_f32(v[i])));
+			out[i] += s[j] * v[i];
+			V = fmax(V, fabs(v[i]));
 		}
 	}
 	for (int i = 0; i < hd; i++)
 		out[i] /= sum;
-	*bound = ldexp(4.0 * (hd / 16 + 4) * S + n + 64, -24) * V;
-	const double es = ldexp(2.0 * (hd / 16 + 4) * S, -24);
+	/* seq: every sum one element at a time (nx_attend_q8_0_ref) */
+	const double terms = seq ? hd + 4 : hd / 16 + 4, adds = seq ? 2.0 * n : n;
+	*bound = ldexp(4.0 * terms * S + adds + 64, -24) * V;
+	const double es = ldexp(2.0 * terms * S, -24);
 	ms[0] = mx, ms[1] = sum, ms[2] = es, ms[3] = sum * (2 * es + ldexp(n / 16 + 8, -24));
 	free(s);
+}
+
+static void reference(const struct attn_case *c, int h, double *out, double *bound, double ms[4])
+{
+	reference_seq(c, h, out, bound, ms, false);
 }
 
 static bool fast_or_skip(void)
@@ -313,12 +389,124 @@ static void test_merge(void **state)
 	print_message("merge: largest error %.3f of the bound\n", worst);
 }
 
+/* nx_attend_q8_0 (where it runs) and nx_attend_q8_0_ref over blocks quantized from random
+ * K and V, against the double reference of the blocks' values: the vector one within the
+ * header's bound, the scalar one within it with its sequential sums (hd roundings per score,
+ * n per output and sum in place of hd / 16 + 4 and n / 2 + 4). */
+static void test_q8_reference(void **state)
+{
+	(void)state;
+	rng_state = 0x5eed0004;
+	const float scales[] = { 1, 8 };
+	const int nqs[] = { 1, 2, 3, 7 };
+	double worst[2] = { 0, 0 };
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < N_LENS; il++)
+			for (size_t iq = 0; iq < sizeof(nqs) / sizeof(nqs[0]); iq++)
+				for (size_t is = 0; is < sizeof(scales) / sizeof(scales[0]); is++) {
+					const int hd = hds[ih], n = lens[il], n_q = nqs[iq];
+					struct attn_case c;
+					case_init(&c, n, hd, n_q, scales[is] / sqrtf((float)hd));
+					case_q8(&c, false);
+					float *out = xmalloc((size_t)n_q * hd * sizeof(float)), ms[2 * MAX_Q];
+					double *ref = xmalloc((size_t)hd * sizeof(double)), bound, rms[4];
+					for (int scalar = 0; scalar < 2; scalar++) {
+						if (!scalar && !nx_attn_fast(hd))
+							continue;
+						run_with(&c, scalar, 0, n_q, out, ms);
+						for (int h = 0; h < n_q; h++) {
+							reference_seq(&c, h, ref, &bound, rms, scalar);
+							const double b = bound;
+							for (int i = 0; i < hd; i++) {
+								const double e = fabs(out[(size_t)h * hd + i] - ref[i]);
+								if (!(e <= b))
+									fail_msg("%s hd %d n %d n_q %d head %d [%d]: %.9g vs %.9g "
+										 "(|d| %.3g > bound %.3g)", scalar ? "scalar" : "avx512",
+										 hd, n, n_q, h, i, (double)out[(size_t)h * hd + i], ref[i],
+										 e, b);
+								worst[scalar] = fmax(worst[scalar], e / b);
+							}
+						}
+					}
+					free(out);
+					free(ref);
+					case_free(&c);
+				}
+	print_message("q8_0: largest error %.3f (avx512), %.3f (scalar) of the bound\n", worst[0], worst[1]);
+}
+
+/* Where every value is exact in both formats, nx_attend_q8_0 gives nx_attend_f16's bits
+ * (outputs, largest scores and sums): after the load it is the same arithmetic. */
+static void test_q8_bits_as_f16(void **state)
+{
+	(void)state;
+	if (!fast_or_skip())
+		return;
+	rng_state = 0x5eed0005;
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < N_LENS; il++)
+			for (int n_q = 1; n_q <= MAX_Q; n_q++) {
+				const int hd = hds[ih], n = lens[il];
+				if (!nx_attn_fast(hd))
+					continue;
+				struct attn_case c;
+				case_init(&c, n, hd, n_q, 1 / sqrtf((float)hd));
+				case_q8(&c, true);
+				const size_t n_out = (size_t)n_q * hd;
+				float *a = xmalloc(n_out * sizeof(float)), *b = xmalloc(n_out * sizeof(float));
+				float ma[2 * MAX_Q], mb[2 * MAX_Q];
+				run(&c, 0, n_q, a, ma);
+				c.q8 = false;
+				run(&c, 0, n_q, b, mb);
+				if (memcmp(a, b, n_out * sizeof(float)) || memcmp(ma, mb, 2 * (size_t)n_q * sizeof(float)))
+					fail_msg("hd %d n %d n_q %d: q8_0 differs from f16 on the same values", hd, n, n_q);
+				free(a);
+				free(b);
+				case_free(&c);
+			}
+}
+
+/* nx_attend_q8_0: heads n_q at a time give the bits of one at a time, as nx_attend_f16's. */
+static void test_q8_grouped_bits(void **state)
+{
+	(void)state;
+	if (!fast_or_skip())
+		return;
+	rng_state = 0x5eed0006;
+	for (size_t ih = 0; ih < N_HDS; ih++)
+		for (size_t il = 0; il < N_LENS; il++) {
+			const int hd = hds[ih], n = lens[il];
+			if (!nx_attn_fast(hd))
+				continue;
+			struct attn_case c;
+			case_init(&c, n, hd, MAX_Q, 1 / sqrtf((float)hd));
+			case_q8(&c, false);
+			float *alone = xmalloc((size_t)MAX_Q * hd * sizeof(float));
+			float *grouped = xmalloc((size_t)MAX_Q * hd * sizeof(float));
+			for (int h = 0; h < MAX_Q; h++)
+				run(&c, h, 1, alone + (size_t)h * hd, NULL);
+			for (int h0 = 0; h0 < MAX_Q; h0++)
+				for (int n_q = 1; h0 + n_q <= MAX_Q; n_q++) {
+					run(&c, h0, n_q, grouped, NULL);
+					if (memcmp(grouped, alone + (size_t)h0 * hd, (size_t)n_q * hd * sizeof(float)))
+						fail_msg("q8_0 hd %d n %d: heads %d..%d together differ from alone", hd, n,
+							 h0, h0 + n_q - 1);
+				}
+			free(alone);
+			free(grouped);
+			case_free(&c);
+		}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_reference),
 		cmocka_unit_test(test_grouped_bits),
 		cmocka_unit_test(test_merge),
+		cmocka_unit_test(test_q8_reference),
+		cmocka_unit_test(test_q8_bits_as_f16),
+		cmocka_unit_test(test_q8_grouped_bits),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -51,8 +51,13 @@ static void read_answer(enum nx_tool_style style, enum nx_tool_choice choice, co
 	res->text[len] = '\0';
 	for (int i = 0; i < p.n_calls && i < 8; i++) {
 		snprintf(res->calls[i], sizeof(res->calls[i]), "%s %s", p.calls[i].name, p.calls[i].arguments);
-		assert_int_equal(strncmp(p.calls[i].id, "call_", 5), 0);
-		assert_int_equal(strlen(p.calls[i].id), 5 + 24);
+		if (style == NX_TOOLS_MISTRAL || style == NX_TOOLS_MISTRAL_TIGHT) { /* v3's templates: 9 characters */
+			assert_int_equal(strlen(p.calls[i].id), 9);
+			assert_int_equal(strspn(p.calls[i].id, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"), 9);
+		} else {
+			assert_int_equal(strncmp(p.calls[i].id, "call_", 5), 0);
+			assert_int_equal(strlen(p.calls[i].id), 5 + 24);
+		}
 	}
 	res->n_calls = p.n_calls;
 	res->failed = p.failed;
@@ -156,6 +161,53 @@ static void test_forced_calls_are_checked(void **state)
 	read_answer(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, "x\", \"arguments\": {}}\n</tool_call>", 0, &r);
 	assert_true(r.failed);
 	assert_int_equal(r.n_calls, 0);
+}
+
+static void test_mistral_calls(void **state)
+{
+	(void)state;
+	const char *one[] = { "get_weather {\"city\":\"Paris\"}" };
+	const char *two[] = { "get_weather {\"city\":\"Paris\"}", "now {}" };
+	/* [TOOL_CALLS] then a JSON array, spaced (v3, Small 3.1) or not (Nemo); an "id" the model writes is allowed */
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_AUTO, NULL, true,
+	       "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}]", "", one, 1, false);
+	expect(NX_TOOLS_MISTRAL_TIGHT, NX_TOOL_AUTO, NULL, true,
+	       "[TOOL_CALLS][{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}},"
+	       "{\"name\":\"now\",\"arguments\":{},\"id\":\"abcdefghi\"}]", "", two, 2, false);
+	/* text before the block passes; brackets inside strings do not close it */
+	const char *odd[] = { "get_weather {\"city\":\"]} [x\\\"\"}" };
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_AUTO, NULL, true,
+	       "Sure. [TOOL_CALLS]\n [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"]} [x\\\"\"}}]",
+	       "Sure. ", odd, 1, false);
+	/* parallel_tool_calls false: the first call of the list ends the answer */
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_AUTO, NULL, false,
+	       "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+	       "{\"name\": \"now\", \"arguments\": {}}]", "", two, 1, false);
+	/* a list with one bad call is no call at all, given back as text; a good block after it is one */
+	static const char *const bad[] = {
+		"[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+		"{\"name\": \"rm_rf\", \"arguments\": {}}]",
+		"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}, \"id\": 7}]",
+		"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": \"{}\"}]",
+		"[TOOL_CALLS] []",
+		"[TOOL_CALLS] {\"name\": \"now\", \"arguments\": {}}",
+		"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}",
+		"[TOOL_CALLS] [{\"name\": \"now\", \"arguments\": {}}}]",
+		"[TOOL_CALLS]now[ARGS]{}",
+		"[TOOL_CALLS]",
+		"a [TOOL_CALL b [TOOL_CALLS x",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		expect(NX_TOOLS_MISTRAL, NX_TOOL_AUTO, NULL, true, bad[i], bad[i], NULL, 0, false);
+	char s[512];
+	snprintf(s, sizeof(s), "%s[TOOL_CALLS] [{\"name\":\"now\",\"arguments\":{}}]", bad[0]);
+	const char *now[] = { "now {}" };
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_AUTO, NULL, true, s, bad[0], now, 1, false);
+	/* forced: the prefix opens the list (and names the tool); the schema checks the arguments */
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_NAMED, "get_weather", true, "{\"city\": \"Paris\"}}]", "", one, 1, false);
+	expect(NX_TOOLS_MISTRAL_TIGHT, NX_TOOL_REQUIRED, NULL, true, "now\", \"arguments\": {}}]", "", now, 1, false);
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_NAMED, "get_weather", true, "{\"city\": \"P\"}}]", NULL, NULL, 0, true);
+	expect(NX_TOOLS_MISTRAL, NX_TOOL_REQUIRED, NULL, true, "x\", \"arguments\": {}}]", NULL, NULL, 0, true);
 }
 
 static int validate(const char *schema, const char *value, char *why, size_t cap)
@@ -322,6 +374,14 @@ static void test_call_grammar(void **state)
 	assert_true(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\", \"unit\": \"f\"}}"));
 	assert_false(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\"}}\n"));
 
+	/* Mistral: one call in its list, with or without the id its history writes */
+	assert_true(grammar_takes(NX_TOOLS_MISTRAL, NX_TOOL_REQUIRED, NULL,
+				  "get_weather\", \"arguments\": {\"city\": \"Rome\"}}]"));
+	assert_true(grammar_takes(NX_TOOLS_MISTRAL_TIGHT, NX_TOOL_NAMED, "get_weather",
+				  "{\"city\": \"Rome\"}, \"id\": \"a1B2c3D4e\"}]"));
+	assert_false(grammar_takes(NX_TOOLS_MISTRAL, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\"}, \"id\": \"a1\"}]"));
+	assert_false(grammar_takes(NX_TOOLS_MISTRAL, NX_TOOL_NAMED, "get_weather",
+				   "{\"city\": \"Rome\"}}, {\"name\": \"now\", \"arguments\": {}}]"));
 	/* auto, and a family without a call grammar: none (the check alone) */
 	json_error_t je;
 	json_t *tools = json_loads(TOOLS, 0, &je);
@@ -384,6 +444,7 @@ int main(void)
 		cmocka_unit_test(test_malformed_calls_are_text),
 		cmocka_unit_test(test_llama_calls),
 		cmocka_unit_test(test_forced_calls_are_checked),
+		cmocka_unit_test(test_mistral_calls),
 		cmocka_unit_test(test_schema),
 		cmocka_unit_test(test_call_grammar),
 		cmocka_unit_test(test_call_grammar_keeps_schemas_apart),

@@ -35,6 +35,11 @@ f16 - so the remaining difference to the engine is float32 arithmetic only,
 and a tight tolerance can catch small mistakes that the rounding noise would
 hide. With one_part=True too, the matmul sees hi alone, as the engine with
 one-part activations does (nxd --activations fast).
+
+Reference(path, kv="q8_0") is the model with an 8-bit K/V cache (nxd --kv-type
+q8_0): K (after RoPE) and V rounded through Q8_0 blocks of 32 along each head
+(round_kv_q8_0, from the format's definition), everything else as above - with
+or without emulate.
 """
 import numpy as np
 import gguf
@@ -48,6 +53,21 @@ def round_q8_0(x):
     """x (..., n) through Q8_0 blocks of 32 (gguf-py's quantizer) and back."""
     x32 = np.ascontiguousarray(x, dtype=np.float32)
     return gguf.quants.dequantize(gguf.quants.quantize(x32, QT.Q8_0), QT.Q8_0).astype(np.float64)
+
+
+def round_kv_q8_0(x):
+    """x (..., n), n a multiple of 32, through Q8_0 blocks of 32 along the last axis and back, as ggml
+    defines the q8_0 K/V cache: per block d = amax / 127, q = round(x / d) with ties away from zero
+    (roundf), |q| <= 127 by construction; d is stored as f16 and the value read back is f16(d) * q.
+    In float64 (the engine computes d and x / d in float32: a value within that rounding of a level's
+    boundary may land on the next level)."""
+    x = np.asarray(x, dtype=np.float64)
+    b = x.reshape(-1, 32)
+    d = np.abs(b).max(axis=1, keepdims=True) / 127.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(d > 0, b / np.where(d > 0, d, 1), 0.0)
+    q = np.trunc(r + np.copysign(0.5, r))
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
 
 
 def round_q8_k(x):
@@ -160,12 +180,16 @@ def hf_rope(base, dim, rope_scaling=None, seq_len=None):
 
 class Reference:
     def __init__(self, path, emulate=False, packed=(), one_part=False, rope_scaling=None, sliding_window=None,
-                 no_rope_layers=None, rope_seq_len=None, norm_topk_prob=None):
+                 no_rope_layers=None, rope_seq_len=None, norm_topk_prob=None, kv="f16"):
         """rope_scaling: the Hugging Face config's rope_scaling the file was converted from (the GGUF
         keeps only what llama.cpp's converter writes: for llama3, per-dimension factors).
         sliding_window: the config's sliding_window (phi3; None: none). no_rope_layers: the config's
         (smollm3; None: SmolLM3Config's default). rope_seq_len: for longrope, the sequence length the
-        rotary embedding sees (None: each sequence's own)."""
+        rotary embedding sees (None: each sequence's own). kv: the K/V cache's type, "f16" (exact K/V
+        unless emulate) or "q8_0" (K/V through round_kv_q8_0)."""
+        if kv not in ("f16", "q8_0"):
+            raise ValueError(f"kv type {kv!r}")
+        self.kv = kv
         self.emulate = emulate
         self.one_part = one_part
         self.packed = set(packed)
@@ -251,6 +275,8 @@ class Reference:
         return out
 
     def _kv(self, x):
+        if self.kv == "q8_0":
+            return round_kv_q8_0(x)
         return x.astype(np.float16).astype(np.float64) if self.emulate else x
 
     def _rmsnorm(self, x, w):

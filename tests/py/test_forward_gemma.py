@@ -465,3 +465,17 @@ def test_runtime_lora_matches_float64(tiny, tmp_path, name, report):
            f"effect {effect:.2f})")
     assert worst <= 2 * worst_base + 5e-3, (worst, worst_base)
     assert effect > 50 * worst, (effect, worst)
+
+
+def test_q8_cache_refused_with_an_attention_softcap(tmp_path):
+    """The q8_0 cache's kernels have no soft-cap: gemma2 with --kv-type q8_0 is refused naming it, gemma3
+    (no attention soft-cap) runs."""
+    import subprocess
+    from conftest import tool
+    g2 = build_gemma(tmp_path / "g2.gguf", gemma2_config())
+    err = eval_error(g2, ("--kv-type", "q8_0"), "seq 0 1\nstep 0:0:1\n")
+    assert "--kv-type q8_0" in err and "attn_logit_softcapping" in err, err
+    g3 = build_gemma(tmp_path / "g3.gguf", gemma3_config())
+    p = subprocess.run([str(tool("nx-eval")), str(g3), "--kv-type", "q8_0"], input=b"seq 0 1\nstep 0:0:1\n",
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()

@@ -20,7 +20,8 @@ EXPECTED = json.loads((TEMPLATES / "expected_tools.json").read_text())
 
 
 class _Turn(ctypes.Structure):  # struct nx_chat_turn (tok/tools.h)
-    _fields_ = [("role", ctypes.c_char_p), ("content", ctypes.c_char_p), ("calls", ctypes.c_char_p)]
+    _fields_ = [("role", ctypes.c_char_p), ("content", ctypes.c_char_p), ("calls", ctypes.c_char_p),
+                ("call_id", ctypes.c_char_p)]
 
 
 class _Err(ctypes.Structure):  # struct nx_err (common/err.h)
@@ -51,9 +52,9 @@ def nxd_render(lib, src, msgs, tools, prefix=None, family=None):
     for m in msgs:
         calls = None
         if m.get("tool_calls"):
-            calls = json.dumps([{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                                for c in m["tool_calls"]])
-        turns.append(_Turn(_b(m["role"]), _b(m.get("content")), _b(calls)))
+            calls = json.dumps([{**({"id": c["id"]} if "id" in c else {}), "name": c["function"]["name"],
+                                 "arguments": c["function"]["arguments"]} for c in m["tool_calls"]])
+        turns.append(_Turn(_b(m["role"]), _b(m.get("content")), _b(calls), _b(m.get("tool_call_id"))))
     arr = (_Turn * len(turns))(*turns)
     out, err = ctypes.c_void_p(), _Err()
     fam = lib.nx_chat_detect(src.encode()) if family is None else family
@@ -67,9 +68,10 @@ def nxd_render(lib, src, msgs, tools, prefix=None, family=None):
 
 
 def _want(case):
+    import re
     want = case["text"]
-    if "strftime_now" in render.source(case["template"]):
-        want = want.replace(f"Today Date: {render.DATE}", "Today Date: " + datetime.now().strftime("%d %b %Y"))
+    for fmt in re.findall(r'strftime_now\("([^"]+)"\)', render.source(case["template"])):  # today, as nxd renders it
+        want = want.replace(render.DAY.strftime(fmt), datetime.now().strftime(fmt))
     return want
 
 
@@ -78,6 +80,11 @@ def test_render_with_tools_matches_the_template(lib, case):
     src = render.source(case["template"])
     assert lib.nx_chat_tmpl_name(lib.nx_chat_detect(src.encode())).decode() == case["family"]
     got, err = nxd_render(lib, src, case["messages"], case["tools"])
+    if "error" in case:  # the template raises: nxd refuses, saying why
+        assert got is None and err, got
+        if "Tool call IDs" in case["error"]:
+            assert "tool call ids of" in err and case["template"].removesuffix(".jinja") in err
+        return
     assert got is not None, err
     assert got == _want(case)
 
@@ -148,11 +155,15 @@ def test_a_forced_call_start_follows_the_generation_prompt(lib):
     assert got == case["text"] + "<tool_call>\n", err
 
 
-@pytest.mark.parametrize("name", ["mistral-v3.jinja", "mistral-v3-tekken.jinja", "mistral-v7-tekken.jinja",
-                                  "mistral-v7.jinja", "deepseek-r1-distill.jinja"])
+MISTRAL_SMALL_32_LIKE = render.source("mistral-v7-tekken.jinja").replace(
+    "{{- \"[TOOL_CALLS] [\" }}", "{{- \"[TOOL_CALLS]\" + tool_call.function.name + \"[ARGS]\" }}")
+
+
+@pytest.mark.parametrize("name", ["mistral-v7.jinja", "deepseek-r1-distill.jinja", "small-3.2-like"])
 def test_templates_whose_tool_convention_nxd_lacks_refuse_tools(lib, name):
-    """Mistral's [AVAILABLE_TOOLS] / [TOOL_CALLS] / [TOOL_RESULTS] are not rendered (yet): refused by family name."""
-    src = render.source(name)
+    """Mistral Large 2411's v7 template has no tools, and a tekken one of another call spelling
+    ([TOOL_CALLS]name[ARGS]...) is not taken for Small 3.1's: refused by family name."""
+    src = MISTRAL_SMALL_32_LIKE if name == "small-3.2-like" else render.source(name)
     fam = lib.nx_chat_tmpl_name(lib.nx_chat_detect(src.encode())).decode()
     got, err = nxd_render(lib, src, [{"role": "user", "content": "hi"}], [render_tools.WEATHER])
     assert got is None and f"({fam}) has no tool-call convention" in err
@@ -204,11 +215,14 @@ from nxd_helpers import Client, Daemon  # noqa: E402
 NL, QUOTE, SPACE_END = 3 + 0x0A, 3 + 0x22, 3 + 0x81  # byte tokens <0x0A>, <0x22>, the last byte of "▁"
 
 
-def scripted(path, template, scripts):
+def scripted(path, template, scripts, control=()):
     """A llama model with a byte-fallback vocabulary plus the scripts' pieces; scripts: {source token id:
-    [piece, ...]}: after the source, greedy decoding writes the pieces one token each, then </s>."""
+    [piece, ...]}: after the source, greedy decoding writes the pieces one token each, then </s>. control: control
+    tokens' texts, ids from CONTROL on (a script's piece may be one)."""
     toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + [f"\u2581w{i}" for i in range(16)]
     types = [2, 3, 3] + [6] * 256 + [1] * 16
+    toks += list(control)
+    types += [3] * len(control)
     after = {}
     for src, pieces in scripts.items():
         ids = []
@@ -264,9 +278,21 @@ NAMED = {SPACE_END: ['{"city": "Paris", "unit": "celsius"}', '}\n</tool_call>']}
 REQUIRED = {QUOTE: ['local_time", "arguments": {"offset": 1.5}}', '\n</tool_call>']}
 
 
-def serve(path, template, scripts, tmp_path, name):
-    return Daemon(scripted(tmp_path / f"{name}.gguf", template, scripts), tmp_path, workers=1, name=name,
+def serve(path, template, scripts, tmp_path, name, control=()):
+    return Daemon(scripted(tmp_path / f"{name}.gguf", template, scripts, control), tmp_path, workers=1, name=name,
                   args=["--ctx", "8192", "--slots", "2"])
+
+
+CONTROL = 3 + 256 + 16  # the first control token's id in scripted()
+# Mistral's markers are control tokens of its vocabulary, as in Mistral 7B v0.3's, Nemo's and Small 3.1's
+MISTRAL_CONTROL = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                   "[/TOOL_RESULTS]"]
+INST_END, RESULTS_END = CONTROL + 1, CONTROL + 6
+# After the question: a call of its own; after the tool's result: the answer; after a named call's forced start
+# ('..."arguments": '): its arguments.
+MISTRAL_SCRIPT = {INST_END: ["[TOOL_CALLS]", ' [{"name": "get_weather", "arguments": {"city": "Paris"}}]'],
+                  RESULTS_END: [ANSWER],
+                  SPACE_END: ['{"city": "Paris", "unit": "celsius"}', '}]']}
 
 
 def test_the_scripted_model_answers_as_scripted(tmp_path):
@@ -448,12 +474,15 @@ def test_a_forced_call_is_held_to_its_schema_over_many_seeds(tmp_path):
     assert len(seen[(3, "local_time")]) > 10 and len(seen[(4, "set_alarm")]) > 50, {k: len(v) for k, v in seen.items()}
 
 
-def test_a_forced_llama_call_is_held_to_its_schema(tmp_path):
-    """Llama 3.1's convention: the whole answer is {"name": ..., "parameters": ...}, held to the schema too."""
+@pytest.mark.parametrize("template", ["llama3.1.jinja", "mistral-v3.jinja", "mistral-v7-tekken.jinja"])
+def test_a_forced_call_of_each_convention_is_held_to_its_schema(tmp_path, template):
+    """Llama 3.1's convention (the whole answer is {"name": ..., "parameters": ...}) and Mistral's
+    ("[TOOL_CALLS] [" or Tekken's "[TOOL_CALLS][" list), held to the schema too."""
     jsonschema = pytest.importorskip("jsonschema")
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in HELD_TOOLS}
     names = set()
-    with serve(None, LLAMA31, WRONG, tmp_path, "s") as d, Client(d.sock) as c:
+    control = MISTRAL_CONTROL if "mistral" in template else ()
+    with serve(None, render.source(template), WRONG, tmp_path, "s", control) as d, Client(d.sock) as c:
         for seed in range(40):
             for choice in ("required", named("set_alarm")):
                 _, text, done = c.generate(messages=ASK, tools=HELD_TOOLS, tool_choice=choice, stream=False,
@@ -463,7 +492,9 @@ def test_a_forced_llama_call_is_held_to_its_schema(tmp_path):
                 assert choice == "required" or call["name"] == "set_alarm"
                 jsonschema.validate(json.loads(call["arguments"]), schemas[call["name"]])
                 names.add(call["name"])
-    assert names == {"get_weather", "local_time", "set_alarm"}
+    # Mistral writes "arguments", so the script's local_time call fits and "required" follows it; Llama's
+    # "parameters" does not, and "required" draws any tool
+    assert names == ({"local_time", "set_alarm"} if control else {"get_weather", "local_time", "set_alarm"})
 
 
 def test_forced_call_streamed_with_logprobs_and_speculation(tmp_path):
@@ -745,3 +776,94 @@ def test_nxctl_generate_prints_each_call_as_a_json_line(tmp_path):
         bad.write_text("{not json")
         r = nxctl("--tools", str(bad), "hi")
         assert r.returncode == 2 and "--tools" in r.stderr
+
+
+# --- Mistral: [TOOL_CALLS] a control token, ids of 9 characters
+
+def _alnum9(cid):
+    return len(cid) == 9 and cid.isascii() and cid.isalnum()
+
+
+def test_mistral_protocol_call_result_answer(tmp_path):
+    with serve(None, render.source("mistral-v3.jinja"), MISTRAL_SCRIPT, tmp_path, "m", MISTRAL_CONTROL) as d, \
+            Client(d.sock) as c:
+        c.send({"op": "generate", "id": 1, "messages": ASK, "tools": TOOLS, "temperature": 0})
+        evs = list(c.events(1))
+        assert [e["event"] for e in evs] == ["token", "token", "tool_call", "done"], evs
+        assert all(e["text"] == "" for e in evs if e["event"] == "token")  # [TOOL_CALLS] is not content
+        call = evs[2]["tool_call"]
+        assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+        assert _alnum9(call["id"]) and evs[3]["reason"] == "tool_calls"
+        msgs = ASK + [{"role": "assistant", "tool_calls": [{"id": call["id"], "type": "function", "function": {
+            "name": call["name"], "arguments": call["arguments"]}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": '{"temperature": 21}'}]
+        _, text, done = c.generate(messages=msgs, tools=TOOLS, temperature=0, stream=False)
+        assert text == ANSWER and done["reason"] == "eos" and "tool_calls" not in done
+        # the prompt is the template's own rendering of that conversation
+        want = render_tools.hf_render(render.source("mistral-v3.jinja"), [ASK[0], {
+            "role": "assistant", "content": None, "tool_calls": [{"id": call["id"], "function": {
+                "name": "get_weather", "arguments": {"city": "Paris"}}}]}, msgs[2]], TOOLS, "<s>", "</s>")
+        n_prompt = len(c.request({"op": "tokenize", "id": 9, "text": want, "special": True})["tokens"])
+        assert done["usage"]["prompt_tokens"] == n_prompt
+        # without tools the same answer is text: the marker's control token gives none
+        _, text, done = c.generate(messages=ASK, temperature=0, stream=False)
+        assert text.strip() == '[{"name": "get_weather", "arguments": {"city": "Paris"}}]' and "tool_calls" not in done
+        # an id v3's template does not take is refused, as the template refuses it
+        bad = json.loads(json.dumps(msgs))
+        bad[1]["tool_calls"][0]["id"] = bad[2]["tool_call_id"] = "call_3f2a9c0d51e8b7a4c6d2e910"
+        _, _, err = c.generate(messages=bad, tools=TOOLS)
+        assert err["code"] == "bad_request" and "tool call ids of 9 characters" in err["message"]
+
+
+@pytest.mark.parametrize("name", ["mistral-v3.jinja", "mistral-v3-tekken.jinja", "mistral-v7-tekken.jinja"])
+def test_mistral_openai_round_trip_call_result_answer(tmp_path, name):
+    """A tool call, the tool's answer, the final message - through the official openai client, with each
+    Mistral template nxd renders tools for."""
+    with serve(None, render.source(name), MISTRAL_SCRIPT, tmp_path, "m", MISTRAL_CONTROL) as d, \
+            Gateway(d.sock, tmp_path) as g:
+        client, model = gateway_client(g), model_of(g)
+        for choice, args in (("auto", {"city": "Paris"}),
+                             ({"type": "function", "function": {"name": "get_weather"}},
+                              {"city": "Paris", "unit": "celsius"})):
+            msgs = list(ASK)
+            r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, temperature=0,
+                                               tool_choice=choice)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls" and not ch.message.content, ch
+            [tc] = ch.message.tool_calls
+            assert tc.function.name == "get_weather" and json.loads(tc.function.arguments) == args
+            assert _alnum9(tc.id)
+            msgs.append(ch.message.model_dump(exclude_none=True))
+            msgs.append({"role": "tool", "tool_call_id": tc.id, "content": json.dumps({"temperature": 21})})
+            r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, temperature=0)
+            assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == ANSWER
+            assert r.choices[0].message.tool_calls is None
+        # streamed, the call comes in OpenAI's pieces and no content
+        s = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, temperature=0, stream=True)
+        chunks = list(s)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(dl.content or "" for dl in deltas) == ""
+        tool_deltas = [t for dl in deltas for t in (dl.tool_calls or [])]
+        assert tool_deltas[0].function.name == "get_weather" and _alnum9(tool_deltas[0].id)
+        assert json.loads("".join(t.function.arguments or "" for t in tool_deltas)) == {"city": "Paris"}
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        if name != "mistral-v7-tekken.jinja":  # v3's templates take ids of 9 characters only
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model=model, tools=TOOLS, messages=ASK + [
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                                                                           "function": {"name": "get_weather",
+                                                                                        "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "21"}])
+            assert "tool call ids of 9 characters" in str(e.value)
+
+
+def test_mistral_calls_are_the_same_with_speculation(tmp_path):
+    with serve(None, render.source("mistral-v3-tekken.jinja"), MISTRAL_SCRIPT, tmp_path, "m", MISTRAL_CONTROL) as d, \
+            Client(d.sock) as c:
+        for choice in ("auto", named("get_weather")):
+            outs = []
+            for mode in ("off", "prompt"):
+                _, text, done = c.generate(messages=ASK, tools=TOOLS, tool_choice=choice, temperature=0, stream=False,
+                                           speculate={"mode": mode})
+                outs.append((text, done["reason"], [(t["name"], t["arguments"]) for t in done["tool_calls"]]))
+            assert outs[0] == outs[1] and outs[0][1] == "tool_calls", outs
