@@ -617,10 +617,12 @@ def test_binds_loopback_by_default_and_ipv6(model_path, tmp_path):
             g.start()
         except Exception as e:
             pytest.skip(f"no IPv6 loopback here: {e}")
-        with g:
+        try:  # started already: `with g` would start a second one
             assert g.host == "[::1]"
             st, _, body = request(g, "GET", "/health")
             assert st == 200
+        finally:
+            g.stop()
         bad = subprocess.run([str(build_dir() / "nxd-http"), "--listen", "localhost"], capture_output=True, text=True)
         assert bad.returncode == 2 and "ADDR:PORT" in bad.stderr
 
