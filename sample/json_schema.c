@@ -8,6 +8,7 @@
  * fraction, or the bound itself with zeros), never an exponent. String
  * lengths count code points, so an escape is one character and \u escapes
  * of surrogates (two escapes, one character) are not generated. */
+#include "common/sbuf.h"
 #include "sample/grammar.h"
 
 #include <jansson.h>
@@ -21,55 +22,9 @@
 #define RULE_NAME (NX_SCHEMA_PREFIX_MAX + 16) /* a rule's name: the prefix, "s", a number */
 #define BOUND_MAX 1e15 /* integer bounds beyond this are refused (exactness of doubles) */
 
-struct sb {
-	char *s;
-	size_t n, cap;
-	bool oom;
-};
-
-static void sb_put(struct sb *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->n + n + 1 > b->cap) {
-		size_t c = b->cap ? b->cap : 1024;
-		while (c < b->n + n + 1)
-			c *= 2;
-		char *q = realloc(b->s, c);
-		if (!q) {
-			b->oom = true;
-			return;
-		}
-		b->s = q;
-		b->cap = c;
-	}
-	memcpy(b->s + b->n, s, n);
-	b->n += n;
-	b->s[b->n] = '\0';
-}
-
-static void sb_str(struct sb *b, const char *s)
-{
-	sb_put(b, s, strlen(s));
-}
-
-static void sb_fmt(struct sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_fmt(struct sb *b, const char *fmt, ...)
-{
-	char tmp[512];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(tmp)) {
-		b->oom = true;
-		return;
-	}
-	sb_put(b, tmp, (size_t)n);
-}
 
 struct sc {
-	struct sb out;        /* the rules */
+	struct nx_sbuf out;  /* the rules */
 	int n_rules;
 	const char *prefix;  /* of every rule name (nx_schema_to_gbnf_rules) */
 	struct nx_err *err;
@@ -94,23 +49,23 @@ static int serr(struct sc *c, const char *path, const char *fmt, ...)
 static void rule_begin(struct sc *c, char name[RULE_NAME])
 {
 	snprintf(name, RULE_NAME, "%ss%d", c->prefix, ++c->n_rules);
-	sb_fmt(&c->out, "%s ::= ", name);
+	nx_sb_fmt(&c->out, "%s ::= ", name);
 }
 
 /* A GBNF literal of the bytes s[0..n). */
-static void sb_lit(struct sb *b, const char *s, size_t n)
+static void sb_lit(struct nx_sbuf *b, const char *s, size_t n)
 {
-	sb_str(b, "\"");
+	nx_sb_str(b, "\"");
 	for (size_t i = 0; i < n; i++) {
 		unsigned char ch = (unsigned char)s[i];
 		if (ch == '"' || ch == '\\')
-			sb_fmt(b, "\\%c", ch);
+			nx_sb_fmt(b, "\\%c", ch);
 		else if (ch < 0x20 || ch >= 0x7f)
-			sb_fmt(b, "\\x%02X", ch);
+			nx_sb_fmt(b, "\\x%02X", ch);
 		else
-			sb_put(b, (const char *)&ch, 1);
+			nx_sb_put(b, (const char *)&ch, 1);
 	}
-	sb_str(b, "\" ");
+	nx_sb_str(b, "\" ");
 }
 
 /* The compact JSON text of v, non-ASCII escaped, as a GBNF literal. */
@@ -130,12 +85,12 @@ static int sb_json_lit(struct sc *c, const json_t *v)
 
 /* Digits of a and b, the same count n: the GBNF of every n-digit string
  * between them (leading zeros allowed: this is a digit string's tail). */
-static void digits_range(struct sb *b, const char *a, const char *z, int n)
+static void digits_range(struct nx_sbuf *b, const char *a, const char *z, int n)
 {
 	if (n == 0)
 		return;
 	if (a[0] == z[0]) {
-		sb_fmt(b, "\"%c\" ", a[0]);
+		nx_sb_fmt(b, "\"%c\" ", a[0]);
 		digits_range(b, a + 1, z + 1, n - 1);
 		return;
 	}
@@ -144,33 +99,33 @@ static void digits_range(struct sb *b, const char *a, const char *z, int n)
 		a_zeros = a_zeros && a[i] == '0';
 		z_nines = z_nines && z[i] == '9';
 	}
-	sb_str(b, "( ");
+	nx_sb_str(b, "( ");
 	char lo = a_zeros ? a[0] : (char)(a[0] + 1), hi = z_nines ? z[0] : (char)(z[0] - 1);
 	bool first = true;
 	if (!a_zeros) {
 		char nines[24];
 		memset(nines, '9', (size_t)n - 1);
-		sb_fmt(b, "\"%c\" ", a[0]);
+		nx_sb_fmt(b, "\"%c\" ", a[0]);
 		digits_range(b, a + 1, nines, n - 1);
 		first = false;
 	}
 	if (lo <= hi) {
 		if (!first)
-			sb_str(b, "| ");
-		sb_fmt(b, "[%c-%c] ", lo, hi);
+			nx_sb_str(b, "| ");
+		nx_sb_fmt(b, "[%c-%c] ", lo, hi);
 		if (n > 1)
-			sb_fmt(b, "[0-9]{%d} ", n - 1);
+			nx_sb_fmt(b, "[0-9]{%d} ", n - 1);
 		first = false;
 	}
 	if (!z_nines) {
 		char zeros[24];
 		memset(zeros, '0', (size_t)n - 1);
 		if (!first)
-			sb_str(b, "| ");
-		sb_fmt(b, "\"%c\" ", z[0]);
+			nx_sb_str(b, "| ");
+		nx_sb_fmt(b, "\"%c\" ", z[0]);
 		digits_range(b, zeros, z + 1, n - 1);
 	}
-	sb_str(b, ") ");
+	nx_sb_str(b, ") ");
 }
 
 static int n_digits(uint64_t x)
@@ -184,9 +139,9 @@ static int n_digits(uint64_t x)
 }
 
 /* Decimal naturals without leading zeros in lo..hi (hi_inf: no upper bound). */
-static void nat_range(struct sb *b, uint64_t lo, uint64_t hi, bool hi_inf)
+static void nat_range(struct nx_sbuf *b, uint64_t lo, uint64_t hi, bool hi_inf)
 {
-	sb_str(b, "( ");
+	nx_sb_str(b, "( ");
 	bool first = true;
 	const int nl = n_digits(lo), nh = hi_inf ? 20 : n_digits(hi);
 	for (int n = nl; n <= nh && n <= 16; n++) {
@@ -202,31 +157,31 @@ static void nat_range(struct sb *b, uint64_t lo, uint64_t hi, bool hi_inf)
 		if (a > z)
 			continue;
 		if (!first)
-			sb_str(b, "| ");
+			nx_sb_str(b, "| ");
 		first = false;
 		if (hi_inf && n == nl && a == (n == 1 ? 0 : p)) {
 			/* everything of n digits and more */
 			if (n == 1 && a == 0)
-				sb_str(b, "\"0\" | [1-9] [0-9]* ");
+				nx_sb_str(b, "\"0\" | [1-9] [0-9]* ");
 			else
-				sb_fmt(b, "[1-9] [0-9]{%d,} ", n - 1);
-			sb_str(b, ") ");
+				nx_sb_fmt(b, "[1-9] [0-9]{%d,} ", n - 1);
+			nx_sb_str(b, ") ");
 			return;
 		}
 		char sa[24], sz[24];
 		snprintf(sa, sizeof(sa), "%0*llu", n, (unsigned long long)a);
 		snprintf(sz, sizeof(sz), "%0*llu", n, (unsigned long long)z);
-		sb_str(b, "( ");
+		nx_sb_str(b, "( ");
 		digits_range(b, sa, sz, n);
-		sb_str(b, ") ");
+		nx_sb_str(b, ") ");
 		if (hi_inf && n == nl) {
 			/* and every longer number */
-			sb_fmt(b, "| [1-9] [0-9]{%d,} ", n);
-			sb_str(b, ") ");
+			nx_sb_fmt(b, "| [1-9] [0-9]{%d,} ", n);
+			nx_sb_str(b, ") ");
 			return;
 		}
 	}
-	sb_str(b, ") ");
+	nx_sb_str(b, ") ");
 }
 
 /* --- schema bounds -------------------------------------------------------------- */
@@ -266,10 +221,10 @@ static int get_bound(struct sc *c, json_t *s, const char *key, const char *xkey,
 }
 
 /* Integers lo..hi (each may be unbounded) as GBNF into the rule body. */
-static void int_range(struct sb *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi)
+static void int_range(struct nx_sbuf *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi)
 {
 	bool first = true;
-	sb_str(b, "( ");
+	nx_sb_str(b, "( ");
 	/* the non-negative part: max(lo, 0) .. hi */
 	if (!has_hi || hi >= 0) {
 		uint64_t a = has_lo && lo > 0 ? (uint64_t)lo : 0;
@@ -280,30 +235,30 @@ static void int_range(struct sb *b, bool has_lo, int64_t lo, bool has_hi, int64_
 	if (!has_lo || lo < 0) {
 		uint64_t a = has_hi && hi < 0 ? (uint64_t)(-hi) : 1;
 		if (!first)
-			sb_str(b, "| ");
-		sb_str(b, "\"-\" ");
+			nx_sb_str(b, "| ");
+		nx_sb_str(b, "\"-\" ");
 		nat_range(b, a, has_lo ? (uint64_t)(-lo) : 0, !has_lo);
 	}
-	sb_str(b, ") ");
+	nx_sb_str(b, ") ");
 }
 
 /* A magnitude m of lo..hi (integers, hi may be unbounded), fraction allowed:
  * an integer part of lo..hi-1 and any fraction, or hi and zeros. */
-static void frac_range(struct sb *b, uint64_t lo, bool has_hi, uint64_t hi)
+static void frac_range(struct nx_sbuf *b, uint64_t lo, bool has_hi, uint64_t hi)
 {
-	sb_str(b, "( ");
+	nx_sb_str(b, "( ");
 	if (!has_hi) {
 		nat_range(b, lo, 0, true);
-		sb_str(b, "( \".\" [0-9]+ )? ");
+		nx_sb_str(b, "( \".\" [0-9]+ )? ");
 	} else {
 		if (hi > lo) {
-			sb_str(b, "( ");
+			nx_sb_str(b, "( ");
 			nat_range(b, lo, hi - 1, false);
-			sb_str(b, "( \".\" [0-9]+ )? ) | ");
+			nx_sb_str(b, "( \".\" [0-9]+ )? ) | ");
 		}
-		sb_fmt(b, "\"%llu\" ( \".\" \"0\"+ )? ", (unsigned long long)hi);
+		nx_sb_fmt(b, "\"%llu\" ( \".\" \"0\"+ )? ", (unsigned long long)hi);
 	}
-	sb_str(b, ") ");
+	nx_sb_str(b, ") ");
 }
 
 /* --- regular expressions (ECMA-262 subset) -------------------------------------- */
@@ -312,7 +267,7 @@ struct rx {
 	const char *s, *end;
 	struct sc *c;
 	const char *path;
-	struct sb *b;
+	struct nx_sbuf *b;
 	int depth;
 };
 
@@ -400,29 +355,29 @@ static int cs_shorthand(struct cset *s, char k)
 	return rc;
 }
 
-static void emit_cp_lit(struct sb *b, uint32_t cp)
+static void emit_cp_lit(struct nx_sbuf *b, uint32_t cp)
 {
 	/* the JSON encoding of one decoded character, as a GBNF literal */
 	static const char esc[] = { ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't' };
 	if (cp == '"')
-		sb_str(b, "\"\\\\\\\"\" ");
+		nx_sb_str(b, "\"\\\\\\\"\" ");
 	else if (cp == '\\')
-		sb_str(b, "\"\\\\\\\\\" ");
+		nx_sb_str(b, "\"\\\\\\\\\" ");
 	else if (cp < 0x20 && cp < sizeof(esc) && esc[cp])
-		sb_fmt(b, "\"\\\\%c\" ", esc[cp]);
+		nx_sb_fmt(b, "\"\\\\%c\" ", esc[cp]);
 	else if (cp < 0x20)
-		sb_fmt(b, "\"\\\\u00%02X\" ", cp);
+		nx_sb_fmt(b, "\"\\\\u00%02X\" ", cp);
 	else if (cp < 0x7f && cp != '"' && cp != '\\')
-		sb_fmt(b, "\"%c\" ", (char)cp);
+		nx_sb_fmt(b, "\"%c\" ", (char)cp);
 	else
-		sb_fmt(b, "\"\\U%08X\" ", cp);
+		nx_sb_fmt(b, "\"\\U%08X\" ", cp);
 }
 
 /* A set of decoded characters as the GBNF of their JSON encodings. */
-static void emit_cset(struct sb *b, struct cset *s)
+static void emit_cset(struct nx_sbuf *b, struct cset *s)
 {
 	cs_norm(s);
-	sb_str(b, "( ");
+	nx_sb_str(b, "( ");
 	bool any = false, first = true;
 	/* the characters a JSON string holds as they are */
 	for (int i = 0; i < s->n; i++) {
@@ -451,17 +406,17 @@ static void emit_cset(struct sb *b, struct cset *s)
 			else if (a < 0xD800 && z >= 0xD800)
 				z = 0xD7FF;
 			if (!any) {
-				sb_str(b, "[");
+				nx_sb_str(b, "[");
 				any = true;
 			}
-			sb_fmt(b, "\\U%08X-\\U%08X", a, z);
+			nx_sb_fmt(b, "\\U%08X-\\U%08X", a, z);
 			if (z == 0x10FFFF)
 				break;
 			a = z + 1;
 		}
 	}
 	if (any) {
-		sb_str(b, "] ");
+		nx_sb_str(b, "] ");
 		first = false;
 	}
 	/* and those it holds escaped */
@@ -469,13 +424,13 @@ static void emit_cset(struct sb *b, struct cset *s)
 		for (uint32_t cp = s->r[i][0]; cp <= s->r[i][1] && cp <= '\\'; cp++)
 			if (cp < 0x20 || cp == '"' || cp == '\\') {
 				if (!first)
-					sb_str(b, "| ");
+					nx_sb_str(b, "| ");
 				emit_cp_lit(b, cp);
 				first = false;
 			}
 	if (first)
-		sb_str(b, "[^\\x00-\\U0010FFFF] "); /* not reached: an empty set is refused before */
-	sb_str(b, ") ");
+		nx_sb_str(b, "[^\\x00-\\U0010FFFF] "); /* not reached: an empty set is refused before */
+	nx_sb_str(b, ") ");
 }
 
 static int rx_err(struct rx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -644,8 +599,8 @@ static int rx_count(struct rx *x, long *v)
 
 static int rx_seq(struct rx *x)
 {
-	struct sb *b = x->b;
-	sb_str(b, "( ");
+	struct nx_sbuf *b = x->b;
+	nx_sb_str(b, "( ");
 	while (x->s < x->end && *x->s != '|' && *x->s != ')') {
 		char ch = *x->s;
 		if (ch == '(') {
@@ -741,11 +696,11 @@ static int rx_seq(struct rx *x)
 				if (n >= 0 && n < m)
 					return rx_err(x, "quantifier {%ld,%ld} out of order", m, n);
 				if (n < 0)
-					sb_fmt(b, "{%ld,} ", m);
+					nx_sb_fmt(b, "{%ld,} ", m);
 				else
-					sb_fmt(b, "{%ld,%ld} ", m, n);
+					nx_sb_fmt(b, "{%ld,%ld} ", m, n);
 			} else {
-				sb_fmt(b, "%c ", q);
+				nx_sb_fmt(b, "%c ", q);
 			}
 			if (x->s < x->end && *x->s == '?')
 				x->s++; /* lazy: the same language */
@@ -753,31 +708,31 @@ static int rx_seq(struct rx *x)
 				return rx_err(x, "a quantifier cannot follow a quantifier");
 		}
 	}
-	sb_str(b, ") ");
+	nx_sb_str(b, ") ");
 	return 0;
 }
 
 static int rx_alt(struct rx *x)
 {
-	sb_str(x->b, "( ");
+	nx_sb_str(x->b, "( ");
 	for (;;) {
 		if (rx_seq(x))
 			return -1;
 		if (x->s < x->end && *x->s == '|') {
 			x->s++;
-			sb_str(x->b, "| ");
+			nx_sb_str(x->b, "| ");
 			continue;
 		}
 		break;
 	}
-	sb_str(x->b, ") ");
+	nx_sb_str(x->b, ") ");
 	return 0;
 }
 
 /* A string whose content matches pattern (searched, as JSON schema says). */
 static int pattern_rule(struct sc *c, const char *pat, size_t len, const char *path, char name[RULE_NAME])
 {
-	struct sb body = {0};
+	struct nx_sbuf body = {0};
 	struct rx x = { pat, pat + len, c, path, &body, 0 };
 	bool start = len && pat[0] == '^';
 	if (start)
@@ -803,13 +758,13 @@ static int pattern_rule(struct sc *c, const char *pat, size_t len, const char *p
 		return -1;
 	}
 	rule_begin(c, name);
-	sb_str(&c->out, "\"\\\"\" ");
+	nx_sb_str(&c->out, "\"\\\"\" ");
 	if (!start)
-		sb_str(&c->out, "char* ");
-	sb_put(&c->out, body.s, body.n);
+		nx_sb_str(&c->out, "char* ");
+	nx_sb_put(&c->out, body.s, body.n);
 	if (!end)
-		sb_str(&c->out, "char* ");
-	sb_str(&c->out, "\"\\\"\"\n");
+		nx_sb_str(&c->out, "char* ");
+	nx_sb_str(&c->out, "\"\\\"\"\n");
 	free(body.s);
 	return 0;
 }
@@ -862,7 +817,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[RULE_
 		}
 		if (json_is_false(addl)) {
 			rule_begin(c, name);
-			sb_str(&c->out, "\"{\" ws \"}\"\n");
+			nx_sb_str(&c->out, "\"{\" ws \"}\"\n");
 			return 0;
 		}
 		/* a map: any keys, each value of the schema */
@@ -871,7 +826,7 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[RULE_
 		if (gen(c, addl, p2, v))
 			return -1;
 		rule_begin(c, name);
-		sb_fmt(&c->out, "\"{\" ws ( string ws \":\" ws %s ws ( \",\" ws string ws \":\" ws %s ws )* )? \"}\"\n", v, v);
+		nx_sb_fmt(&c->out, "\"{\" ws ( string ws \":\" ws %s ws ( \",\" ws string ws \":\" ws %s ws )* )? \"}\"\n", v, v);
 		return 0;
 	}
 	/* the properties in order: declared ones, then required ones not declared */
@@ -923,10 +878,10 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[RULE_
 	/* kv_i; t_i: the rest from i when something came before; f_i: when nothing did */
 	int base = c->n_rules;
 	c->n_rules += 3 * (int)n + 2;
-	struct sb *o = &c->out;
+	struct nx_sbuf *o = &c->out;
 	const char *const P = c->prefix;
 	for (size_t i = 0; i < n; i++) {
-		sb_fmt(o, "%ss%d ::= ", P, base + 1 + (int)i);
+		nx_sb_fmt(o, "%ss%d ::= ", P, base + 1 + (int)i);
 		json_t *kj = json_string(keys[i]);
 		if (!kj) {
 			rc = serr(c, path, "property name '%s' is not valid UTF-8", keys[i]);
@@ -934,24 +889,24 @@ static int gen_object(struct sc *c, json_t *s, const char *path, char name[RULE_
 		}
 		sb_json_lit(c, kj);
 		json_decref(kj);
-		sb_fmt(o, "ws \":\" ws %s ws\n", vals[i]);
+		nx_sb_fmt(o, "ws \":\" ws %s ws\n", vals[i]);
 	}
 	const int kv = base + 1, t = base + 1 + (int)n, f = t + (int)n + 1;
 	for (size_t i = 0; i <= n; i++) {
 		if (i == n) {
-			sb_fmt(o, "%ss%d ::= \"\"\n%ss%d ::= \"\"\n", P, t + (int)i, P, f + (int)i);
+			nx_sb_fmt(o, "%ss%d ::= \"\"\n%ss%d ::= \"\"\n", P, t + (int)i, P, f + (int)i);
 			break;
 		}
 		if (must[i]) {
-			sb_fmt(o, "%ss%d ::= \",\" ws %ss%d %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
-			sb_fmt(o, "%ss%d ::= %ss%d %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1);
+			nx_sb_fmt(o, "%ss%d ::= \",\" ws %ss%d %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
+			nx_sb_fmt(o, "%ss%d ::= %ss%d %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1);
 		} else {
-			sb_fmt(o, "%ss%d ::= ( \",\" ws %ss%d )? %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
-			sb_fmt(o, "%ss%d ::= %ss%d %ss%d | %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1, P, f + (int)i + 1);
+			nx_sb_fmt(o, "%ss%d ::= ( \",\" ws %ss%d )? %ss%d\n", P, t + (int)i, P, kv + (int)i, P, t + (int)i + 1);
+			nx_sb_fmt(o, "%ss%d ::= %ss%d %ss%d | %ss%d\n", P, f + (int)i, P, kv + (int)i, P, t + (int)i + 1, P, f + (int)i + 1);
 		}
 	}
 	rule_begin(c, name);
-	sb_fmt(o, "\"{\" ws %ss%d \"}\"\n", P, f);
+	nx_sb_fmt(o, "\"{\" ws %ss%d \"}\"\n", P, f);
 out:
 	free(keys);
 	free(schemas);
@@ -994,18 +949,18 @@ static int gen_array(struct sc *c, json_t *s, const char *path, char name[RULE_N
 	else if (gen(c, items, p2, v))
 		return -1;
 	rule_begin(c, name);
-	struct sb *o = &c->out;
+	struct nx_sbuf *o = &c->out;
 	if (mx == 0) {
-		sb_str(o, "\"[\" ws \"]\"\n");
+		nx_sb_str(o, "\"[\" ws \"]\"\n");
 		return 0;
 	}
-	sb_fmt(o, "\"[\" ws ( %s ws ( \",\" ws %s ws )", v, v);
+	nx_sb_fmt(o, "\"[\" ws ( %s ws ( \",\" ws %s ws )", v, v);
 	long lo = mn > 0 ? mn - 1 : 0;
 	if (mx < 0)
-		sb_fmt(o, "{%ld,} ", lo);
+		nx_sb_fmt(o, "{%ld,} ", lo);
 	else
-		sb_fmt(o, "{%ld,%ld} ", lo, mx - 1);
-	sb_fmt(o, ")%s \"]\"\n", mn == 0 ? "?" : "");
+		nx_sb_fmt(o, "{%ld,%ld} ", lo, mx - 1);
+	nx_sb_fmt(o, ")%s \"]\"\n", mn == 0 ? "?" : "");
 	return 0;
 }
 
@@ -1032,9 +987,9 @@ static int gen_string(struct sc *c, json_t *s, const char *path, char name[RULE_
 		return serr(c, path, "maxLength %ld is below minLength %ld", mx, mn);
 	rule_begin(c, name);
 	if (mx < 0)
-		sb_fmt(&c->out, "\"\\\"\" char{%ld,} \"\\\"\"\n", mn);
+		nx_sb_fmt(&c->out, "\"\\\"\" char{%ld,} \"\\\"\"\n", mn);
 	else
-		sb_fmt(&c->out, "\"\\\"\" char{%ld,%ld} \"\\\"\"\n", mn, mx);
+		nx_sb_fmt(&c->out, "\"\\\"\" char{%ld,%ld} \"\\\"\"\n", mn, mx);
 	return 0;
 }
 
@@ -1058,7 +1013,7 @@ static int gen_number(struct sc *c, json_t *s, const char *path, bool integer, c
 			return serr(c, path, "no integer lies between the bounds %g and %g", lo.v, hi.v);
 		rule_begin(c, name);
 		int_range(&c->out, lo.has, a, hi.has, z);
-		sb_str(&c->out, "\n");
+		nx_sb_str(&c->out, "\n");
 		return 0;
 	}
 	if ((lo.has && (lo.exclusive || lo.v != floor(lo.v))) || (hi.has && (hi.exclusive || hi.v != floor(hi.v))))
@@ -1068,8 +1023,8 @@ static int gen_number(struct sc *c, json_t *s, const char *path, bool integer, c
 	if (lo.has && hi.has && a > z)
 		return serr(c, path, "minimum %g is above maximum %g", lo.v, hi.v);
 	rule_begin(c, name);
-	struct sb *o = &c->out;
-	sb_str(o, "( ");
+	struct nx_sbuf *o = &c->out;
+	nx_sb_str(o, "( ");
 	bool first = true;
 	if (!hi.has || z >= 0) { /* v >= 0: max(lo, 0) .. hi */
 		frac_range(o, lo.has && a > 0 ? (uint64_t)a : 0, hi.has, hi.has ? (uint64_t)z : 0);
@@ -1077,11 +1032,11 @@ static int gen_number(struct sc *c, json_t *s, const char *path, bool integer, c
 	}
 	if (!lo.has || a < 0) { /* v < 0: "-" and a magnitude of max(-hi, 0) .. -lo */
 		if (!first)
-			sb_str(o, "| ");
-		sb_str(o, "\"-\" ");
+			nx_sb_str(o, "| ");
+		nx_sb_str(o, "\"-\" ");
 		frac_range(o, hi.has && z < 0 ? (uint64_t)(-z) : 0, lo.has, lo.has ? (uint64_t)(-a) : 0);
 	}
-	sb_str(o, ")\n");
+	nx_sb_str(o, ")\n");
 	return 0;
 }
 
@@ -1203,11 +1158,11 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 			if (!fits)
 				continue;
 			if (kept++)
-				sb_str(&c->out, "| ");
+				nx_sb_str(&c->out, "| ");
 			if (sb_json_lit(c, x))
 				return serr(c, path, "out of memory");
 		}
-		sb_str(&c->out, "\n");
+		nx_sb_str(&c->out, "\n");
 		if (!kept)
 			return serr(c, path, "no value of '%s' has the schema's type", en ? "enum" : "const");
 		c->depth--;
@@ -1232,8 +1187,8 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 		}
 		rule_begin(c, name);
 		for (size_t i = 0; i < n; i++)
-			sb_fmt(&c->out, "%s%s ", i ? "| " : "", alts[i]);
-		sb_str(&c->out, "\n");
+			nx_sb_fmt(&c->out, "%s%s ", i ? "| " : "", alts[i]);
+		nx_sb_str(&c->out, "\n");
 		free(alts);
 		c->depth--;
 		return 0;
@@ -1258,8 +1213,8 @@ static int gen(struct sc *c, json_t *s, const char *path, char name[RULE_NAME])
 			return -1;
 	rule_begin(c, name);
 	for (int i = 0; i < n_types; i++)
-		sb_fmt(&c->out, "%s%s ", i ? "| " : "", alts[i]);
-	sb_str(&c->out, "\n");
+		nx_sb_fmt(&c->out, "%s%s ", i ? "| " : "", alts[i]);
+	nx_sb_str(&c->out, "\n");
 	c->depth--;
 	return 0;
 }
@@ -1285,10 +1240,10 @@ static int schema_rules(const char *schema_json, size_t len, const char *prefix,
 }
 
 /* The JSON rules (but its root) and the typed ones schemas use. */
-static void json_rules(struct sb *g)
+static void json_rules(struct nx_sbuf *g)
 {
-	sb_str(g, strchr(nx_grammar_json_gbnf(), '\n') + 1);
-	sb_str(g, "boolean ::= \"true\" | \"false\"\nnull ::= \"null\"\n"
+	nx_sb_str(g, strchr(nx_grammar_json_gbnf(), '\n') + 1);
+	nx_sb_str(g, "boolean ::= \"true\" | \"false\"\nnull ::= \"null\"\n"
 		  "integer ::= \"-\"? ( \"0\" | [1-9] [0-9]* )\n");
 }
 
@@ -1299,11 +1254,11 @@ int nx_schema_to_gbnf(const char *schema_json, size_t len, char **gbnf, struct n
 	char root[RULE_NAME];
 	if (schema_rules(schema_json, len, "", &c, root, err))
 		return -1;
-	struct sb g = {0};
-	sb_fmt(&g, "root ::= %s\n", root);
+	struct nx_sbuf g = {0};
+	nx_sb_fmt(&g, "root ::= %s\n", root);
 	json_rules(&g);
 	if (c.out.s)
-		sb_put(&g, c.out.s, c.out.n);
+		nx_sb_put(&g, c.out.s, c.out.n);
 	free(c.out.s);
 	if (g.oom) {
 		free(g.s);
@@ -1336,7 +1291,7 @@ int nx_schema_to_gbnf_rules(const char *schema_json, size_t len, const char *pre
 
 char *nx_schema_gbnf_json_rules(void)
 {
-	struct sb g = {0};
+	struct nx_sbuf g = {0};
 	json_rules(&g);
 	if (g.oom) {
 		free(g.s);

@@ -1,49 +1,17 @@
 /* tool_grammar.c - the grammar of the rest of an answer that tool_choice makes a call: the tool's name, the family's separator, arguments held to the tool's parameters schema, the family's close (see tools.h). */
 #include "tok/tools.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/sbuf.h"
 #include "sample/grammar.h"
 
-struct gb {
-	char *s;
-	size_t n, cap;
-	bool oom;
-};
-
-static void gb_put(struct gb *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->n + n + 1 > b->cap) {
-		size_t c = b->cap ? b->cap : 1024;
-		while (c < b->n + n + 1)
-			c *= 2;
-		char *q = realloc(b->s, c);
-		if (!q) {
-			b->oom = true;
-			return;
-		}
-		b->s = q;
-		b->cap = c;
-	}
-	memcpy(b->s + b->n, s, n);
-	b->n += n;
-	b->s[b->n] = '\0';
-}
-
-static void gb_str(struct gb *b, const char *s)
-{
-	gb_put(b, s, strlen(s));
-}
-
 /* s as a GBNF literal. */
-static void gb_lit(struct gb *b, const char *s)
+static void gbnf_lit(struct nx_sbuf *b, const char *s)
 {
-	gb_str(b, "\"");
+	nx_sb_str(b, "\"");
 	for (; *s; s++) {
 		unsigned char ch = (unsigned char)*s;
 		char e[8];
@@ -55,9 +23,9 @@ static void gb_lit(struct gb *b, const char *s)
 			snprintf(e, sizeof(e), "\\x%02X", ch);
 		else
 			e[0] = (char)ch, e[1] = '\0';
-		gb_str(b, e);
+		nx_sb_str(b, e);
 	}
-	gb_str(b, "\" ");
+	nx_sb_str(b, "\" ");
 }
 
 /* GBNF of what the family writes after a call's arguments object, as its
@@ -97,8 +65,8 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 	const char *close = call_close(style);
 	if (choice == NX_TOOL_AUTO || !close)
 		return 0;
-	struct gb rules = { 0 }, root = { 0 };
-	gb_str(&root, "root ::= ");
+	struct nx_sbuf rules = { 0 }, root = { 0 };
+	nx_sb_str(&root, "root ::= ");
 	int rc = 0, n_alt = 0;
 	size_t i;
 	json_t *t;
@@ -124,9 +92,9 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 					     tn, i, e.msg);
 				break;
 			}
-			gb_str(&rules, args_rules);
+			nx_sb_str(&rules, args_rules);
 		}
-		gb_str(&root, n_alt++ ? "| " : "( ");
+		nx_sb_str(&root, n_alt++ ? "| " : "( ");
 		if (choice == NX_TOOL_REQUIRED) {
 			/* the forced start stops where the name begins */
 			char *ns = name_and_separator(style, tn);
@@ -136,12 +104,12 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 				rc = nx_errf(err, "out of memory");
 				break;
 			}
-			gb_lit(&root, ns);
+			gbnf_lit(&root, ns);
 			free(ns);
 		}
 		/* no parameters: any object, as the reader takes it */
-		gb_str(&root, args_root ? args_root : "object");
-		gb_str(&root, " ");
+		nx_sb_str(&root, args_root ? args_root : "object");
+		nx_sb_str(&root, " ");
 		free(args_rules);
 		free(args_root);
 	}
@@ -151,11 +119,11 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 	if (rc == 0 && !json_rules)
 		rc = nx_errf(err, "out of memory");
 	if (rc == 0) {
-		gb_str(&root, ") ");
-		gb_str(&root, close);
-		gb_str(&root, "\n");
-		gb_str(&root, json_rules);
-		gb_put(&root, rules.s ? rules.s : "", rules.n);
+		nx_sb_str(&root, ") ");
+		nx_sb_str(&root, close);
+		nx_sb_str(&root, "\n");
+		nx_sb_str(&root, json_rules);
+		nx_sb_put(&root, rules.s ? rules.s : "", rules.n);
 		if (root.oom || rules.oom)
 			rc = nx_errf(err, "out of memory");
 	}
