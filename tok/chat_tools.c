@@ -301,6 +301,44 @@ static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, stru
 	return 0;
 }
 
+/* Qwen's tools listing in its system turn, from "# Tools" to the turn's end. */
+static void qwen_tools_listing(struct sbuf *b, const json_t *tools)
+{
+	sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+		  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
+	size_t k;
+	json_t *t;
+	json_array_foreach(tools, k, t) {
+		sb_str(b, "\n");
+		sb_json(b, t, -1);
+	}
+	sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+		  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
+		  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+}
+
+/* Tool message i: consecutive ones share one user turn of <tool_response> blocks. */
+static void qwen_tool_response(struct sbuf *b, const struct nx_chat_turn *m, int n, int i, const char *content)
+{
+	if (i == 0 || !is_role(&m[i - 1], "tool"))
+		sb_str(b, "<|im_start|>user");
+	sb_str(b, "\n<tool_response>\n");
+	sb_str(b, content);
+	sb_str(b, "\n</tool_response>");
+	if (i == n - 1 || !is_role(&m[i + 1], "tool"))
+		sb_str(b, "<|im_end|>\n");
+}
+
+/* One of an assistant turn's calls as a <tool_call> block. */
+static void qwen_call(struct sbuf *b, const json_t *call)
+{
+	sb_str(b, "<tool_call>\n{\"name\": \"");
+	sb_str(b, json_string_value(json_object_get(call, "name")));
+	sb_str(b, "\", \"arguments\": ");
+	sb_json(b, json_object_get(call, "arguments"), -1);
+	sb_str(b, "}\n</tool_call>");
+}
+
 /* Qwen2.5 (ChatML): the system turn carries the tools; with none, the
  * template's default system turn stands in for a missing one. */
 static void render_qwen25(struct sbuf *b, const struct find_default *f, const struct nx_chat_turn *m, int n,
@@ -313,17 +351,8 @@ static void render_qwen25(struct sbuf *b, const struct find_default *f, const st
 			sb_str(b, m[0].content);
 		else if (f->lit)
 			sb_add(b, f->lit + f->body_off, f->body_len);
-		sb_str(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
-			  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
-		size_t k;
-		json_t *t;
-		json_array_foreach(tools, k, t) {
-			sb_str(b, "\n");
-			sb_json(b, t, -1);
-		}
-		sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-			  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-			  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+		sb_str(b, "\n\n");
+		qwen_tools_listing(b, tools);
 	} else if (sys) {
 		sb_str(b, "<|im_start|>system\n");
 		sb_str(b, m[0].content);
@@ -333,13 +362,7 @@ static void render_qwen25(struct sbuf *b, const struct find_default *f, const st
 	}
 	for (int i = sys ? 1 : 0; i < n; i++) {
 		if (is_role(&m[i], "tool")) {
-			if (i == 0 || !is_role(&m[i - 1], "tool"))
-				sb_str(b, "<|im_start|>user");
-			sb_str(b, "\n<tool_response>\n");
-			sb_str(b, m[i].content);
-			sb_str(b, "\n</tool_response>");
-			if (i == n - 1 || !is_role(&m[i + 1], "tool"))
-				sb_str(b, "<|im_end|>\n");
+			qwen_tool_response(b, m, n, i, m[i].content);
 		} else if (calls[i]) {
 			sb_str(b, "<|im_start|>assistant");
 			if (m[i].content && *m[i].content) {
@@ -349,11 +372,8 @@ static void render_qwen25(struct sbuf *b, const struct find_default *f, const st
 			size_t k;
 			json_t *c;
 			json_array_foreach(calls[i], k, c) {
-				sb_str(b, "\n<tool_call>\n{\"name\": \"");
-				sb_str(b, json_string_value(json_object_get(c, "name")));
-				sb_str(b, "\", \"arguments\": ");
-				sb_json(b, json_object_get(c, "arguments"), -1);
-				sb_str(b, "}\n</tool_call>");
+				sb_str(b, "\n");
+				qwen_call(b, c);
 			}
 			sb_str(b, "<|im_end|>\n");
 		} else {
@@ -380,17 +400,7 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 			sb_str(b, m[0].content);
 			sb_str(b, "\n\n");
 		}
-		sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
-			  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
-		size_t k;
-		json_t *t;
-		json_array_foreach(tools, k, t) {
-			sb_str(b, "\n");
-			sb_json(b, t, -1);
-		}
-		sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
-			  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
-			  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+		qwen_tools_listing(b, tools);
 	} else if (sys) {
 		sb_str(b, "<|im_start|>system\n");
 		sb_str(b, m[0].content);
@@ -405,13 +415,7 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 	for (int i = sys ? 1 : 0; i < n; i++) {
 		const char *content = m[i].content ? m[i].content : "";
 		if (is_role(&m[i], "tool")) {
-			if (i == 0 || !is_role(&m[i - 1], "tool"))
-				sb_str(b, "<|im_start|>user");
-			sb_str(b, "\n<tool_response>\n");
-			sb_str(b, content);
-			sb_str(b, "\n</tool_response>");
-			if (i == n - 1 || !is_role(&m[i + 1], "tool"))
-				sb_str(b, "<|im_end|>\n");
+			qwen_tool_response(b, m, n, i, content);
 			continue;
 		}
 		if (!is_role(&m[i], "assistant")) {
@@ -443,11 +447,7 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 			json_array_foreach(calls[i], k, call) {
 				if (k > 0 || has_content)
 					sb_str(b, "\n");
-				sb_str(b, "<tool_call>\n{\"name\": \"");
-				sb_str(b, json_string_value(json_object_get(call, "name")));
-				sb_str(b, "\", \"arguments\": ");
-				sb_json(b, json_object_get(call, "arguments"), -1);
-				sb_str(b, "}\n</tool_call>");
+				qwen_call(b, call);
 			}
 		}
 		sb_str(b, "<|im_end|>\n");
