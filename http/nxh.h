@@ -160,6 +160,7 @@ struct nxh_gen {
 	char id[48];             /* "chatcmpl-..." */
 	long long created;
 	struct nxh_buf text;     /* the whole text (non-streamed answers) */
+	struct nxh_buf sse_head; /* a streamed chunk's serialised start, up to its choices (sse_text) */
 	json_t *lp;              /* logprobs gathered (non-streamed answers) */
 	size_t text_offset;      /* completions' logprobs: bytes of text so far */
 	int n_tokens;            /* token events seen */

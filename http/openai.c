@@ -33,6 +33,7 @@ void nxh_gen_free(struct nxh_gen *g)
 	json_decref(g->tool_calls);
 	free(g->model);
 	nxh_buf_free(&g->text);
+	nxh_buf_free(&g->sse_head);
 	memset(g, 0, sizeof(*g));
 }
 
@@ -603,6 +604,46 @@ static void sse(struct nxh_req *r, json_t *obj)
 	nxh_buf_free(&b);
 }
 
+/* A chunk of text alone, the most of a stream: the bytes sse_choice would
+ * write, put together without building and freeing its JSON tree per token.
+ * False when the chunk's start cannot be had (out of memory): sse_choice
+ * then. */
+static bool sse_text(struct nxh_req *r, const char *text)
+{
+	struct nxh_gen *g = &r->gen;
+	struct nxh_buf *h = &g->sse_head;
+	if (!h->len) {
+		static const char choices[] = ",\"choices\":[{\"index\":0,";
+		json_t *head = chunk_head(g);
+		char *s = head ? json_dumps(head, JSON_COMPACT) : NULL; /* {"id":...,"model":"..."} */
+		json_decref(head);
+		bool ok = s && nxh_buf_put(h, "data: ", 6) == 0 && nxh_buf_put(h, s, strlen(s) - 1) == 0 &&
+			  nxh_buf_put(h, choices, sizeof(choices) - 1) == 0;
+		free(s);
+		if (!ok) {
+			nxh_buf_free(h);
+			return false;
+		}
+	}
+	const size_t n = strlen(text);
+	char lit[4096];
+	if (6 * n + 3 > sizeof(lit))
+		return false;
+	nxp_json_str(lit, sizeof(lit), text, n);
+	char tail[128];
+	snprintf(tail, sizeof(tail), "%s,\"logprobs\":null,\"finish_reason\":null}]%s}\n\n",
+		 g->api == NXH_API_CHAT ? "}" : "", g->include_usage ? ",\"usage\":null" : "");
+	const char *field = g->api == NXH_API_CHAT ? "\"delta\":{\"content\":" : "\"text\":";
+	struct nxh_buf b = { 0 };
+	if (nxh_buf_put(&b, h->p, h->len) || nxh_buf_put(&b, field, strlen(field)) || nxh_buf_put(&b, lit, strlen(lit)) ||
+	    nxh_buf_put(&b, tail, strlen(tail)))
+		nxh_req_stream_end(r, true);
+	else
+		nxh_req_stream_put(r, b.p, b.len);
+	nxh_buf_free(&b);
+	return true;
+}
+
 /* One streamed choice: delta text (chat) or text (completions), with its
  * logprobs entry and finish_reason, each possibly null. */
 static void sse_choice(struct nxh_req *r, json_t *delta_or_text, json_t *lp, const char *finish)
@@ -683,6 +724,8 @@ static void on_token(struct nxh_req *r, json_t *ev)
 	g->text_offset += strlen(text);
 	if (g->stream) {
 		if (!*text && !e) /* held back: maybe the start of a stop string */
+			return;
+		if (!e && sse_text(r, text))
 			return;
 		json_t *t = g->api == NXH_API_CHAT ? json_pack("{s:s}", "content", text) : json_string(text);
 		sse_choice(r, t, e ? (g->api == NXH_API_CHAT ? json_pack("[o]", e) : e) : NULL, NULL);
