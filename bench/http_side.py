@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -115,60 +116,138 @@ def model_id(port):
         c.close()
 
 
-def chat(port, msgs, n, model, conn=None):
+class _Stream:
+    """The body of one HTTP/1.1 response read straight off its socket, chunked framing undone, as lines.
+
+    The benchmark times the servers, so its client should cost as little CPU as the socket side's
+    (a file's readline and json.loads per event): http.client's chunked readline is several times
+    that in Python, and on a 2-CPU machine the client's CPU is taken from the server's workers."""
+
+    def __init__(self, sock):
+        self.s, self.raw, self.body, self.chunked, self.left, self.eof = sock, b"", b"", False, 0, False
+
+    def _fill(self):
+        k = self.s.recv(65536)
+        if not k:
+            self.eof = True
+        self.raw += k
+
+    def head(self):
+        while b"\r\n\r\n" not in self.raw:
+            if self.eof:
+                raise RuntimeError("the server closed the connection before its response head")
+            self._fill()
+        head, self.raw = self.raw.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        self.chunked = hdrs.get("transfer-encoding", "").lower() == "chunked"
+        return status, hdrs
+
+    def _unframe(self):
+        """Moves what has arrived of the body from raw to body; False at its end."""
+        if not self.chunked:
+            self.body += self.raw
+            self.raw = b""
+            return not self.eof
+        while True:
+            if self.left:
+                take = self.raw[:self.left]
+                self.body += take
+                self.raw = self.raw[len(take):]
+                self.left -= len(take)
+                if self.left:
+                    return True
+            nl = self.raw.find(b"\r\n")
+            if nl < 0:
+                return True
+            if nl == 0:  # the CRLF after a chunk's data
+                self.raw = self.raw[2:]
+                continue
+            size = int(self.raw[:nl].split(b";")[0], 16)
+            if size == 0:
+                return False
+            self.raw, self.left = self.raw[nl + 2:], size
+
+    def lines(self):
+        more = True
+        while True:
+            nl = self.body.find(b"\n")
+            if nl >= 0:
+                line, self.body = self.body[:nl], self.body[nl + 1:]
+                yield line
+                continue
+            if not more or self.eof:
+                return
+            self._fill()
+            more = self._unframe()
+
+
+def chat(port, msgs, n, model):
     """One streamed greedy chat completion of exactly n tokens (ignore_eos, which nxd-http and llama-server
     both take). Returns the send time, the arrival time of every chunk with text, the text, and usage."""
-    c = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     body = json.dumps({"model": model, "messages": msgs, "max_tokens": n, "temperature": 0, "ignore_eos": True,
-                       "stream": True, "stream_options": {"include_usage": True}})
-    t_send = time.perf_counter()
-    c.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"POST /v1/chat/completions on port {port}: HTTP {r.status}: {r.read()[:300]!r}")
-    times, text, usage, done, t_end = [], [], None, False, None
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: "):
-            continue
-        d = line[6:].strip()
-        if d == b"[DONE]":
-            done = True
-            break
-        ev = json.loads(d)
-        if "error" in ev:
-            raise RuntimeError(f"stream error on port {port}: {ev['error']}")
-        now = time.perf_counter()
-        for ch in ev.get("choices") or []:
-            piece = (ch.get("delta") or {}).get("content")
-            if piece:
-                times.append(now)
-                text.append(piece)
-            if ch.get("finish_reason") and t_end is None:
-                t_end = now
-        if ev.get("usage"):
-            usage = ev["usage"]
-    r.read()
-    if conn is None:
-        c.close()
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+    cpu0 = time.thread_time()
+    s = socket.create_connection(("127.0.0.1", port), timeout=600)
+    try:
+        t_send = time.perf_counter()
+        s.sendall(req)
+        st = _Stream(s)
+        status, _ = st.head()
+        if status != 200:
+            raise RuntimeError(f"POST /v1/chat/completions on port {port}: HTTP {status}: {st.raw[:300]!r}")
+        times, text, usage, done, t_end = [], [], None, False, None
+        for line in st.lines():
+            if not line.startswith(b"data: "):
+                continue
+            d = line[6:].strip()
+            if d == b"[DONE]":
+                done = True
+                break
+            ev = json.loads(d)
+            if "error" in ev:
+                raise RuntimeError(f"stream error on port {port}: {ev['error']}")
+            now = time.perf_counter()
+            for ch in ev.get("choices") or []:
+                piece = (ch.get("delta") or {}).get("content")
+                if piece:
+                    times.append(now)
+                    text.append(piece)
+                if ch.get("finish_reason") and t_end is None:
+                    t_end = now
+            if ev.get("usage"):
+                usage = ev["usage"]
+    finally:
+        s.close()
+    now = time.perf_counter()
     if not done:
         raise RuntimeError(f"stream on port {port} ended without [DONE]")
     if not usage:
         raise RuntimeError(f"stream on port {port} sent no usage (stream_options.include_usage)")
     return {"t_send": t_send, "times": times, "t_end": t_end or now, "n": usage["completion_tokens"],
-            "text": "".join(text), "usage": usage, "t_done": time.perf_counter()}
+            "text": "".join(text), "usage": usage, "t_done": now, "client_cpu_s": time.thread_time() - cpu0}
 
 
 def socket_chat(conn, msgs, n, rid=1):
     """The same request over nxd's socket (nxd_side.Conn): the times of token events with text."""
+    # Read as the HTTP side is (_Stream), off the socket: conn's file has nothing buffered past the
+    # hello, and every request ends with its done event.
+    if not hasattr(conn, "lean"):
+        conn.lean = _Stream(conn.s)
+    lines = conn.lean.lines()
+    cpu0 = time.thread_time()
     t_send = time.perf_counter()
     conn.send({"id": rid, "op": "generate", "messages": msgs, "max_tokens": n, "temperature": 0,
                "ignore_eos": True, "stream": True})
     times, text = [], []
     while True:
-        ev = conn.recv()
+        line = next(lines, None)
+        if line is None:
+            raise RuntimeError("nxd closed the connection")
+        ev = json.loads(line)
         kind = ev.get("event")
         if kind == "token":
             if ev.get("text"):
@@ -177,7 +256,8 @@ def socket_chat(conn, msgs, n, rid=1):
         elif kind == "done":
             now = time.perf_counter()
             return {"t_send": t_send, "times": times, "t_end": now, "n": ev["usage"]["completion_tokens"],
-                    "text": "".join(text), "usage": ev.get("usage"), "t_done": now}
+                    "text": "".join(text), "usage": ev.get("usage"), "t_done": now,
+                    "client_cpu_s": time.thread_time() - cpu0}
         elif kind == "error":
             raise RuntimeError(f"generate: {ev.get('code')}: {ev.get('message')}")
 

@@ -767,7 +767,8 @@ def main():
 
         def single(res):
             return {"tok_s": http_side.rate(res), "ttft_s": res["times"][0] - res["t_send"],
-                    "n": res["n"], "text_chunks": len(res["times"])}
+                    "n": res["n"], "text_chunks": len(res["times"]),
+                    "client_cpu_us": res["client_cpu_s"] / res["n"] * 1e6 if res["n"] else None}
 
         def many(rr):
             return {"total_tok_s": http_side.total_rate(rr), "per_client_tok_s": [http_side.rate(r) for r in rr],
@@ -859,6 +860,10 @@ def main():
                            f"{DECODE_N}" + (f"; at {SLOTS} clients' {tot:.0f} tok/s it runs {busy:.1f}% of the "
                                              "time" if busy else ""))
         if o:
+            sk, hp = pick(o, "socket_1", "client_cpu_us"), pick(o, "http_1", "client_cpu_us")
+            table.add(case, f"{key} bench client CPU per token, HTTP", "us", hp, None, lower_better=True,
+                      note=f"over the socket {sk:.1f} us; both read their stream alike (http_side._Stream), and "
+                           "on a host whose CPUs the workers fill, the client's CPU is taken from them on either side")
             sk, hp = pick(o, "socket_1", "ttft_s"), pick(o, "http_1", "ttft_s")
             table.add(case, f"{key} nxd first token, HTTP", "ms", ms(hp), None, lower_better=True,
                       note=f"over the socket {ms(sk):.1f} ms; HTTP adds the client's TCP connection, the gateway's "
