@@ -2,6 +2,7 @@
 #include "common/sbuf.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,13 @@ void nx_sb_put(struct nx_sbuf *b, const char *s, size_t n)
 		return;
 	if (b->n + n + 1 > b->cap) {
 		size_t c = b->cap ? b->cap : 1024;
-		while (c < b->n + n + 1)
+		while (c < b->n + n + 1) {
+			if (c > SIZE_MAX / 2) {
+				b->oom = true;
+				return;
+			}
 			c *= 2;
+		}
 		char *q = realloc(b->s, c);
 		if (!q) {
 			b->oom = true;

@@ -1,4 +1,4 @@
-/* sbuf.h - a growable NUL-terminated string for text built once (grammars, schemas), not per token.
+/* sbuf.h - a growable NUL-terminated string for text built once (grammars, schemas, chat prompts), not per token.
  *
  * Running out of memory sticks (oom): the builder checks once at the end. */
 #ifndef NX_SBUF_H

@@ -161,39 +161,6 @@ int nx_chat_template_file(const char *path, char **src, enum nx_chat_tmpl *t, st
 	return 0;
 }
 
-/* --- a growable string (prompt rendering only, never per token) ---------- */
-
-void sb_add(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->len + n + 1 > b->cap) {
-		size_t cap = b->cap ? b->cap : 256;
-		while (cap < b->len + n + 1) {
-			if (cap > SIZE_MAX / 2) {
-				b->oom = true;
-				return;
-			}
-			cap *= 2;
-		}
-		char *p = realloc(b->p, cap);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-}
-
-void sb_str(struct sbuf *b, const char *s)
-{
-	sb_add(b, s, strlen(s));
-}
-
 /* --- Python str.strip(): the whitespace Jinja's trim and .strip() remove -- */
 
 /* Length of the UTF-8 whitespace character (per Python's str.isspace) at s,
@@ -223,7 +190,7 @@ static size_t space_before(const unsigned char *s, size_t n)
 	return 0;
 }
 
-void sb_stripped(struct sbuf *b, const char *s)
+void sb_stripped(struct nx_sbuf *b, const char *s)
 {
 	const unsigned char *u = (const unsigned char *)s;
 	size_t n = strlen(s), k;
@@ -233,7 +200,7 @@ void sb_stripped(struct sbuf *b, const char *s)
 	}
 	while (n && (k = space_before(u, n)))
 		n -= k;
-	sb_add(b, (const char *)u, n);
+	nx_sb_put(b, (const char *)u, n);
 }
 
 /* --- string literals of the Jinja source --------------------------------- */
@@ -690,42 +657,42 @@ static int check_msgs(const struct nx_chat_msg *msgs, int n, struct nx_err *err)
 	return 0;
 }
 
-static void render_chatml(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+static void render_chatml(struct nx_sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
 			  int n, bool gen)
 {
 	if (f->lit && strcmp(m[0].role, "system") != 0)
-		sb_str(b, f->lit);
+		nx_sb_str(b, f->lit);
 	for (int i = 0; i < n; i++) {
-		sb_str(b, "<|im_start|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "\n");
-		sb_str(b, m[i].content);
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_start|>");
+		nx_sb_str(b, m[i].role);
+		nx_sb_str(b, "\n");
+		nx_sb_str(b, m[i].content);
+		nx_sb_str(b, "<|im_end|>\n");
 	}
 	if (gen)
-		sb_str(b, "<|im_start|>assistant\n");
+		nx_sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Llama 3's turns from m[first] on, and the assistant header that asks for the answer. */
-static void llama3_turns(struct sbuf *b, const struct nx_chat_msg *m, int first, int n, bool gen)
+static void llama3_turns(struct nx_sbuf *b, const struct nx_chat_msg *m, int first, int n, bool gen)
 {
 	for (int i = first; i < n; i++) {
-		sb_str(b, "<|start_header_id|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "<|end_header_id|>\n\n");
+		nx_sb_str(b, "<|start_header_id|>");
+		nx_sb_str(b, m[i].role);
+		nx_sb_str(b, "<|end_header_id|>\n\n");
 		sb_stripped(b, m[i].content);
-		sb_str(b, "<|eot_id|>");
+		nx_sb_str(b, "<|eot_id|>");
 	}
 	if (gen)
-		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		nx_sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-static void render_llama3(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+static void render_llama3(struct nx_sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
 			  int n, bool gen)
 {
-	sb_str(b, "<|begin_of_text|>");
+	nx_sb_str(b, "<|begin_of_text|>");
 	if (f->lit && strcmp(m[0].role, "system") != 0)
-		sb_str(b, f->lit);
+		nx_sb_str(b, f->lit);
 	llama3_turns(b, m, 0, n, gen);
 }
 
@@ -744,20 +711,20 @@ void llama31_date(char *buf, size_t n, const char *jinja)
 	free(lit);
 }
 
-static void render_llama31(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+static void render_llama31(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
 {
 	char date[64];
 	llama31_date(date, sizeof(date), jinja);
-	sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+	nx_sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
 		  "Today Date: ");
-	sb_str(b, date);
-	sb_str(b, "\n\n");
+	nx_sb_str(b, date);
+	nx_sb_str(b, "\n\n");
 	int first = 0;
 	if (strcmp(m[0].role, "system") == 0) {
 		sb_stripped(b, m[0].content);
 		first = 1;
 	}
-	sb_str(b, "<|eot_id|>");
+	nx_sb_str(b, "<|eot_id|>");
 	llama3_turns(b, m, first, n, gen);
 }
 
@@ -802,20 +769,20 @@ void qwen3_split(const char *content, const char **r, const char **re, const cha
 }
 
 /* One Qwen3 assistant turn: its reasoning split off the content as the template does. */
-static void qwen3_assistant(struct sbuf *b, const char *content, bool think)
+static void qwen3_assistant(struct nx_sbuf *b, const char *content, bool think)
 {
 	const char *c, *ce, *r, *re;
 	qwen3_split(content, &r, &re, &c, &ce);
-	sb_str(b, "<|im_start|>assistant\n");
+	nx_sb_str(b, "<|im_start|>assistant\n");
 	if (think) {
 		strip_nl(&r, &re, true, true);
-		sb_str(b, "<think>\n");
-		sb_add(b, r, (size_t)(re - r));
-		sb_str(b, "\n</think>\n\n");
+		nx_sb_str(b, "<think>\n");
+		nx_sb_put(b, r, (size_t)(re - r));
+		nx_sb_str(b, "\n</think>\n\n");
 		strip_nl(&c, &ce, true, false);
 	}
-	sb_add(b, c, (size_t)(ce - c));
-	sb_str(b, "<|im_end|>\n");
+	nx_sb_put(b, c, (size_t)(ce - c));
+	nx_sb_str(b, "<|im_end|>\n");
 }
 
 bool is_tool_response(const char *s)
@@ -837,7 +804,7 @@ static bool has_reasoning(const char *content)
 	return rend > r;
 }
 
-static void render_qwen3(struct sbuf *b, const struct nx_chat_msg *m, int n, bool gen)
+static void render_qwen3(struct nx_sbuf *b, const struct nx_chat_msg *m, int n, bool gen)
 {
 	int last_query = n - 1; /* the last user message that is not a tool's response */
 	for (int i = n - 1; i >= 0; i--)
@@ -850,34 +817,34 @@ static void render_qwen3(struct sbuf *b, const struct nx_chat_msg *m, int n, boo
 			qwen3_assistant(b, m[i].content, i > last_query && (i == n - 1 || has_reasoning(m[i].content)));
 			continue;
 		}
-		sb_str(b, "<|im_start|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "\n");
-		sb_str(b, m[i].content);
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_start|>");
+		nx_sb_str(b, m[i].role);
+		nx_sb_str(b, "\n");
+		nx_sb_str(b, m[i].content);
+		nx_sb_str(b, "<|im_end|>\n");
 	}
 	if (gen)
-		sb_str(b, "<|im_start|>assistant\n");
+		nx_sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Phi-3's turns; skip_empty_system: Phi-3.5's template (phi3_variant 1). */
-static void render_phi3(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+static void render_phi3(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
 {
 	const bool skip_empty_system = jinja && phi3_variant(jinja) == 1;
 	for (int i = 0; i < n; i++) {
 		if (skip_empty_system && !strcmp(m[i].role, "system") && !*m[i].content)
 			continue;
-		sb_str(b, "<|");
-		sb_str(b, m[i].role);
-		sb_str(b, "|>\n");
-		sb_str(b, m[i].content);
-		sb_str(b, "<|end|>\n");
+		nx_sb_str(b, "<|");
+		nx_sb_str(b, m[i].role);
+		nx_sb_str(b, "|>\n");
+		nx_sb_str(b, m[i].content);
+		nx_sb_str(b, "<|end|>\n");
 	}
 	/* without a generation prompt the template ends on eos_token: Phi-3's, whose vocabulary has it */
-	sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
+	nx_sb_str(b, gen ? "<|assistant|>\n" : "<|endoftext|>");
 }
 
-static int render_llama2(struct sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
+static int render_llama2(struct nx_sbuf *b, const struct find_default *f, const struct nx_chat_msg *m,
 			 int n, struct nx_err *err)
 {
 	const char *sys = NULL;
@@ -896,32 +863,32 @@ static int render_llama2(struct sbuf *b, const struct find_default *f, const str
 			return nx_errf(err, "chat: message %d has role \"%s\"; the llama2 template needs user and "
 				       "assistant turns to alternate, starting with user", i, m[i].role);
 	}
-	struct sbuf c = { 0 };
+	struct nx_sbuf c = { 0 };
 	for (int i = first; i < n; i++) {
 		const char *content = m[i].content;
 		if (i == first && sys) {
-			c.len = 0;
-			sb_str(&c, "<<SYS>>\n");
-			sb_str(&c, sys);
-			sb_str(&c, "\n<</SYS>>\n\n");
-			sb_str(&c, content);
+			c.n = 0;
+			nx_sb_str(&c, "<<SYS>>\n");
+			nx_sb_str(&c, sys);
+			nx_sb_str(&c, "\n<</SYS>>\n\n");
+			nx_sb_str(&c, content);
 			if (c.oom)
 				break;
-			content = c.p;
+			content = c.s;
 		}
 		if (strcmp(m[i].role, "user") == 0) {
-			sb_str(b, "<s>[INST] ");
+			nx_sb_str(b, "<s>[INST] ");
 			sb_stripped(b, content);
-			sb_str(b, " [/INST]");
+			nx_sb_str(b, " [/INST]");
 		} else {
-			sb_str(b, " ");
+			nx_sb_str(b, " ");
 			sb_stripped(b, content);
-			sb_str(b, " </s>");
+			nx_sb_str(b, " </s>");
 		}
 	}
 	if (c.oom)
 		b->oom = true;
-	free(c.p);
+	free(c.s);
 	return 0;
 }
 
@@ -939,7 +906,7 @@ static int check_alternating(const struct nx_chat_msg *m, int first, int n, enum
 	return 0;
 }
 
-static int render_mistral_v3(struct sbuf *b, enum nx_chat_tmpl t, const struct nx_chat_msg *m, int n,
+static int render_mistral_v3(struct nx_sbuf *b, enum nx_chat_tmpl t, const struct nx_chat_msg *m, int n,
 			     struct nx_err *err)
 {
 	bool tekken = t == NX_CHAT_MISTRAL_V3_TEKKEN;
@@ -951,44 +918,44 @@ static int render_mistral_v3(struct sbuf *b, enum nx_chat_tmpl t, const struct n
 	}
 	if (check_alternating(m, first, n, t, err))
 		return -1;
-	sb_str(b, "<s>");
+	nx_sb_str(b, "<s>");
 	for (int i = first; i < n; i++) {
 		if (strcmp(m[i].role, "user") == 0) {
-			sb_str(b, tekken ? "[INST]" : "[INST] ");
+			nx_sb_str(b, tekken ? "[INST]" : "[INST] ");
 			if (sys && i == n - 1) {
-				sb_str(b, sys);
-				sb_str(b, "\n\n");
+				nx_sb_str(b, sys);
+				nx_sb_str(b, "\n\n");
 			}
-			sb_str(b, m[i].content);
-			sb_str(b, "[/INST]");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "[/INST]");
 		} else if (tekken) {
-			sb_str(b, m[i].content);
-			sb_str(b, "</s>");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "</s>");
 		} else {
-			sb_str(b, " ");
+			nx_sb_str(b, " ");
 			sb_stripped(b, m[i].content);
-			sb_str(b, "</s>");
+			nx_sb_str(b, "</s>");
 		}
 	}
 	return 0;
 }
 
-static void render_mistral_v7(struct sbuf *b, const struct nx_chat_msg *m, int n)
+static void render_mistral_v7(struct nx_sbuf *b, const struct nx_chat_msg *m, int n)
 {
-	sb_str(b, "<s>");
+	nx_sb_str(b, "<s>");
 	for (int i = 0; i < n; i++) {
 		if (strcmp(m[i].role, "user") == 0) {
-			sb_str(b, "[INST] ");
-			sb_str(b, m[i].content);
-			sb_str(b, "[/INST]");
+			nx_sb_str(b, "[INST] ");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "[/INST]");
 		} else if (strcmp(m[i].role, "system") == 0) {
-			sb_str(b, "[SYSTEM_PROMPT] ");
-			sb_str(b, m[i].content);
-			sb_str(b, "[/SYSTEM_PROMPT]");
+			nx_sb_str(b, "[SYSTEM_PROMPT] ");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "[/SYSTEM_PROMPT]");
 		} else {
-			sb_str(b, " ");
-			sb_str(b, m[i].content);
-			sb_str(b, "</s>");
+			nx_sb_str(b, " ");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "</s>");
 		}
 	}
 }
@@ -1046,8 +1013,8 @@ bool parse_set_string(const char *jinja, const char *name, char **out)
 	p = skip_ws(p + strlen(set));
 	if (*p != '=')
 		return false;
-	struct sbuf v = { 0 };
-	sb_add(&v, "", 0);
+	struct nx_sbuf v = { 0 };
+	nx_sb_put(&v, "", 0);
 	char *tmp = malloc(strlen(jinja) + 1);
 	bool ok = tmp != NULL;
 	for (p = skip_ws(p + 1); ok; p = skip_ws(p + 1)) {
@@ -1055,7 +1022,7 @@ bool parse_set_string(const char *jinja, const char *name, char **out)
 		if (*p == '"' || *p == '\'') {
 			ok = skip_literal(&p, &b, &e);
 			if (ok)
-				sb_add(&v, tmp, decode_literal(b, e, tmp));
+				nx_sb_put(&v, tmp, decode_literal(b, e, tmp));
 		} else if (strncmp(p, "today", 5) == 0 && !(p[5] == '_' || (p[5] >= 'a' && p[5] <= 'z'))) {
 			char fmt[64], date[128];
 			time_t now = time(NULL);
@@ -1063,7 +1030,7 @@ bool parse_set_string(const char *jinja, const char *name, char **out)
 			ok = today_format(jinja, fmt, sizeof(fmt)) && localtime_r(&now, &tm) &&
 			     strftime(date, sizeof(date), fmt, &tm) > 0;
 			if (ok)
-				sb_str(&v, date);
+				nx_sb_str(&v, date);
 			p += 5;
 		} else {
 			ok = false;
@@ -1077,10 +1044,10 @@ bool parse_set_string(const char *jinja, const char *name, char **out)
 	ok = ok && !v.oom && (strncmp(p, "%}", 2) == 0 || strncmp(p, "-%}", 3) == 0);
 	free(tmp);
 	if (!ok) {
-		free(v.p);
+		free(v.s);
 		return false;
 	}
-	*out = v.p;
+	*out = v.s;
 	return true;
 }
 
@@ -1090,7 +1057,7 @@ static bool parse_default_system(const char *jinja, char **out)
 	return parse_set_string(jinja, "default_system_message", out);
 }
 
-static void render_mistral_v7_tekken(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n)
+static void render_mistral_v7_tekken(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n)
 {
 	int first = 0;
 	char *def = NULL;
@@ -1104,49 +1071,49 @@ static void render_mistral_v7_tekken(struct sbuf *b, const char *jinja, const st
 	/* Mistral Small 3.1's template means to check that the turns alternate,
 	 * but its list of turns is set inside a loop, where Jinja keeps it: it
 	 * checks nothing, and neither does nxd. */
-	sb_str(b, "<s>");
+	nx_sb_str(b, "<s>");
 	if (sys) { /* without the template (--chat-template NAME) there is no default to put here */
-		sb_str(b, "[SYSTEM_PROMPT]");
-		sb_str(b, sys);
-		sb_str(b, "[/SYSTEM_PROMPT]");
+		nx_sb_str(b, "[SYSTEM_PROMPT]");
+		nx_sb_str(b, sys);
+		nx_sb_str(b, "[/SYSTEM_PROMPT]");
 	}
 	free(def);
 	for (int i = first; i < n; i++) {
 		if (strcmp(m[i].role, "user") == 0) {
-			sb_str(b, "[INST]");
-			sb_str(b, m[i].content);
-			sb_str(b, "[/INST]");
+			nx_sb_str(b, "[INST]");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "[/INST]");
 		} else {
-			sb_str(b, m[i].content);
-			sb_str(b, "</s>");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "</s>");
 		}
 	}
 }
 
 /* --- DeepSeek R1 ---------------------------------------------------------- */
 
-static void render_deepseek_r1(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
+static void render_deepseek_r1(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
 {
-	sb_str(b, DS_BOS);
+	nx_sb_str(b, DS_BOS);
 	int first = 0;
 	if (strcmp(m[0].role, "system") == 0) {
-		sb_str(b, m[0].content);
+		nx_sb_str(b, m[0].content);
 		first = 1;
 	}
 	for (int i = first; i < n; i++) {
 		if (strcmp(m[i].role, "user") == 0) {
-			sb_str(b, DS_USER);
-			sb_str(b, m[i].content);
+			nx_sb_str(b, DS_USER);
+			nx_sb_str(b, m[i].content);
 			continue;
 		}
 		/* content.split('</think>')[-1] */
 		const char *c = m[i].content, *e = c + strlen(c), *cut = last_of(c, e, "</think>");
-		sb_str(b, DS_ASSISTANT);
-		sb_str(b, cut ? cut + strlen("</think>") : c);
-		sb_str(b, DS_EOS);
+		nx_sb_str(b, DS_ASSISTANT);
+		nx_sb_str(b, cut ? cut + strlen("</think>") : c);
+		nx_sb_str(b, DS_EOS);
 	}
 	if (gen)
-		sb_str(b, !jinja || has_literal(jinja, DS_ASSISTANT "<think>\n") ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+		nx_sb_str(b, !jinja || has_literal(jinja, DS_ASSISTANT "<think>\n") ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
 }
 
 /* A thinking option the template cannot follow is refused, not dropped. */
@@ -1162,7 +1129,7 @@ int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err 
 }
 
 /* Gemma 2 / 3 (chat.h). A template without Gemma 2's refusal folds the system message as Gemma 3's does. */
-static int render_gemma(struct sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen,
+static int render_gemma(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen,
 			struct nx_err *err)
 {
 	int first = 0;
@@ -1174,20 +1141,20 @@ static int render_gemma(struct sbuf *b, const char *jinja, const struct nx_chat_
 	}
 	if (check_alternating(m, first, n, NX_CHAT_GEMMA, err))
 		return -1;
-	sb_str(b, "<bos>");
+	nx_sb_str(b, "<bos>");
 	for (int i = first; i < n; i++) {
-		sb_str(b, "<start_of_turn>");
-		sb_str(b, strcmp(m[i].role, "assistant") == 0 ? "model" : m[i].role);
-		sb_str(b, "\n");
+		nx_sb_str(b, "<start_of_turn>");
+		nx_sb_str(b, strcmp(m[i].role, "assistant") == 0 ? "model" : m[i].role);
+		nx_sb_str(b, "\n");
 		if (i == first && first == 1) {
-			sb_str(b, m[0].content);
-			sb_str(b, "\n\n");
+			nx_sb_str(b, m[0].content);
+			nx_sb_str(b, "\n\n");
 		}
 		sb_stripped(b, m[i].content);
-		sb_str(b, "<end_of_turn>\n");
+		nx_sb_str(b, "<end_of_turn>\n");
 	}
 	if (gen)
-		sb_str(b, "<start_of_turn>model\n");
+		nx_sb_str(b, "<start_of_turn>model\n");
 	return 0;
 }
 
@@ -1212,13 +1179,13 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 	if (find_default(t, jinja, &f, err))
 		return -1;
 
-	struct sbuf b = { 0 };
-	sb_add(&b, "", 0); /* an empty render is still a string */
+	struct nx_sbuf b = { 0 };
+	nx_sb_put(&b, "", 0); /* an empty render is still a string */
 	int rc = 0;
 	switch (t) {
 	case NX_CHAT_RAW:
 		for (int i = 0; i < n; i++)
-			sb_str(&b, msgs[i].content);
+			nx_sb_str(&b, msgs[i].content);
 		break;
 	case NX_CHAT_CHATML:
 		render_chatml(&b, &f, msgs, n, add_generation_prompt);
@@ -1235,7 +1202,7 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 	case NX_CHAT_QWEN3:
 		render_qwen3(&b, msgs, n, add_generation_prompt);
 		if (add_generation_prompt && opts->thinking == NX_CHAT_THINK_OFF)
-			sb_str(&b, "<think>\n\n</think>\n\n");
+			nx_sb_str(&b, "<think>\n\n</think>\n\n");
 		break;
 	case NX_CHAT_MISTRAL_V3:
 	case NX_CHAT_MISTRAL_V3_TEKKEN:
@@ -1263,9 +1230,9 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 	if (rc == 0 && b.oom)
 		rc = nx_errf(err, "chat: out of memory rendering %d messages", n);
 	if (rc) {
-		free(b.p);
+		free(b.s);
 		return -1;
 	}
-	*out = b.p;
+	*out = b.s;
 	return 0;
 }

@@ -1,4 +1,4 @@
-/* chat_int.h - what tok/chat.c shares with tok/chat_tools.c: the prompt's growable string and the families' common pieces. Not an interface of the engine. */
+/* chat_int.h - what tok/chat.c shares with tok/chat_tools.c: the families' common pieces. Not an interface of the engine. */
 #ifndef NX_CHAT_INT_H
 #define NX_CHAT_INT_H
 
@@ -6,19 +6,11 @@
 #include <stddef.h>
 
 #include "common/err.h"
+#include "common/sbuf.h"
 #include "tok/chat.h"
 
-/* A growable string (prompt rendering only, never per token); oom sticks. */
-struct sbuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-void sb_add(struct sbuf *b, const char *s, size_t n);
-void sb_str(struct sbuf *b, const char *s);
 /* s with Python's str.strip() whitespace removed (Jinja's trim). */
-void sb_stripped(struct sbuf *b, const char *s);
+void sb_stripped(struct nx_sbuf *b, const char *s);
 
 /* The template's default system turn (ChatML, Llama 2, Llama 3). */
 struct find_default {

@@ -48,31 +48,31 @@ enum nx_tool_style nx_chat_tool_style(enum nx_chat_tmpl t, const char *jinja)
 
 char *nx_tool_prefix(enum nx_tool_style s, const char *name)
 {
-	struct sbuf b = { 0 };
-	sb_add(&b, "", 0);
+	struct nx_sbuf b = { 0 };
+	nx_sb_put(&b, "", 0);
 	if (s == NX_TOOLS_QWEN)
-		sb_str(&b, "<tool_call>\n");
+		nx_sb_str(&b, "<tool_call>\n");
 	else if (s == NX_TOOLS_MISTRAL)
-		sb_str(&b, "[TOOL_CALLS] [");
+		nx_sb_str(&b, "[TOOL_CALLS] [");
 	else if (s == NX_TOOLS_MISTRAL_TIGHT)
-		sb_str(&b, "[TOOL_CALLS][");
-	sb_str(&b, "{\"name\": \"");
+		nx_sb_str(&b, "[TOOL_CALLS][");
+	nx_sb_str(&b, "{\"name\": \"");
 	if (name) {
-		sb_str(&b, name); /* tool names are [A-Za-z0-9_-] (proto.c) */
-		sb_str(&b, s == NX_TOOLS_LLAMA3 ? "\", \"parameters\": " : "\", \"arguments\": ");
+		nx_sb_str(&b, name); /* tool names are [A-Za-z0-9_-] (proto.c) */
+		nx_sb_str(&b, s == NX_TOOLS_LLAMA3 ? "\", \"parameters\": " : "\", \"arguments\": ");
 	}
 	if (b.oom) {
-		free(b.p);
+		free(b.s);
 		return NULL;
 	}
-	return b.p;
+	return b.s;
 }
 
 /* --- Python's json.dumps ------------------------------------------------- */
 
-static void json_string_py(struct sbuf *b, const char *s, size_t n)
+static void json_string_py(struct nx_sbuf *b, const char *s, size_t n)
 {
-	sb_str(b, "\"");
+	nx_sb_str(b, "\"");
 	size_t run = 0;
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)s[i];
@@ -94,18 +94,18 @@ static void json_string_py(struct sbuf *b, const char *s, size_t n)
 		}
 		if (!esc)
 			continue;
-		sb_add(b, s + run, i - run);
-		sb_str(b, esc);
+		nx_sb_put(b, s + run, i - run);
+		nx_sb_str(b, esc);
 		run = i + 1;
 	}
-	sb_add(b, s + run, n - run);
-	sb_str(b, "\"");
+	nx_sb_put(b, s + run, n - run);
+	nx_sb_str(b, "\"");
 }
 
 /* repr(float): the shortest digits that read back as x, in fixed notation
  * when the decimal exponent is in [-4, 16) (".0" added to an integer), else
  * as d.ddde+XX. */
-static void json_real_py(struct sbuf *b, double x)
+static void json_real_py(struct nx_sbuf *b, double x)
 {
 	char e[40], digits[24];
 	int exp10 = 0;
@@ -160,63 +160,63 @@ static void json_real_py(struct sbuf *b, double x)
 		}
 		snprintf(out + o, sizeof(out) - o, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
 	}
-	sb_str(b, out);
+	nx_sb_str(b, out);
 }
 
-static void newline_indent(struct sbuf *b, int indent, int level)
+static void newline_indent(struct nx_sbuf *b, int indent, int level)
 {
-	sb_str(b, "\n");
+	nx_sb_str(b, "\n");
 	for (int i = 0; i < indent * level; i++)
-		sb_str(b, " ");
+		nx_sb_str(b, " ");
 }
 
-static void json_py(struct sbuf *b, const json_t *v, int indent, bool compact, int level)
+static void json_py(struct nx_sbuf *b, const json_t *v, int indent, bool compact, int level)
 {
 	const char *item_sep = compact || indent >= 0 ? "," : ", ", *key_sep = compact ? ":" : ": ";
 	char num[32];
 	switch (json_typeof(v)) {
 	case JSON_OBJECT: {
 		if (json_object_size(v) == 0) {
-			sb_str(b, "{}");
+			nx_sb_str(b, "{}");
 			break;
 		}
-		sb_str(b, "{");
+		nx_sb_str(b, "{");
 		const char *key;
 		json_t *val;
 		bool first = true;
 		json_object_foreach((json_t *)v, key, val) {
 			if (!first)
-				sb_str(b, item_sep);
+				nx_sb_str(b, item_sep);
 			first = false;
 			if (indent >= 0)
 				newline_indent(b, indent, level + 1);
 			json_string_py(b, key, strlen(key));
-			sb_str(b, key_sep);
+			nx_sb_str(b, key_sep);
 			json_py(b, val, indent, compact, level + 1);
 		}
 		if (indent >= 0)
 			newline_indent(b, indent, level);
-		sb_str(b, "}");
+		nx_sb_str(b, "}");
 		break;
 	}
 	case JSON_ARRAY: {
 		if (json_array_size(v) == 0) {
-			sb_str(b, "[]");
+			nx_sb_str(b, "[]");
 			break;
 		}
-		sb_str(b, "[");
+		nx_sb_str(b, "[");
 		size_t i;
 		json_t *val;
 		json_array_foreach(v, i, val) {
 			if (i)
-				sb_str(b, item_sep);
+				nx_sb_str(b, item_sep);
 			if (indent >= 0)
 				newline_indent(b, indent, level + 1);
 			json_py(b, val, indent, compact, level + 1);
 		}
 		if (indent >= 0)
 			newline_indent(b, indent, level);
-		sb_str(b, "]");
+		nx_sb_str(b, "]");
 		break;
 	}
 	case JSON_STRING:
@@ -224,36 +224,36 @@ static void json_py(struct sbuf *b, const json_t *v, int indent, bool compact, i
 		break;
 	case JSON_INTEGER:
 		snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-		sb_str(b, num);
+		nx_sb_str(b, num);
 		break;
 	case JSON_REAL:
 		json_real_py(b, json_real_value(v));
 		break;
-	case JSON_TRUE: sb_str(b, "true"); break;
-	case JSON_FALSE: sb_str(b, "false"); break;
-	case JSON_NULL: sb_str(b, "null"); break;
+	case JSON_TRUE: nx_sb_str(b, "true"); break;
+	case JSON_FALSE: nx_sb_str(b, "false"); break;
+	case JSON_NULL: nx_sb_str(b, "null"); break;
 	}
 }
 
 char *nx_tool_json(const json_t *v, int indent, bool compact)
 {
-	struct sbuf b = { 0 };
-	sb_add(&b, "", 0);
+	struct nx_sbuf b = { 0 };
+	nx_sb_put(&b, "", 0);
 	json_py(&b, v, indent, compact, 0);
 	if (b.oom) {
-		free(b.p);
+		free(b.s);
 		return NULL;
 	}
-	return b.p;
+	return b.s;
 }
 
-static void sb_json(struct sbuf *b, const json_t *v, int indent)
+static void sb_json(struct nx_sbuf *b, const json_t *v, int indent)
 {
 	char *s = nx_tool_json(v, indent, false);
 	if (!s)
 		b->oom = true;
 	else
-		sb_str(b, s);
+		nx_sb_str(b, s);
 	free(s);
 }
 
@@ -302,109 +302,109 @@ static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, stru
 }
 
 /* Qwen's tools listing in its system turn, from "# Tools" to the turn's end. */
-static void qwen_tools_listing(struct sbuf *b, const json_t *tools)
+static void qwen_tools_listing(struct nx_sbuf *b, const json_t *tools)
 {
-	sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+	nx_sb_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
 		  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
 	size_t k;
 	json_t *t;
 	json_array_foreach(tools, k, t) {
-		sb_str(b, "\n");
+		nx_sb_str(b, "\n");
 		sb_json(b, t, -1);
 	}
-	sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+	nx_sb_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
 		  "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, "
 		  "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
 }
 
 /* Tool message i: consecutive ones share one user turn of <tool_response> blocks. */
-static void qwen_tool_response(struct sbuf *b, const struct nx_chat_turn *m, int n, int i, const char *content)
+static void qwen_tool_response(struct nx_sbuf *b, const struct nx_chat_turn *m, int n, int i, const char *content)
 {
 	if (i == 0 || !is_role(&m[i - 1], "tool"))
-		sb_str(b, "<|im_start|>user");
-	sb_str(b, "\n<tool_response>\n");
-	sb_str(b, content);
-	sb_str(b, "\n</tool_response>");
+		nx_sb_str(b, "<|im_start|>user");
+	nx_sb_str(b, "\n<tool_response>\n");
+	nx_sb_str(b, content);
+	nx_sb_str(b, "\n</tool_response>");
 	if (i == n - 1 || !is_role(&m[i + 1], "tool"))
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_end|>\n");
 }
 
 /* One of an assistant turn's calls as a <tool_call> block. */
-static void qwen_call(struct sbuf *b, const json_t *call)
+static void qwen_call(struct nx_sbuf *b, const json_t *call)
 {
-	sb_str(b, "<tool_call>\n{\"name\": \"");
-	sb_str(b, json_string_value(json_object_get(call, "name")));
-	sb_str(b, "\", \"arguments\": ");
+	nx_sb_str(b, "<tool_call>\n{\"name\": \"");
+	nx_sb_str(b, json_string_value(json_object_get(call, "name")));
+	nx_sb_str(b, "\", \"arguments\": ");
 	sb_json(b, json_object_get(call, "arguments"), -1);
-	sb_str(b, "}\n</tool_call>");
+	nx_sb_str(b, "}\n</tool_call>");
 }
 
 /* Qwen2.5 (ChatML): the system turn carries the tools; with none, the
  * template's default system turn stands in for a missing one. */
-static void render_qwen25(struct sbuf *b, const struct find_default *f, const struct nx_chat_turn *m, int n,
+static void render_qwen25(struct nx_sbuf *b, const struct find_default *f, const struct nx_chat_turn *m, int n,
 			  json_t **calls, const json_t *tools, bool gen)
 {
 	bool sys = is_role(&m[0], "system");
 	if (tools) {
-		sb_str(b, "<|im_start|>system\n");
+		nx_sb_str(b, "<|im_start|>system\n");
 		if (sys)
-			sb_str(b, m[0].content);
+			nx_sb_str(b, m[0].content);
 		else if (f->lit)
-			sb_add(b, f->lit + f->body_off, f->body_len);
-		sb_str(b, "\n\n");
+			nx_sb_put(b, f->lit + f->body_off, f->body_len);
+		nx_sb_str(b, "\n\n");
 		qwen_tools_listing(b, tools);
 	} else if (sys) {
-		sb_str(b, "<|im_start|>system\n");
-		sb_str(b, m[0].content);
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_start|>system\n");
+		nx_sb_str(b, m[0].content);
+		nx_sb_str(b, "<|im_end|>\n");
 	} else if (f->lit) {
-		sb_str(b, f->lit);
+		nx_sb_str(b, f->lit);
 	}
 	for (int i = sys ? 1 : 0; i < n; i++) {
 		if (is_role(&m[i], "tool")) {
 			qwen_tool_response(b, m, n, i, m[i].content);
 		} else if (calls[i]) {
-			sb_str(b, "<|im_start|>assistant");
+			nx_sb_str(b, "<|im_start|>assistant");
 			if (m[i].content && *m[i].content) {
-				sb_str(b, "\n");
-				sb_str(b, m[i].content);
+				nx_sb_str(b, "\n");
+				nx_sb_str(b, m[i].content);
 			}
 			size_t k;
 			json_t *c;
 			json_array_foreach(calls[i], k, c) {
-				sb_str(b, "\n");
+				nx_sb_str(b, "\n");
 				qwen_call(b, c);
 			}
-			sb_str(b, "<|im_end|>\n");
+			nx_sb_str(b, "<|im_end|>\n");
 		} else {
-			sb_str(b, "<|im_start|>");
-			sb_str(b, m[i].role);
-			sb_str(b, "\n");
-			sb_str(b, m[i].content);
-			sb_str(b, "<|im_end|>\n");
+			nx_sb_str(b, "<|im_start|>");
+			nx_sb_str(b, m[i].role);
+			nx_sb_str(b, "\n");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "<|im_end|>\n");
 		}
 	}
 	if (gen)
-		sb_str(b, "<|im_start|>assistant\n");
+		nx_sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Qwen3: as Qwen2.5 without a default system turn, and with its handling of
  * reasoning in the assistant turns after the last question (chat.c). */
-static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int n, json_t **calls,
+static void render_qwen3_tools(struct nx_sbuf *b, const struct nx_chat_turn *m, int n, json_t **calls,
 			       const json_t *tools, bool gen)
 {
 	bool sys = is_role(&m[0], "system");
 	if (tools) {
-		sb_str(b, "<|im_start|>system\n");
+		nx_sb_str(b, "<|im_start|>system\n");
 		if (sys) {
-			sb_str(b, m[0].content);
-			sb_str(b, "\n\n");
+			nx_sb_str(b, m[0].content);
+			nx_sb_str(b, "\n\n");
 		}
 		qwen_tools_listing(b, tools);
 	} else if (sys) {
-		sb_str(b, "<|im_start|>system\n");
-		sb_str(b, m[0].content);
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_start|>system\n");
+		nx_sb_str(b, m[0].content);
+		nx_sb_str(b, "<|im_end|>\n");
 	}
 	int last_query = n - 1; /* the last user message that is not a tool's response */
 	for (int i = n - 1; i >= 0; i--)
@@ -419,26 +419,26 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 			continue;
 		}
 		if (!is_role(&m[i], "assistant")) {
-			sb_str(b, "<|im_start|>");
-			sb_str(b, m[i].role);
-			sb_str(b, "\n");
-			sb_str(b, content);
-			sb_str(b, "<|im_end|>\n");
+			nx_sb_str(b, "<|im_start|>");
+			nx_sb_str(b, m[i].role);
+			nx_sb_str(b, "\n");
+			nx_sb_str(b, content);
+			nx_sb_str(b, "<|im_end|>\n");
 			continue;
 		}
 		const char *r, *re, *c, *ce;
 		qwen3_split(content, &r, &re, &c, &ce);
-		sb_str(b, "<|im_start|>assistant\n");
+		nx_sb_str(b, "<|im_start|>assistant\n");
 		if (i > last_query && (i == n - 1 || re > r)) {
 			const char *cs = c;
 			strip_nl(&r, &re, true, true);
-			sb_str(b, "<think>\n");
-			sb_add(b, r, (size_t)(re - r));
-			sb_str(b, "\n</think>\n\n");
+			nx_sb_str(b, "<think>\n");
+			nx_sb_put(b, r, (size_t)(re - r));
+			nx_sb_str(b, "\n</think>\n\n");
 			strip_nl(&cs, &ce, true, false);
-			sb_add(b, cs, (size_t)(ce - cs));
+			nx_sb_put(b, cs, (size_t)(ce - cs));
 		} else {
-			sb_add(b, c, (size_t)(ce - c));
+			nx_sb_put(b, c, (size_t)(ce - c));
 		}
 		bool has_content = c < ce; /* the template tests its content before the lstrip above */
 		if (calls[i]) {
@@ -446,37 +446,37 @@ static void render_qwen3_tools(struct sbuf *b, const struct nx_chat_turn *m, int
 			json_t *call;
 			json_array_foreach(calls[i], k, call) {
 				if (k > 0 || has_content)
-					sb_str(b, "\n");
+					nx_sb_str(b, "\n");
 				qwen_call(b, call);
 			}
 		}
-		sb_str(b, "<|im_end|>\n");
+		nx_sb_str(b, "<|im_end|>\n");
 	}
 	if (gen)
-		sb_str(b, "<|im_start|>assistant\n");
+		nx_sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Llama 3.1: tools go in the first user message (tools_in_user_message,
  * the template's default); an assistant call is one JSON object; a tool's
  * result is an ipython turn holding it as a JSON string (the template's
  * `content is iterable` is true of a string). */
-static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct nx_chat_turn *m, int n,
+static int render_llama31_tools(struct nx_sbuf *b, const char *jinja, const struct nx_chat_turn *m, int n,
 				json_t **calls, const json_t *tools, bool gen, struct nx_err *err)
 {
 	char date[64];
 	llama31_date(date, sizeof(date), jinja);
-	sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n");
+	nx_sb_str(b, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n");
 	if (tools)
-		sb_str(b, "Environment: ipython\n");
-	sb_str(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
-	sb_str(b, date);
-	sb_str(b, "\n\n");
+		nx_sb_str(b, "Environment: ipython\n");
+	nx_sb_str(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+	nx_sb_str(b, date);
+	nx_sb_str(b, "\n\n");
 	int i = 0;
 	if (is_role(&m[0], "system")) {
 		sb_stripped(b, m[0].content);
 		i = 1;
 	}
-	sb_str(b, "<|eot_id|>");
+	nx_sb_str(b, "<|eot_id|>");
 	if (tools) {
 		if (i == n)
 			return nx_errf(err, "chat: the llama3.1 template puts the tools in the first user message, and there "
@@ -484,7 +484,7 @@ static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct 
 		if (!is_role(&m[i], "user"))
 			return nx_errf(err, "chat: message %d has role \"%s\"; the llama3.1 template puts the tools in the "
 				       "first user message, so the conversation must go on with one", i, m[i].role);
-		sb_str(b, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with "
+		nx_sb_str(b, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with "
 			  "a JSON for a function call with its proper arguments that best answers the given prompt.\n\n"
 			  "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and "
 			  "its value}.Do not use variables.\n\n");
@@ -492,42 +492,42 @@ static int render_llama31_tools(struct sbuf *b, const char *jinja, const struct 
 		json_t *t;
 		json_array_foreach(tools, k, t) {
 			sb_json(b, t, 4);
-			sb_str(b, "\n\n");
+			nx_sb_str(b, "\n\n");
 		}
 		sb_stripped(b, m[i].content);
-		sb_str(b, "<|eot_id|>");
+		nx_sb_str(b, "<|eot_id|>");
 		i++;
 	}
 	for (; i < n; i++) {
 		if (is_role(&m[i], "tool")) {
 			json_t *s = json_string(m[i].content);
-			sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+			nx_sb_str(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
 			if (!s)
 				b->oom = true;
 			else
 				sb_json(b, s, -1);
 			json_decref(s);
-			sb_str(b, "<|eot_id|>");
+			nx_sb_str(b, "<|eot_id|>");
 		} else if (calls[i]) {
 			if (json_array_size(calls[i]) != 1)
 				return nx_errf(err, "chat: message %d has %zu tool calls; the llama3.1 template takes one call "
 					       "per assistant message", i, json_array_size(calls[i]));
 			json_t *c = json_array_get(calls[i], 0);
-			sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
-			sb_str(b, json_string_value(json_object_get(c, "name")));
-			sb_str(b, "\", \"parameters\": ");
+			nx_sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+			nx_sb_str(b, json_string_value(json_object_get(c, "name")));
+			nx_sb_str(b, "\", \"parameters\": ");
 			sb_json(b, json_object_get(c, "arguments"), -1);
-			sb_str(b, "}<|eot_id|>");
+			nx_sb_str(b, "}<|eot_id|>");
 		} else {
-			sb_str(b, "<|start_header_id|>");
-			sb_str(b, m[i].role);
-			sb_str(b, "<|end_header_id|>\n\n");
+			nx_sb_str(b, "<|start_header_id|>");
+			nx_sb_str(b, m[i].role);
+			nx_sb_str(b, "<|end_header_id|>\n\n");
 			sb_stripped(b, m[i].content);
-			sb_str(b, "<|eot_id|>");
+			nx_sb_str(b, "<|eot_id|>");
 		}
 	}
 	if (gen)
-		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		nx_sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 	return 0;
 }
 
@@ -564,43 +564,43 @@ static const char *mistral_id(const char *id, bool v3)
 /* The tools as the templates list them: each function's keys but "return",
  * a string value between quotes as it is (the templates do not escape it),
  * any other value as tojson writes it. */
-static void mistral_tools(struct sbuf *b, const json_t *tools, bool tight)
+static void mistral_tools(struct nx_sbuf *b, const json_t *tools, bool tight)
 {
-	sb_str(b, tight ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
+	nx_sb_str(b, tight ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
 	size_t k;
 	json_t *t;
 	json_array_foreach(tools, k, t) {
 		const char *key;
 		json_t *val;
 		bool first = true;
-		sb_str(b, "{\"type\": \"function\", \"function\": {");
+		nx_sb_str(b, "{\"type\": \"function\", \"function\": {");
 		json_object_foreach(json_object_get(t, "function"), key, val) {
 			if (!strcmp(key, "return"))
 				continue;
 			if (!first)
-				sb_str(b, ", ");
+				nx_sb_str(b, ", ");
 			first = false;
-			sb_str(b, "\"");
-			sb_str(b, key);
+			nx_sb_str(b, "\"");
+			nx_sb_str(b, key);
 			if (json_is_string(val)) {
-				sb_str(b, "\": \"");
-				sb_add(b, json_string_value(val), json_string_length(val));
-				sb_str(b, "\"");
+				nx_sb_str(b, "\": \"");
+				nx_sb_put(b, json_string_value(val), json_string_length(val));
+				nx_sb_str(b, "\"");
 			} else {
-				sb_str(b, "\": ");
+				nx_sb_str(b, "\": ");
 				sb_json(b, val, -1);
 			}
 		}
-		sb_str(b, "}}");
-		sb_str(b, k + 1 < json_array_size(tools) ? ", " : "]");
+		nx_sb_str(b, "}}");
+		nx_sb_str(b, k + 1 < json_array_size(tools) ? ", " : "]");
 	}
-	sb_str(b, "[/AVAILABLE_TOOLS]");
+	nx_sb_str(b, "[/AVAILABLE_TOOLS]");
 }
 
 /* Mistral v3, v3 tekken (tight) and v7 tekken: the conversation with the
  * tools before the last user turn, calls and results with their ids. No
  * generation prompt: the templates have none. */
-static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *m,
+static int render_mistral_tools(struct nx_sbuf *b, enum nx_chat_tmpl t, const char *jinja, const struct nx_chat_turn *m,
 				int n, json_t **calls, const json_t *tools, struct nx_err *err)
 {
 	static const char ID_RULE_V3[] = "needs tool call ids of 9 characters (\"Tool call IDs should be alphanumeric "
@@ -616,7 +616,7 @@ static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char 
 	for (int i = first; i < n; i++)
 		if (is_role(&m[i], "user"))
 			last_user = i;
-	sb_str(b, "<s>");
+	nx_sb_str(b, "<s>");
 	if (v3) {
 		/* user and assistant turns alternate, calls and results aside */
 		int k = 0;
@@ -635,27 +635,27 @@ static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char 
 		if (tools && !parse_set_string(jinja, "parallel_tool_prompt", &tool_prompt))
 			b->oom = true; /* nx_chat_tool_style read it: only memory can fail here */
 		/* the template joins them with "\<newline>\<newline>": nothing, in Jinja */
-		sb_str(b, "[SYSTEM_PROMPT]");
+		nx_sb_str(b, "[SYSTEM_PROMPT]");
 		if (tool_prompt)
-			sb_str(b, tool_prompt);
+			nx_sb_str(b, tool_prompt);
 		if (sys)
-			sb_str(b, sys);
-		sb_str(b, "[/SYSTEM_PROMPT]");
+			nx_sb_str(b, sys);
+		nx_sb_str(b, "[/SYSTEM_PROMPT]");
 	}
 	for (int i = first; i < n && rc == 0; i++) {
 		if (is_role(&m[i], "user")) {
 			/* the templates test message == user_messages[-1]: a turn equal to the last one gets them too */
 			if (tools && !strcmp(m[i].content, m[last_user].content))
 				mistral_tools(b, tools, tight);
-			sb_str(b, v3 && !tight ? "[INST] " : "[INST]");
+			nx_sb_str(b, v3 && !tight ? "[INST] " : "[INST]");
 			if (v3 && sys && i == n - 1) {
-				sb_str(b, sys);
-				sb_str(b, "\n\n");
+				nx_sb_str(b, sys);
+				nx_sb_str(b, "\n\n");
 			}
-			sb_str(b, m[i].content);
-			sb_str(b, "[/INST]");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, "[/INST]");
 		} else if (calls[i]) { /* the turn's content, if any, is not written */
-			sb_str(b, tight ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
+			nx_sb_str(b, tight ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
 			size_t k;
 			json_t *c;
 			json_array_foreach(calls[i], k, c) {
@@ -665,22 +665,22 @@ static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char 
 						     k, id ? id : "", name, v3 ? ID_RULE_V3 : ID_RULE_V7);
 					break;
 				}
-				sb_str(b, "{\"name\": \"");
-				sb_str(b, json_string_value(json_object_get(c, "name")));
-				sb_str(b, "\", \"arguments\": ");
+				nx_sb_str(b, "{\"name\": \"");
+				nx_sb_str(b, json_string_value(json_object_get(c, "name")));
+				nx_sb_str(b, "\", \"arguments\": ");
 				sb_json(b, json_object_get(c, "arguments"), -1);
-				sb_str(b, ", \"id\": \"");
-				sb_str(b, w);
-				sb_str(b, k + 1 < json_array_size(calls[i]) ? "\"}, " : "\"}]</s>");
+				nx_sb_str(b, ", \"id\": \"");
+				nx_sb_str(b, w);
+				nx_sb_str(b, k + 1 < json_array_size(calls[i]) ? "\"}, " : "\"}]</s>");
 			}
 		} else if (is_role(&m[i], "assistant")) {
 			if (v3 && !tight) {
-				sb_str(b, " ");
+				nx_sb_str(b, " ");
 				sb_stripped(b, m[i].content);
 			} else {
-				sb_str(b, m[i].content);
+				nx_sb_str(b, m[i].content);
 			}
-			sb_str(b, "</s>");
+			nx_sb_str(b, "</s>");
 		} else { /* tool */
 			const char *w = mistral_id(m[i].call_id, v3);
 			if (!w) {
@@ -688,11 +688,11 @@ static int render_mistral_tools(struct sbuf *b, enum nx_chat_tmpl t, const char 
 					     m[i].call_id ? m[i].call_id : "", name, v3 ? ID_RULE_V3 : ID_RULE_V7);
 				break;
 			}
-			sb_str(b, tight ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
-			sb_str(b, m[i].content);
-			sb_str(b, ", \"call_id\": \"");
-			sb_str(b, w);
-			sb_str(b, "\"}[/TOOL_RESULTS]");
+			nx_sb_str(b, tight ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
+			nx_sb_str(b, m[i].content);
+			nx_sb_str(b, ", \"call_id\": \"");
+			nx_sb_str(b, w);
+			nx_sb_str(b, "\"}[/TOOL_RESULTS]");
 		}
 	}
 	free(def);
@@ -729,7 +729,7 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 
 	json_t *tools = NULL, **calls = calloc(n > 0 ? (size_t)n : 1, sizeof(*calls));
 	struct find_default f = { 0 };
-	struct sbuf b = { 0 };
+	struct nx_sbuf b = { 0 };
 	int rc = -1;
 	if (!calls) {
 		nx_errf(err, "chat: out of memory");
@@ -747,7 +747,7 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 	}
 	if (find_default(t, jinja, &f, err))
 		goto out;
-	sb_add(&b, "", 0);
+	nx_sb_put(&b, "", 0);
 	rc = 0;
 	bool gen = opts->add_generation_prompt;
 	if (t == NX_CHAT_LLAMA31) {
@@ -757,12 +757,12 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 	} else if (t == NX_CHAT_QWEN3) {
 		render_qwen3_tools(&b, turns, n, calls, tools, gen);
 		if (gen && opts->thinking == NX_CHAT_THINK_OFF) /* enable_thinking false, as chat.c renders it */
-			sb_str(&b, "<think>\n\n</think>\n\n");
+			nx_sb_str(&b, "<think>\n\n</think>\n\n");
 	} else {
 		render_qwen25(&b, &f, turns, n, calls, tools, gen);
 	}
 	if (prefix)
-		sb_str(&b, prefix);
+		nx_sb_str(&b, prefix);
 	if (rc == 0 && b.oom)
 		rc = nx_errf(err, "chat: out of memory rendering %d messages", n);
 out:
@@ -772,9 +772,9 @@ out:
 	json_decref(tools);
 	free(f.lit);
 	if (rc) {
-		free(b.p);
+		free(b.s);
 		return -1;
 	}
-	*out = b.p;
+	*out = b.s;
 	return 0;
 }
