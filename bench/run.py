@@ -1176,6 +1176,9 @@ def main():
           "".join(f"; best {p['best_gbs']:.2f} after {p['after']}" for p in probes) +
           "; %bw = tok/s x weight bytes per token / the best probe before or after the case"
           "; paired: each decode repetition against the probes just before and after it")
+    amx = [x for x in res["machine"].get("cpu_simd", []) if x.startswith("amx")]
+    print(f"CPU: {res['machine'].get('cpu')}; " + (f"AMX: {' '.join(amx)} (nxd has no AMX path yet: not used)" if amx
+                                                   else "AMX: not available"))
     print(f"llama.cpp: llama-cpp-python {llama_info.get('llama_cpp_python')}; "
           f"llama-server {llama_info.get('llama_server_version', '?').splitlines()[0] if llama_info.get('llama_server_version') else '?'}")
     print(f"ggml system info: {llama_info.get('system_info')}")
