@@ -145,6 +145,73 @@ def family(kw):
     return max((FAMILY[t] for t in types), key=ORDER.index)
 
 
+def split(logits, seqs):
+    """nx-eval's logits of all sequences, one array per sequence."""
+    return np.split(logits, np.cumsum([len(t) for t in seqs.values()])[:-1])
+
+
+def logits_every_plan(model, seqs, args=(), plan_names=None, threads=(1, 2, 3)):
+    """seqs under each batching plan and thread count: asserts they are bit-identical and finite, and
+    returns their logits."""
+    ps = plans()
+    names = list(plan_names or ps)
+    runs = {(plan, th): run_eval(model, seqs, ps[plan], th, args) for plan in names for th in threads}
+    base = runs[(names[0], threads[0])]
+    for key, logits in runs.items():
+        assert np.array_equal(logits, base), f"{key} differs from {(names[0], threads[0])} by " \
+                                            f"{np.abs(logits - base).max()}"
+    assert np.isfinite(base).all()
+    return base
+
+
+def grade(label, fam, seqs, base, ref, emu, report, need_emulated=True):
+    """nxd's logits (base) against the float64 reference with the family's bounds, and against the
+    reference emulating nxd's rounding points (emu). Returns [(tokens, ours, reference)] per sequence."""
+    errs, close, top1, n_pos, per_seq = [], [], 0, 0, []
+    for toks, got in zip(seqs.values(), split(base, seqs)):
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        top1 += (got.argmax(1) == want.argmax(1)).sum()
+        n_pos += len(toks)
+        per_seq.append((toks, got, want))
+    err, close = np.concatenate(errs), np.concatenate(close)
+    max_tol, mean_tol = TOL[fam]
+    emu_close, emu_min_frac = EMULATED[fam]
+    frac_close = np.mean(close <= emu_close)
+    report(f"forward {label} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
+           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
+    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
+    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
+    # (Within the max bound a top-1 can only flip at a near-tie; this asks that those stay rare.)
+    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
+    assert not need_emulated or frac_close >= emu_min_frac, \
+        f"only {frac_close:.2f} of positions match the emulated reference within {emu_close:.1e}"
+    return per_seq
+
+
+def grade_one_part(label, seqs, base, ref, emu, report):
+    """--activations fast against the reference rounding each matmul input to one part (emu), and within
+    TOL_ONE of the exact one."""
+    close, errs = [], []
+    for toks, got in zip(seqs.values(), split(base, seqs)):
+        e = emu.logits(toks)
+        close.append(np.abs(got - e).max(axis=1) / e.std())
+        want = ref.logits(toks)
+        errs.append(np.abs(got - want) / want.std())
+    close, err = np.concatenate(close), np.concatenate(errs)
+    emu_close, emu_min_frac = EMULATED_ONE
+    frac_close = np.mean(close <= emu_close)
+    report(f"fast activations {label} max|d|/std {err.max():.2e} mean {err.mean():.2e} "
+           f"one-part emulated: {frac_close:.2f} within {emu_close:.1e} (median {np.median(close):.1e}, "
+           f"max {close.max():.1e})")
+    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the one-part reference " \
+                                       f"within {emu_close:.1e}"
+    assert err.max() <= TOL_ONE[0], f"max |dlogit|/std {err.max():.3e} > {TOL_ONE[0]}"
+    assert err.mean() <= TOL_ONE[1], f"mean |dlogit|/std {err.mean():.3e} > {TOL_ONE[1]}"
+
+
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_logits_match_reference(tiny, name, report):
     model = tiny[name]
@@ -153,38 +220,10 @@ def test_logits_match_reference(tiny, name, report):
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
 
     # Bit-identical under every batching plan and thread count.
-    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in plans().items() for th in (1, 2, 3)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by " \
-                                            f"{np.abs(logits - base).max()}"
-    assert np.isfinite(base).all()
-
+    base = logits_every_plan(model, seqs)
     # Against the float64 reference, and the one emulating our rounding points.
-    ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
     emu = reference(name, model, emulate=True, packed=packed_matrices(ref))
-    errs, close, top1, n_pos = [], [], 0, 0
-    for (s, toks), got in zip(seqs.items(), ours):
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        top1 += (got.argmax(1) == want.argmax(1)).sum()
-        n_pos += len(toks)
-    err = np.concatenate(errs)
-    fam = family(VARIANTS[name])
-    max_tol, mean_tol = TOL[fam]
-    emu_close, emu_min_frac = EMULATED[fam]
-    close = np.concatenate(close)
-    frac_close = np.mean(close <= emu_close)
-    report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
-    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
-    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
-    # (Within the max bound a top-1 can only flip at a near-tie; this asks that those stay rare.)
-    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
-                                       f"within {emu_close:.1e}"
+    grade(f"{name:22s}", family(VARIANTS[name]), seqs, base, ref, emu, report)
 
 
 # nxd --activations fast: each matmul input in one part (hi alone; the lo rows
@@ -207,31 +246,9 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     ref = reference(name, model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
-    fast = ("--activations", "fast")
-    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
-            for th in (1, 2)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
-    ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
+    base = logits_every_plan(model, seqs, ("--activations", "fast"), ("alone", "decode"), (1, 2))
     emu = reference(name, model, emulate=True, packed=packed_matrices(ref), one_part=True)
-    close, errs = [], []
-    for (s, toks), got in zip(seqs.items(), ours):
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-    close, err = np.concatenate(close), np.concatenate(errs)
-    fam = family(VARIANTS[name])
-    emu_close, emu_min_frac = EMULATED_ONE
-    frac_close = np.mean(close <= emu_close)
-    report(f"fast activations {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"one-part emulated: {frac_close:.2f} within {emu_close:.1e} (median {np.median(close):.1e}, "
-           f"max {close.max():.1e})")
-    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the one-part reference " \
-                                       f"within {emu_close:.1e}"
-    assert err.max() <= TOL_ONE[0], f"max |dlogit|/std {err.max():.3e} > {TOL_ONE[0]}"
-    assert err.mean() <= TOL_ONE[1], f"mean |dlogit|/std {err.mean():.3e} > {TOL_ONE[1]}"
+    grade_one_part(f"{name:22s} [{family(VARIANTS[name]):5s}]", seqs, base, ref, emu, report)
 
 
 # Attention cuts a token's positions into spans of 256 and merges the spans'
@@ -302,7 +319,7 @@ def test_rope_scaling_is_not_ignored(tiny, name, report):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     plain = Reference(model, rope_scaling={"rope_type": "default"})
     seqs = {s: rng.integers(0, plain.n_vocab, n) for s, n in SEQ_LENS.items()}
-    ours = np.split(run_eval(model, seqs, plans()["batched"], 1), np.cumsum([len(t) for t in seqs.values()])[:-1])
+    ours = split(run_eval(model, seqs, plans()["batched"], 1), seqs)
     err = max((np.abs(got - plain.logits(toks)) / plain.logits(toks).std()).max()
               for toks, got in zip(seqs.values(), ours))
     report(f"forward {name:22s} against unscaled RoPE: max|d|/std {err:.2e}")

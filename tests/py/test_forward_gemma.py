@@ -20,8 +20,8 @@ import gguf
 
 import make_tiny
 from reference import GemmaReference, hf_rope
-from test_forward import (EMULATED, EMULATED_ONE, FAMILY, TOL_ONE, LONG_LENS, ORDER, SEQ_LENS, TOL, long_plans, packed_matrices, plans,
-                          run_eval, eval_error)
+from test_forward import (FAMILY, LONG_LENS, ORDER, SEQ_LENS, TOL, eval_error, grade, grade_one_part, logits_every_plan,
+                          long_plans, packed_matrices, plans, run_eval, split)
 
 
 def gemma2_config(**kw):
@@ -171,10 +171,6 @@ def tiny(tmp_path_factory):
     return out
 
 
-def split(logits, seqs):
-    return np.split(logits, np.cumsum([len(t) for t in seqs.values()])[:-1])
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_logits_match_reference(tiny, name, report):
     model, hf = tiny[name]
@@ -182,34 +178,10 @@ def test_logits_match_reference(tiny, name, report):
     ref = GemmaReference(model, hf)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
 
-    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in plans().items() for th in (1, 2, 3)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by " \
-                                            f"{np.abs(logits - base).max()}"
-    assert np.isfinite(base).all()
-
+    base = logits_every_plan(model, seqs)
     emu = GemmaReference(model, hf, emulate=True, packed=packed_matrices(ref))
-    errs, close, top1, n_pos = [], [], 0, 0
-    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        top1 += (got.argmax(1) == want.argmax(1)).sum()
-        n_pos += len(toks)
-    err, close = np.concatenate(errs), np.concatenate(close)
-    fam = family(VARIANTS[name][1])
-    max_tol, mean_tol = TOL[fam]
-    emu_close, emu_min_frac = EMULATED[fam]
-    frac_close = np.mean(close <= emu_close)
-    report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
-    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
-    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
-    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert name in MANY_LAYERS or frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
-                                       f"within {emu_close:.1e}"
+    grade(f"{name:22s}", family(VARIANTS[name][1]), seqs, base, ref, emu, report,
+          need_emulated=name not in MANY_LAYERS)
 
 
 @pytest.mark.parametrize("name", ["gemma2-q8_0", "gemma3-q4_k", "gemma3-mixed"])
@@ -220,26 +192,9 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     ref = GemmaReference(model, hf)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
-    fast = ("--activations", "fast")
-    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
-            for th in (1, 2)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    base = logits_every_plan(model, seqs, ("--activations", "fast"), ("alone", "decode"), (1, 2))
     emu = GemmaReference(model, hf, emulate=True, packed=packed_matrices(ref), one_part=True)
-    close, errs = [], []
-    for toks, got in zip(seqs.values(), split(base, seqs)):
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-    close, err = np.concatenate(close), np.concatenate(errs)
-    emu_close, emu_min_frac = EMULATED_ONE
-    frac_close = np.mean(close <= emu_close)
-    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} one-part emulated: "
-           f"{frac_close:.2f} within {emu_close:.1e}")
-    assert frac_close >= emu_min_frac
-    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
+    grade_one_part(f"{name:22s}", seqs, base, ref, emu, report)
 
 
 # Each Gemma feature, taken out of the reference (what nxd computing without it would be graded

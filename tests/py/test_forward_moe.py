@@ -23,8 +23,8 @@ import make_tiny
 import make_tiny_moe
 from conftest import build_dir, tool
 from reference import Reference
-from test_forward import (EMULATED, EMULATED_ONE, FAMILY, ORDER, SEQ_LENS, TOL, TOL_ONE, _Wt, packed_matrices, plans,
-                          run_eval)
+from test_forward import (FAMILY, ORDER, SEQ_LENS, TOL, _Wt, grade, grade_one_part, logits_every_plan,
+                          packed_matrices, run_eval)
 
 VARIANTS = {name: (kw, norm) for name, kw, norm in make_tiny_moe.VARIANTS}
 
@@ -67,42 +67,16 @@ def test_moe_logits_match_reference(tiny_moe, name, report):
     ref = Reference(model, norm_topk_prob=norm)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
 
-    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in plans().items() for th in (1, 2, 3)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by " \
-                                            f"{np.abs(logits - base).max()}"
-    assert np.isfinite(base).all()
-
-    ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
+    base = logits_every_plan(model, seqs)
     emu = Reference(model, emulate=True, packed=packed_experts(ref), norm_topk_prob=norm)
-    other = Reference(model, norm_topk_prob=not norm) if kw["arch"] == "qwen3moe" else None
-    errs, close, wrong, top1, n_pos = [], [], [], 0, 0
-    for (s, toks), got in zip(seqs.items(), ours):
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        if other:
-            wrong.append(np.abs(got - other.logits(toks)).max() / want.std())
-        top1 += (got.argmax(1) == want.argmax(1)).sum()
-        n_pos += len(toks)
-    err, close = np.concatenate(errs), np.concatenate(close)
     fam = family(kw)
-    max_tol, mean_tol = TOL[fam]
-    emu_close, emu_min_frac = EMULATED[fam]
-    frac_close = np.mean(close <= emu_close)
-    report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})"
-           + (f" other normalisation: {max(wrong):.2e}" if wrong else ""))
-    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
-    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
-    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
-                                       f"within {emu_close:.1e}"
+    per_seq = grade(f"{name:22s}", fam, seqs, base, ref, emu, report)
     # the normalisation is visible: computing the other one would fail the bound many times over
-    if wrong:
-        assert max(wrong) > 20 * max_tol, f"the other routing normalisation is only {max(wrong):.2e} away"
+    if kw["arch"] == "qwen3moe":
+        other = Reference(model, norm_topk_prob=not norm)
+        wrong = max(np.abs(got - other.logits(toks)).max() / want.std() for toks, got, want in per_seq)
+        report(f"forward {name:22s} the other routing normalisation: max|d|/std {wrong:.2e}")
+        assert wrong > 20 * TOL[fam][0], f"the other routing normalisation is only {wrong:.2e} away"
 
 
 @pytest.mark.parametrize("name", ["qwen3moe-q8_0", "qwen3moe-q4_k", "mixtral-q4_0"])
@@ -114,26 +88,9 @@ def test_moe_fast_activations_match_one_part_reference(tiny_moe, name, report):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     ref = Reference(model, norm_topk_prob=norm)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
-    fast = ("--activations", "fast")
-    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode")
-            for th in (1, 2)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
-    ours = np.split(base, np.cumsum([len(t) for t in seqs.values()])[:-1])
+    base = logits_every_plan(model, seqs, ("--activations", "fast"), ("alone", "decode"), (1, 2))
     emu = Reference(model, emulate=True, packed=packed_experts(ref), one_part=True, norm_topk_prob=norm)
-    close, errs = [], []
-    for (s, toks), got in zip(seqs.items(), ours):
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-    close, err = np.concatenate(close), np.concatenate(errs)
-    frac_close = np.mean(close <= EMULATED_ONE[0])
-    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"one-part emulated: {frac_close:.2f} within {EMULATED_ONE[0]:.1e} (max {close.max():.1e})")
-    assert frac_close >= EMULATED_ONE[1]
-    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1]
+    grade_one_part(f"{name:22s}", seqs, base, ref, emu, report)
 
 
 def test_moe_generate_matches_teacher_forcing(tiny_moe):

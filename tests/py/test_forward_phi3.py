@@ -29,8 +29,8 @@ import pytest
 import make_tiny_phi3
 from conftest import tool
 from reference import Reference
-from test_forward import (EMULATED, EMULATED_ONE, FAMILY, ORDER, SEQ_LENS, TOL, TOL_ONE, packed_matrices, plans,
-                          run_eval)
+from test_forward import (FAMILY, ORDER, SEQ_LENS, TOL, grade, grade_one_part, logits_every_plan, packed_matrices,
+                          plans, run_eval, split)
 
 VARIANTS = {name: (builder, kw) for name, builder, kw in make_tiny_phi3.VARIANTS}
 LONG_CTX = 256  # --ctx past the LongRoPE models' original context (64)
@@ -71,10 +71,6 @@ def seqs_for(name, n_vocab):
     return {s: rng.integers(0, n_vocab, n) for s, n in SEQ_LENS.items()}
 
 
-def split(logits, seqs):
-    return np.split(logits, np.cumsum([len(t) for t in seqs.values()])[:-1])
-
-
 def ctx_args(ctx):
     return ("--ctx", str(ctx)) if ctx else ()
 
@@ -90,34 +86,9 @@ def test_logits_match_reference(tiny, name, ctx, report):
     ref = reference(tiny, name, ctx)
     seqs = seqs_for(name, ref.n_vocab)
 
-    runs = {(plan, th): run_eval(path, seqs, steps, th, ctx_args(ctx)) for plan, steps in plans().items()
-            for th in (1, 2, 3)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by {np.abs(logits - base).max()}"
-    assert np.isfinite(base).all()
-
+    base = logits_every_plan(path, seqs, ctx_args(ctx))
     emu = reference(tiny, name, ctx, emulate=True, packed=packed_parts(ref))
-    errs, close, top1, n_pos = [], [], 0, 0
-    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        top1 += (got.argmax(1) == want.argmax(1)).sum()
-        n_pos += len(toks)
-    err, close = np.concatenate(errs), np.concatenate(close)
-    fam = family(name)
-    max_tol, mean_tol = TOL[fam]
-    emu_close, emu_min_frac = EMULATED[fam]
-    frac_close = np.mean(close <= emu_close)
-    report(f"forward {name:34s} ctx {ctx or 'seq':>4} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
-    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
-    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
-    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
-                                       f"within {emu_close:.1e}"
+    grade(f"{name:34s} ctx {ctx or 'seq':>4}", family(name), seqs, base, ref, emu, report)
 
 
 def packed_parts(ref):
@@ -156,24 +127,9 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     path = tiny[name][0]
     ref = reference(tiny, name)
     seqs = seqs_for(name, ref.n_vocab)
-    fast = ("--activations", "fast")
-    runs = {(plan, th): run_eval(path, seqs, plans()[plan], th, fast) for plan in ("alone", "decode") for th in (1, 2)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    base = logits_every_plan(path, seqs, ("--activations", "fast"), ("alone", "decode"), (1, 2))
     emu = reference(tiny, name, emulate=True, packed=packed_parts(ref), one_part=True)
-    close, errs = [], []
-    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-    close, err = np.concatenate(close), np.concatenate(errs)
-    frac_close = np.mean(close <= EMULATED_ONE[0])
-    report(f"fast activations {name:34s} max|d|/std {err.max():.2e} mean {err.mean():.2e} one-part emulated: "
-           f"{frac_close:.2f} within {EMULATED_ONE[0]:.1e}")
-    assert frac_close >= EMULATED_ONE[1], f"only {frac_close:.2f} of positions match the one-part reference"
-    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
+    grade_one_part(f"{name:34s}", seqs, base, ref, emu, report)
 
 
 def _without(tiny, name, ctx, what):
