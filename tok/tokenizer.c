@@ -360,7 +360,10 @@ static int build_pieces(struct nx_tok *t, struct nx_err *err)
 		char *o = t->piece + off;
 		size_t m = 0;
 		uint8_t ty = t->type[i];
-		int byte = ty == NX_TT_BYTE ? byte_token_value(s, len) : -1;
+		/* SentencePiece-style BPE decodes <0xXX> by its text, as HF's ByteFallback
+		 * decoder does: converted through get_vocab_base, those tokens are typed normal */
+		bool spm_bpe = t->kind == NX_TOK_BPE && (t->pre.flags & NX_PRE_ESCAPE_SPACES);
+		int byte = ty == NX_TT_BYTE || (spm_bpe && ty == NX_TT_NORMAL) ? byte_token_value(s, len) : -1;
 		if (is_control_like(ty)) {
 			m = 0; /* their text only with special */
 		} else if (byte >= 0) {

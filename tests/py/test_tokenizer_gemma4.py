@@ -95,9 +95,11 @@ def spm_bpe_reference(tokens, merges):
 
 
 def write_spm_bpe(path, tokens, merges, model="gemma4", pre=None, add_bos=True, bos=True):
-    """As convert_hf_to_gguf.py's Gemma4Model.set_vocab writes it (pre given: a gpt2 file of that pre)."""
+    """As convert_hf_to_gguf.py's Gemma4Model.set_vocab writes it (LlamaHfVocab types <0xXX> BYTE); with
+    model gpt2, as _set_vocab_gpt2 does (get_vocab_base types every token not added NORMAL)."""
+    byte = gguf.TokenType.BYTE if model == "gemma4" else gguf.TokenType.NORMAL
     types = [gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.USER_DEFINED if t in USER else
-             gguf.TokenType.BYTE if t in BYTES else gguf.TokenType.NORMAL for t in tokens]
+             byte if t in BYTES else gguf.TokenType.NORMAL for t in tokens]
     w = gguf.GGUFWriter(str(path), arch="gemma4")
     w.add_tokenizer_model(model)
     if pre is not None:
