@@ -170,6 +170,31 @@ def test_byte_fallback_and_spaces(lib, spm_bpe_vocab, tmp_path):
         t.close()
 
 
+def test_invalid_utf8_round_trips(lib, spm_bpe_vocab, tmp_path):
+    """Bytes that are not UTF-8 (stray continuations, overlongs, surrogates, cut sequences) are their own
+    <0xXX> tokens and come back as they were; the valid characters around them still merge."""
+    import random
+
+    tokens, merges = spm_bpe_vocab
+    t = Tok(lib, write_spm_bpe(tmp_path / "g.gguf", tokens, merges))
+    rng = random.Random(5)
+    pieces = [b"\x80", b"\xbf", b"\xc0\xaf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe4\xb8",
+              b"\xf0\x9f\x99", b"\xff", b" ", b"\n", "日本".encode(), "hello".encode(), "🙂".encode()]
+    try:
+        for _ in range(300):
+            b = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
+            ids = t.encode(b)
+            raw = b"".join(tokens[i].replace("\u2581", " ").encode() if not tokens[i].startswith("<0x") else
+                           bytes([int(tokens[i][3:5], 16)]) for i in ids)
+            assert raw == b, b
+            # the detokenizer puts U+FFFD where the bytes are not UTF-8, as Python's errors="replace"
+            assert t.decode(ids) == b.decode("utf-8", "replace").encode(), b
+        hello = t.encode(b"\x80hello")
+        assert hello[0] == tokens.index("<0x80>") and len(hello) < 6
+    finally:
+        t.close()
+
+
 def test_newline_runs(lib, tmp_path):
     """gemma4 takes a run of newlines that is a token whole (llama.cpp's fix for Gemma 4, #21343);
     sarvam-moe merges it as any piece. Neither merges across the cut before and after a newline run."""
@@ -267,6 +292,9 @@ def test_whitespace_matches_hf_tokenizers(lib, whitespace_vocab, tmp_path):
                 # the whitespace is gone, the rest comes back
                 assert t.decode(got) == re.sub(f"[{WHITE}]", "", s).encode(), s
             assert not bad, f"{len(bad)}/{len(CORPUS)} differ; first: {bad[0]!r}"
+            # an overlong ' ' or NEL is no whitespace but bytes that are not UTF-8
+            for junk in (b"\xe0\x80\xa0", b"\xc0\xa0", b"\x85"):
+                assert [tokens[i] for i in t.encode(b"a" + junk + b"b")][1:-1] == [f"<0x{c:02X}>" for c in junk]
         finally:
             t.close()
 
