@@ -457,8 +457,19 @@ int nx_tok_load(struct nx_tok **out, const struct gguf_file *g, struct nx_err *e
 		goto fail;
 
 	if (t->kind == NX_TOK_BPE) {
+		bool prefix = false;
 		if (nx_bpe_load(t, g, err)) /* merges, pre-tokenizer, its add_bos default */
 			goto fail;
+		/* llama.cpp's BPE never prepends the U+2581 a SentencePiece-style
+		 * tokenizer.json's Prepend normalizer would: refused, not ignored */
+		if ((t->pre.flags & NX_PRE_ESCAPE_SPACES) &&
+		    get_flag(g, "tokenizer.ggml.add_space_prefix", &prefix, err))
+			goto fail;
+		if (prefix) {
+			nx_errf(err, "tokenizer: tokenizer.ggml.add_space_prefix = true with tokenizer.ggml.pre '%s' "
+				"is not implemented", t->pre_name);
+			goto fail;
+		}
 	} else {
 		t->add_bos = true;
 		t->add_space_prefix = true;

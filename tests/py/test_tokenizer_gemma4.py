@@ -94,7 +94,7 @@ def spm_bpe_reference(tokens, merges):
     return tk
 
 
-def write_spm_bpe(path, tokens, merges, model="gemma4", pre=None, add_bos=True, bos=True):
+def write_spm_bpe(path, tokens, merges, model="gemma4", pre=None, add_bos=True, bos=True, space_prefix=False):
     """As convert_hf_to_gguf.py's Gemma4Model.set_vocab writes it (LlamaHfVocab types <0xXX> BYTE); with
     model gpt2, as _set_vocab_gpt2 does (get_vocab_base types every token not added NORMAL)."""
     byte = gguf.TokenType.BYTE if model == "gemma4" else gguf.TokenType.NORMAL
@@ -113,7 +113,7 @@ def write_spm_bpe(path, tokens, merges, model="gemma4", pre=None, add_bos=True, 
     w.add_eos_token_id(tokens.index("<eos>"))
     w.add_unk_token_id(tokens.index("<unk>"))
     w.add_pad_token_id(tokens.index("<pad>"))
-    w.add_add_space_prefix(False)
+    w.add_add_space_prefix(space_prefix)
     if add_bos is not None:
         w.add_add_bos_token(add_bos)
     w.write_header_to_file()
@@ -228,6 +228,16 @@ def test_bos(lib, spm_bpe_vocab, tmp_path):
     with pytest.raises(RuntimeError, match="tokenizer.ggml.pre 'gemma4' always adds BOS but there is no "
                                            "tokenizer.ggml.bos_token_id"):
         Tok(lib, path)
+
+
+def test_space_prefix_refused(lib, spm_bpe_vocab, tmp_path):
+    """A dummy prefix (tokenizer.json's Prepend("▁")) is not what llama.cpp's BPE does: refused, named."""
+    tokens, merges = spm_bpe_vocab
+    for model, pre, name in [("gemma4", None, "gemma4"), ("gpt2", "sarvam-moe", "sarvam-moe")]:
+        path = write_spm_bpe(tmp_path / "p.gguf", tokens, merges, model, pre, space_prefix=True)
+        with pytest.raises(RuntimeError, match=re.escape(f"tokenizer.ggml.add_space_prefix = true with "
+                                                         f"tokenizer.ggml.pre '{name}' is not implemented")):
+            Tok(lib, path)
 
 
 def test_gemma4_end_tokens(lib, tmp_path):
