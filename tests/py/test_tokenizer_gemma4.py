@@ -155,6 +155,21 @@ def test_spm_bpe_matches_hf_tokenizers(lib, spm_bpe_vocab, tmp_path, model, pre)
     assert ids in (want, [tokens.index("<bos>")] + want)
 
 
+def test_one_long_line(lib, spm_bpe_vocab, tmp_path):
+    """Without a newline the whole text is one piece for the merges: half a megabyte of it, as HF has it."""
+    import random
+
+    tokens, merges = spm_bpe_vocab
+    rng = random.Random(3)
+    text = " ".join(rng.choice(CORPUS).replace("\n", " ") for _ in range(20000))
+    assert len(text.encode()) > 400_000
+    t = Tok(lib, write_spm_bpe(tmp_path / "g.gguf", tokens, merges))
+    try:
+        assert t.encode(text) == spm_bpe_reference(tokens, merges).encode(text, add_special_tokens=False).ids
+    finally:
+        t.close()
+
+
 def test_byte_fallback_and_spaces(lib, spm_bpe_vocab, tmp_path):
     """A character without a token is its UTF-8 bytes as <0xXX>; spaces are U+2581 pieces, not bytes."""
     tokens, merges = spm_bpe_vocab
