@@ -1,9 +1,11 @@
-/* bpe.c - byte-level BPE (tokenizer.ggml.model = gpt2): GPT-2's byte stand-in
- * characters, merge ranks from tokenizer.ggml.merges, and the merge loop run on
- * each pre-tokenized piece with a heap of candidate pairs. */
+/* bpe.c - BPE (tokenizer.ggml.model = gpt2, gemma4, whitespace): GPT-2's byte
+ * stand-in characters or (SentencePiece-style, NX_PRE_RAW_UTF8) the text's own
+ * UTF-8 characters with <0xXX> fallback, merge ranks from tokenizer.ggml.merges,
+ * and the merge loop run on each pre-tokenized piece with a heap of candidate pairs. */
 #include "tok/tok_internal.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -173,7 +175,17 @@ int nx_bpe_load(struct nx_tok *t, const struct gguf_file *g, struct nx_err *err)
 	}
 	free(cat);
 	free(ms);
-	return nx_pretok_init(&t->pre, t->pre_name, &t->ignore_merges, &t->add_bos, err);
+	if (nx_pretok_init(&t->pre, t->pre_name, &t->ignore_merges, &t->add_bos, err))
+		return -1;
+	if (t->pre.flags & NX_PRE_RAW_UTF8) {
+		/* no byte stand-ins: a byte falls back to its <0xXX> token, as SentencePiece's */
+		for (int b = 0; b < 256; b++) {
+			char hex[8];
+			snprintf(hex, sizeof(hex), "<0x%02X>", b);
+			t->byte_tok[b] = nx_tok_map_get(t, hex, strlen(hex));
+		}
+	}
+	return 0;
 oom:
 	free(cat);
 	free(ms);
@@ -181,8 +193,9 @@ oom:
 }
 
 struct bpe_sym {
-	int32_t id; /* -1: byte without a token (dropped); -2: merged into its left neighbour */
+	int32_t id; /* -1: byte or character without a token; -2: merged into its left neighbour */
 	int32_t prev, next;
+	uint32_t off, len; /* its bytes in the piece (NX_PRE_RAW_UTF8: for the <0xXX> fallback) */
 };
 
 struct bpe_cand {
@@ -209,11 +222,44 @@ static void try_pair(const struct nx_tok *t, struct bpe_sym *sym, int32_t l, int
 	heap_push(h, nh, (struct bpe_cand){rank, l, r, sym[l].id, sym[r].id, merged});
 }
 
+/* Length of the valid UTF-8 sequence at s[0..n), or 1 for a byte that does not start one. */
+static size_t utf8_seq(const uint8_t *s, size_t n)
+{
+	uint8_t c = s[0];
+	size_t len = c < 0x80 ? 1 : c >= 0xC2 && c < 0xE0 ? 2 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xF0 && c < 0xF5 ? 4 : 0;
+	if (len <= 1 || len > n)
+		return 1;
+	uint8_t lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80, hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+	if (s[1] < lo || s[1] > hi)
+		return 1;
+	for (size_t k = 2; k < len; k++)
+		if ((s[k] & 0xC0) != 0x80)
+			return 1;
+	return len;
+}
+
 /* Merges one pre-tokenized piece w[0..n) and emits its tokens. */
 static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct nx_tok_scratch *s, struct nx_emit *e,
 		    struct nx_err *err)
 {
-	if (t->ignore_merges) {
+	bool raw = t->pre.flags & NX_PRE_RAW_UTF8;
+	if (t->pre.flags & NX_PRE_NEWLINE_RUNS) {
+		size_t k = 0;
+		while (k < n && w[k] == '\n')
+			k++;
+		int32_t id = k == n ? nx_tok_map_get(t, (const char *)w, n) : -1;
+		if (id >= 0) {
+			nx_emit(e, id);
+			return 0;
+		}
+	}
+	if (t->ignore_merges && raw) {
+		int32_t id = nx_tok_map_get(t, (const char *)w, n);
+		if (id >= 0) {
+			nx_emit(e, id);
+			return 0;
+		}
+	} else if (t->ignore_merges) {
 		/* the whole piece in stand-in characters, if it is one token */
 		if (nx_tok_grow((void **)&s->buf, &s->buf_cap, 2 * n, 1))
 			return nx_errf(err, "tokenizer: out of memory");
@@ -231,10 +277,17 @@ static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct n
 		return nx_errf(err, "tokenizer: out of memory");
 	struct bpe_sym *sym = s->sym;
 	struct bpe_cand *heap = s->heap;
-	size_t nh = 0;
-	for (size_t i = 0; i < n; i++)
-		sym[i] = (struct bpe_sym){t->byte_tok[w[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1};
-	for (size_t i = 1; i < n; i++)
+	size_t nh = 0, n_sym = 0;
+	for (size_t i = 0; i < n;) {
+		size_t len = raw ? utf8_seq(w + i, n - i) : 1;
+		int32_t id = raw ? nx_tok_map_get(t, (const char *)w + i, len) : t->byte_tok[w[i]];
+		sym[n_sym] = (struct bpe_sym){id, (int32_t)n_sym - 1, -1, (uint32_t)i, (uint32_t)len};
+		if (n_sym > 0)
+			sym[n_sym - 1].next = (int32_t)n_sym;
+		n_sym++;
+		i += len;
+	}
+	for (size_t i = 1; i < n_sym; i++)
 		try_pair(t, sym, (int32_t)i - 1, (int32_t)i, heap, &nh);
 	/* Each merge queues at most two pairs, so the heap never outgrows 3n. */
 	while (nh > 0) {
@@ -250,15 +303,39 @@ static int bpe_word(const struct nx_tok *t, const uint8_t *w, size_t n, struct n
 		try_pair(t, sym, l->prev, c.left, heap, &nh);
 		try_pair(t, sym, c.left, l->next, heap, &nh);
 	}
-	for (int32_t i = 0; i >= 0; i = sym[i].next)
-		if (sym[i].id >= 0)
+	for (int32_t i = 0; i >= 0; i = sym[i].next) {
+		if (sym[i].id >= 0) {
 			nx_emit(e, sym[i].id);
+		} else if (raw) {
+			/* a byte without a <0xXX> token is dropped, as llama.cpp does */
+			for (uint32_t k = 0; k < sym[i].len; k++)
+				if (t->byte_tok[w[sym[i].off + k]] >= 0)
+					nx_emit(e, t->byte_tok[w[sym[i].off + k]]);
+		}
+	}
 	return 0;
 }
 
-int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_tok_scratch *s, struct nx_emit *e,
-		  struct nx_err *err)
+/* Pre-tokenizes and merges text with no whitespace to drop. */
+static int bpe_segment(const struct nx_tok *t, const char *text, size_t len, struct nx_tok_scratch *s,
+		       struct nx_emit *e, struct nx_err *err)
 {
+	if (t->pre.flags & NX_PRE_ESCAPE_SPACES) {
+		/* llama_escape_whitespace: every ' ' becomes U+2581, nothing else changes */
+		if (len > SIZE_MAX / 3 || nx_tok_grow((void **)&s->esc, &s->esc_cap, 3 * len, 1))
+			return nx_errf(err, "tokenizer: out of memory");
+		size_t m = 0;
+		for (size_t i = 0; i < len; i++) {
+			if (text[i] == ' ') {
+				memcpy(s->esc + m, "\xE2\x96\x81", 3);
+				m += 3;
+			} else {
+				s->esc[m++] = text[i];
+			}
+		}
+		text = s->esc;
+		len = m;
+	}
 	struct nx_span *sp;
 	size_t n_sp;
 	if (nx_pretok_split(&t->pre, text, len, s, &sp, &n_sp, err))
@@ -266,5 +343,40 @@ int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct n
 	for (size_t i = 0; i < n_sp; i++)
 		if (bpe_word(t, (const uint8_t *)text + sp[i].off, sp[i].len, s, e, err))
 			return -1;
+	return 0;
+}
+
+/* Unicode White_Space (llama.cpp's is_whitespace flag; Rust's char::is_whitespace). */
+static bool is_white_space(uint32_t cp)
+{
+	return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+	       (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+	       cp == 0x3000;
+}
+
+int nx_bpe_encode(const struct nx_tok *t, const char *text, size_t len, struct nx_tok_scratch *s, struct nx_emit *e,
+		  struct nx_err *err)
+{
+	if (!t->drop_whitespace)
+		return bpe_segment(t, text, len, s, e, err);
+	/* llm_tokenizer_whitespace_session: whitespace ends a segment and is dropped */
+	const uint8_t *u = (const uint8_t *)text;
+	size_t start = 0;
+	for (size_t i = 0; i < len;) {
+		size_t l = utf8_seq(u + i, len - i);
+		uint32_t cp = u[i] < 0x80 ? u[i] : UINT32_MAX; /* a stray byte is not whitespace */
+		if (l == 2)
+			cp = (uint32_t)(u[i] & 0x1F) << 6 | (u[i + 1] & 0x3F);
+		else if (l == 3)
+			cp = (uint32_t)(u[i] & 0x0F) << 12 | (uint32_t)(u[i + 1] & 0x3F) << 6 | (u[i + 2] & 0x3F);
+		if (l <= 3 && is_white_space(cp)) {
+			if (i > start && bpe_segment(t, text + start, i - start, s, e, err))
+				return -1;
+			start = i + l;
+		}
+		i += l;
+	}
+	if (len > start)
+		return bpe_segment(t, text + start, len - start, s, e, err);
 	return 0;
 }

@@ -215,12 +215,32 @@ static const struct pre_def pre_defs[] = {
 	{"mellum2", false, false, {"\\p{N}", RE_GPT2}},
 };
 
-/* Pre-tokenizer values llama.cpp knows whose vocabularies are not GPT-2
- * byte-level BPE (raw UTF-8 pieces with U+2581 for spaces, or a whitespace
- * split with a normalizer), or whose pattern is known only as llama.cpp's
- * rewrite of it: refused, named, rather than tokenized differently. */
-static const char *const pre_unimplemented =
-	"gemma4|granite-embed-multi-311m|sarvam-moe|whitespace|granite-embed-multi-97m";
+/* SentencePiece-style BPE rows (llama.cpp's byte_encode = false types), with
+ * the NX_PRE_* flags that tell them from byte-level BPE. */
+struct spm_style_def {
+	struct pre_def def;
+	unsigned flags;
+};
+
+static const struct spm_style_def spm_style_defs[] = {
+	/* GEMMA4: BPE over the raw UTF-8 of the text with its spaces written U+2581,
+	 * cut only between newline runs and the rest; a newline run that is a token
+	 * is that token; BOS always (llama.cpp's workaround for Gemma 4 files that
+	 * say add_bos_token = false). */
+	{{"gemma4|granite-embed-multi-311m", false, true, {"[^\\n]+|[\\n]+"}},
+	 NX_PRE_RAW_UTF8 | NX_PRE_ESCAPE_SPACES | NX_PRE_NEWLINE_RUNS | NX_PRE_FORCE_BOS},
+	/* SARVAM_MOE: Gemma 4's shape without its newline-run rule and forced BOS */
+	{{"sarvam-moe", false, false, {"[^\\n]+|[\\n]+"}}, NX_PRE_RAW_UTF8 | NX_PRE_ESCAPE_SPACES},
+	/* WHITESPACE (jina-embeddings-v2-base-zh): non-space runs, raw UTF-8 pieces;
+	 * tokenizer.ggml.model = whitespace also drops the whitespace (bpe.c) */
+	{{"whitespace", false, false, {"\\S+"}}, NX_PRE_RAW_UTF8},
+};
+
+/* Pre-tokenizer values llama.cpp knows that nxd refuses by name:
+ * granite-embed-multi-97m's split is known only as llama.cpp's rewrite of it
+ * (lookaheads reading every letter but a-z as upper case), which is not the
+ * model's own tokenizer.json pattern for non-ASCII letters; nxd does not guess. */
+static const char *const pre_unimplemented = "granite-embed-multi-97m";
 
 static bool name_in(const char *names, const char *name)
 {
@@ -245,6 +265,12 @@ int nx_pretok_init(struct nx_pretok *p, const char *pre, bool *ignore_merges, bo
 		if (name_in(pre_defs[i].names, pre)) {
 			def = &pre_defs[i];
 			break;
+		}
+	}
+	for (size_t i = 0; !def && i < sizeof(spm_style_defs) / sizeof(spm_style_defs[0]); i++) {
+		if (name_in(spm_style_defs[i].def.names, pre)) {
+			def = &spm_style_defs[i].def;
+			p->flags = spm_style_defs[i].flags;
 		}
 	}
 	if (!def && name_in(pre_unimplemented, pre))

@@ -30,7 +30,15 @@ struct nx_pairmap {
 struct nx_pretok {
 	int n_re;
 	pcre2_code *re[NX_PRETOK_MAX_RE];
+	unsigned flags; /* NX_PRE_* of its tokenizer.ggml.pre */
 };
+
+/* SentencePiece-style BPE (llama.cpp's byte_encode = false and escape_whitespaces). */
+#define NX_PRE_RAW_UTF8      1u /* merges start from the text's UTF-8 characters, not GPT-2's
+				 * byte stand-ins; a character without a token falls back to <0xXX> */
+#define NX_PRE_ESCAPE_SPACES 2u /* ' ' is U+2581 in the vocabulary: escaped before splitting, back on decode */
+#define NX_PRE_NEWLINE_RUNS  4u /* a piece of newlines only that is a token is taken whole (Gemma 4) */
+#define NX_PRE_FORCE_BOS     8u /* BOS is added whatever tokenizer.ggml.add_bos_token says (Gemma 4) */
 
 /* Special-token matcher: a byte trie over control, unknown and user-defined texts. */
 struct nx_trie_node {
@@ -65,6 +73,7 @@ struct nx_tok {
 	struct nx_pairmap merges;
 	struct nx_pretok pre;
 	bool ignore_merges;    /* a pre-token that is itself a token is taken whole (llama3) */
+	bool drop_whitespace;  /* tokenizer.ggml.model = whitespace: whitespace ends a piece and is dropped */
 	int32_t byte_tok[256]; /* BPE: token of the byte's stand-in character; SPM: <0xXX>; -1 if absent */
 
 	struct nx_trie_node *trie; /* node 0 is the root */
@@ -77,6 +86,7 @@ struct nx_tok_scratch {
 	void *sym;   size_t sym_cap;   /* symbols of the word being merged */
 	void *heap;  size_t heap_cap;  /* merge candidates */
 	char *buf;   size_t buf_cap;   /* SPM: escaped text */
+	char *esc;   size_t esc_cap;   /* BPE with NX_PRE_ESCAPE_SPACES: escaped text */
 	pcre2_match_data *md;
 };
 

@@ -31,6 +31,7 @@ static void scratch_free(struct nx_tok_scratch *s)
 	free(s->sym);
 	free(s->heap);
 	free(s->buf);
+	free(s->esc);
 	if (s->md)
 		pcre2_match_data_free(s->md);
 }
@@ -225,6 +226,7 @@ static const char *const eot_texts[] = {
 static const char *const eog_texts[] = {
 	"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
 	"<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+	"<eos>", "<turn|>", "<|tool_response>", /* Gemma 4's, as llama.cpp lists them */
 };
 
 static int32_t find_cstr(const struct nx_tok *t, const char *s)
@@ -358,7 +360,10 @@ static int build_pieces(struct nx_tok *t, struct nx_err *err)
 		char *o = t->piece + off;
 		size_t m = 0;
 		uint8_t ty = t->type[i];
-		int byte = ty == NX_TT_BYTE ? byte_token_value(s, len) : -1;
+		/* SentencePiece-style BPE decodes <0xXX> by its text, as HF's ByteFallback
+		 * decoder does: converted through get_vocab_base, those tokens are typed normal */
+		bool spm_bpe = t->kind == NX_TOK_BPE && (t->pre.flags & NX_PRE_ESCAPE_SPACES);
+		int byte = ty == NX_TT_BYTE || (spm_bpe && ty == NX_TT_NORMAL) ? byte_token_value(s, len) : -1;
 		if (is_control_like(ty)) {
 			m = 0; /* their text only with special */
 		} else if (byte >= 0) {
@@ -367,9 +372,12 @@ static int build_pieces(struct nx_tok *t, struct nx_err *err)
 		} else if (ty == NX_TT_USER || ty == NX_TT_BYTE) {
 			memcpy(o, s, len);
 			m = len;
-		} else if (t->kind == NX_TOK_BPE) {
+		} else if (t->kind == NX_TOK_BPE && !(t->pre.flags & NX_PRE_RAW_UTF8)) {
 			m = nx_bpe_unmap(s, len, o);
-		} else {
+		} else if (t->kind == NX_TOK_BPE && !(t->pre.flags & NX_PRE_ESCAPE_SPACES)) {
+			memcpy(o, s, len); /* raw UTF-8 pieces, spaces as themselves */
+			m = len;
+		} else { /* SentencePiece and SentencePiece-style BPE: U+2581 is a space */
 			for (size_t k = 0; k < len;) {
 				if (k + 3 <= len && memcmp(s + k, "\xE2\x96\x81", 3) == 0) {
 					o[m++] = ' ';
@@ -405,12 +413,16 @@ int nx_tok_load(struct nx_tok **out, const struct gguf_file *g, struct nx_err *e
 		nx_err_prefix(err, "tokenizer");
 		goto fail;
 	}
-	if (strcmp(model, "gpt2") == 0) {
+	/* gemma4 and whitespace are BPE vocabularies of llama.cpp's loader with a
+	 * pre-tokenizer of their own (tok/pretok.c) */
+	bool gemma4 = strcmp(model, "gemma4") == 0, whitespace = strcmp(model, "whitespace") == 0;
+	if (strcmp(model, "gpt2") == 0 || gemma4 || whitespace) {
 		t->kind = NX_TOK_BPE;
 	} else if (strcmp(model, "llama") == 0) {
 		t->kind = NX_TOK_SPM;
 	} else {
-		nx_errf(err, "tokenizer: unknown tokenizer.ggml.model '%.64s' (supported: gpt2, llama)", model);
+		nx_errf(err, "tokenizer: unknown tokenizer.ggml.model '%.64s' (supported: gpt2, llama, gemma4, whitespace)",
+			model);
 		goto fail;
 	}
 	if (gguf_get_str(g, "tokenizer.ggml.pre", &pre, false, err)) {
@@ -418,7 +430,25 @@ int nx_tok_load(struct nx_tok **out, const struct gguf_file *g, struct nx_err *e
 		goto fail;
 	}
 	snprintf(t->pre_name, sizeof(t->pre_name), "%s", pre && *pre ? pre : "default");
-	if (pre && strlen(pre) >= sizeof(t->pre_name) && t->kind == NX_TOK_BPE) {
+	if (gemma4) /* llama.cpp's loader sets it whatever the file says */
+		snprintf(t->pre_name, sizeof(t->pre_name), "gemma4");
+	if (whitespace) {
+		bool lower = false;
+		if (!pre || strcmp(pre, "whitespace") != 0) {
+			nx_errf(err, "tokenizer: tokenizer.ggml.model 'whitespace' with tokenizer.ggml.pre '%.64s' "
+				"(only 'whitespace') is not implemented", pre ? pre : "");
+			goto fail;
+		}
+		if (get_flag(g, "tokenizer.ggml.normalizer.lowercase", &lower, err))
+			goto fail;
+		if (lower) {
+			nx_errf(err, "tokenizer: tokenizer.ggml.normalizer.lowercase = true (lowercasing a whitespace "
+				"vocabulary's text) is not implemented");
+			goto fail;
+		}
+		t->drop_whitespace = true;
+	}
+	if (pre && strlen(pre) >= sizeof(t->pre_name) && t->kind == NX_TOK_BPE && !gemma4) {
 		nx_errf(err, "tokenizer: unknown pre-tokenizer tokenizer.ggml.pre '%.64s...'", pre);
 		goto fail;
 	}
@@ -427,8 +457,19 @@ int nx_tok_load(struct nx_tok **out, const struct gguf_file *g, struct nx_err *e
 		goto fail;
 
 	if (t->kind == NX_TOK_BPE) {
+		bool prefix = false;
 		if (nx_bpe_load(t, g, err)) /* merges, pre-tokenizer, its add_bos default */
 			goto fail;
+		/* llama.cpp's BPE never prepends the U+2581 a SentencePiece-style
+		 * tokenizer.json's Prepend normalizer would: refused, not ignored */
+		if ((t->pre.flags & NX_PRE_ESCAPE_SPACES) &&
+		    get_flag(g, "tokenizer.ggml.add_space_prefix", &prefix, err))
+			goto fail;
+		if (prefix) {
+			nx_errf(err, "tokenizer: tokenizer.ggml.add_space_prefix = true with tokenizer.ggml.pre '%s' "
+				"is not implemented", t->pre_name);
+			goto fail;
+		}
 	} else {
 		t->add_bos = true;
 		t->add_space_prefix = true;
@@ -444,7 +485,17 @@ int nx_tok_load(struct nx_tok **out, const struct gguf_file *g, struct nx_err *e
 		if (get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix, err))
 			goto fail;
 	}
-	if (load_specials(t, g, err) || build_trie(t, err) || build_pieces(t, err))
+	if (load_specials(t, g, err))
+		goto fail;
+	if (t->kind == NX_TOK_BPE && (t->pre.flags & NX_PRE_FORCE_BOS)) {
+		if (t->bos < 0) {
+			nx_errf(err, "tokenizer: tokenizer.ggml.pre '%s' always adds BOS but there is no "
+				"tokenizer.ggml.bos_token_id", t->pre_name);
+			goto fail;
+		}
+		t->add_bos = true;
+	}
+	if (build_trie(t, err) || build_pieces(t, err))
 		goto fail;
 	free(model);
 	free(pre);

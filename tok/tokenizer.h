@@ -1,5 +1,6 @@
 /* tokenizer.h - text <-> token ids for the vocabularies GGUF files carry:
- * `gpt2` byte-level BPE and `llama` SentencePiece, plus a streaming detokenizer.
+ * `gpt2` BPE (byte-level, or SentencePiece-style as `gemma4` and `whitespace`) and
+ * `llama` SentencePiece, plus a streaming detokenizer.
  *
  * A tokenizer is built once from a parsed GGUF (it copies what it needs, so the
  * file may be unmapped afterwards) and is then read-only: every function taking
@@ -17,7 +18,8 @@
 struct nx_tok;
 
 enum nx_tok_kind {
-	NX_TOK_BPE, /* tokenizer.ggml.model = gpt2: byte-level BPE with merges */
+	NX_TOK_BPE, /* tokenizer.ggml.model = gpt2, gemma4, whitespace: BPE with merges, byte-level or
+		     * (pre gemma4, sarvam-moe, whitespace) over raw UTF-8 with <0xXX> fallback */
 	NX_TOK_SPM, /* tokenizer.ggml.model = llama: SentencePiece, score-ordered merges, <0xXX> byte fallback */
 };
 
@@ -66,10 +68,11 @@ int32_t nx_tok_find(const struct nx_tok *t, const char *text, size_t len);
 /* The vocabulary text of id (not NUL-terminated); NULL when out of range. */
 const char *nx_tok_text(const struct nx_tok *t, int32_t id, size_t *len);
 
-/* The raw bytes id stands for: byte-level BPE decoded back to bytes, SPM with
- * U+2581 turned into ' ' and <0xXX> into that byte. Control, unknown and unused
- * tokens give nothing unless special, then their text. The bytes need not be
- * valid UTF-8 on their own. NULL when id is out of range. */
+/* The raw bytes id stands for: byte-level BPE decoded back to bytes, SPM and
+ * SentencePiece-style BPE with U+2581 turned into ' ', <0xXX> into that byte,
+ * whitespace BPE as its text. Control, unknown and unused tokens give nothing
+ * unless special, then their text. The bytes need not be valid UTF-8 on their
+ * own. NULL when id is out of range. */
 const char *nx_tok_piece(const struct nx_tok *t, int32_t id, bool special, size_t *len);
 size_t nx_tok_max_piece(const struct nx_tok *t); /* longest piece, special or not */
 

@@ -325,9 +325,7 @@ def test_ignore_merges(lib, tmp_path):
 
 
 @pytest.mark.parametrize("pre,msg", [
-    ("gemma4", "tokenizer.ggml.pre 'gemma4' is not implemented"),
-    ("whitespace", "tokenizer.ggml.pre 'whitespace' is not implemented"),
-    ("sarvam-moe", "tokenizer.ggml.pre 'sarvam-moe' is not implemented"),
+    ("granite-embed-multi-97m", "tokenizer.ggml.pre 'granite-embed-multi-97m' is not implemented"),
     ("no-such-pre", "unknown pre-tokenizer tokenizer.ggml.pre 'no-such-pre'"),
 ])
 def test_refused_by_name(lib, tmp_path, pre, msg):
