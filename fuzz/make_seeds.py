@@ -187,6 +187,59 @@ def spm_vocab(full=True):
     ], len(tokens)
 
 
+def sp_bpe_vocab():
+    """A Gemma 4-style vocabulary (tokenizer.ggml.model gemma4): BPE over raw UTF-8 pieces, U+2581 for
+    spaces, <0xXX> byte fallback, newline runs as tokens."""
+    tokens, types = ["<pad>", "<eos>", "<bos>", "<unk>"], [3, 3, 3, 2]
+    for b in range(256):
+        tokens.append(f"<0x{b:02X}>")
+        types.append(6)
+    pieces = ["▁", "a", "b", "e", "h", "l", "n", "o", "t", "é", "你", "\n"]
+    merges = []
+    for a, b in [("▁", "t"), ("h", "e"), ("▁t", "he"), ("l", "l"), ("ll", "o"), ("▁", "a"), ("▁", "é"), ("\n", "\n"),
+                 ("\n\n", "\n"), ("o", "n"), ("▁", "▁")]:
+        pieces.append(a + b)
+        merges.append(f"{a} {b}")
+    tokens += pieces
+    types += [1] * len(pieces)
+    tokens.append("<start_of_turn>")
+    types.append(4)
+    return [
+        ("tokenizer.ggml.model", STR, "gemma4"),
+        ("tokenizer.ggml.tokens", ARR, (STR, tokens)),
+        ("tokenizer.ggml.scores", ARR, (F32, [0.0] * len(tokens))),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.merges", ARR, (STR, merges)),
+        ("tokenizer.ggml.bos_token_id", U32, 2),
+        ("tokenizer.ggml.eos_token_id", U32, 1),
+        ("tokenizer.ggml.unknown_token_id", U32, 3),
+        ("tokenizer.ggml.add_space_prefix", BOOL, 0),
+    ], len(tokens)
+
+
+def whitespace_vocab():
+    """A whitespace-split vocabulary (tokenizer.ggml.model whitespace): pieces merged over their
+    characters, whitespace dropped."""
+    tokens, types = ["<s>", "<pad>", "</s>", "<unk>"], [3, 3, 3, 2]
+    pieces = ["a", "b", "e", "h", "l", "o", "t", "你", "好"]
+    merges = []
+    for a, b in [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("你", "好")]:
+        pieces.append(a + b)
+        merges.append(f"{a} {b}")
+    tokens += pieces
+    types += [1] * len(pieces)
+    return [
+        ("tokenizer.ggml.model", STR, "whitespace"),
+        ("tokenizer.ggml.pre", STR, "whitespace"),
+        ("tokenizer.ggml.tokens", ARR, (STR, tokens)),
+        ("tokenizer.ggml.token_type", ARR, (I32, types)),
+        ("tokenizer.ggml.merges", ARR, (STR, merges)),
+        ("tokenizer.ggml.bos_token_id", U32, 0),
+        ("tokenizer.ggml.eos_token_id", U32, 2),
+        ("tokenizer.ggml.unknown_token_id", U32, 3),
+    ], len(tokens)
+
+
 # --- tiny models -------------------------------------------------------------------
 
 DIM, N_HEAD, N_HEAD_KV, N_FF = 32, 2, 1, 32
@@ -409,7 +462,8 @@ def gguf_seeds():
 # Byte 0: bits 0-1 vocabulary (0 tiny-bpe, 1 tiny-spm, 2 gpt-2, 3 llama-spm; the
 # shared ones fall back to the tiny ones when ../shared/data is absent), bit 2
 # parse_special, bit 3 detokenize with NX_DETOK_SPECIAL, bit 4 NX_DETOK_STRIP,
-# bit 5 ids mode (the rest is little-endian u16 token ids instead of text).
+# bit 5 ids mode (the rest is little-endian u16 token ids instead of text),
+# bit 6: vocabulary 4 + bit 0 instead (tiny-sp-bpe, tiny-ws).
 
 TEXTS = [
     b"Hello world", b" hello the a", b"the\n\nhello  \t  x", "héllo wörld 你好 🦙 ÿ".encode(),
@@ -425,9 +479,15 @@ def tokenizer_seeds():
         for v in range(4):
             flags = v | (4 if i % 2 else 0) | (8 if i % 3 == 0 else 0) | (16 if v % 2 else 0)
             S.append((f"text-{i:02d}-v{v}", bytes([flags]) + t))
+    for i, t in enumerate(TEXTS):
+        for v in range(2):
+            flags = 64 | v | (4 if i % 2 else 0) | (8 if i % 3 == 0 else 0) | (16 if i % 4 == 1 else 0)
+            S.append((f"text-{i:02d}-v{4 + v}", bytes([flags]) + t))
     for v in range(4):
         ids = [0, 1, 2, 3, 10, 200, 255, 256, 259, 260, 270, 50000, 65535]
         S.append((f"ids-v{v}", bytes([v | 32 | 8]) + b"".join(struct.pack("<H", x) for x in ids)))
+    for v in range(2):
+        S.append((f"ids-v{4 + v}", bytes([64 | v | 32 | 8]) + b"".join(struct.pack("<H", x) for x in range(0, 300, 7))))
         # bytes of a UTF-8 sequence split over byte tokens, then cut short
         S.append((f"ids-split-v{v}", bytes([v | 32]) + b"".join(struct.pack("<H", x) for x in
                                                                [0xE4 + 3, 0xB8 + 3, 0xAD + 3, 0xE4 + 3])))
@@ -735,6 +795,8 @@ def main():
     # Replaced by rename: a running fuzzer keeps these mapped.
     for name, blob in [("tiny-bpe.vocab", gguf([("general.architecture", STR, "llama")] + bpe_vocab()[0])),
                        ("tiny-spm.vocab", gguf([("general.architecture", STR, "llama")] + spm_vocab()[0])),
+                       ("tiny-sp-bpe.vocab", gguf([("general.architecture", STR, "llama")] + sp_bpe_vocab()[0])),
+                       ("tiny-ws.vocab", gguf([("general.architecture", STR, "llama")] + whitespace_vocab()[0])),
                        ("tiny-llama.model", model("llama", n_layer=2))]:
         tmp = data / (name + ".tmp")
         tmp.write_bytes(blob)
