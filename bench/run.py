@@ -760,7 +760,7 @@ def main():
         reps_many = min(reps, MIN_REPS)
         # HTTP against the socket is a difference of a few per cent, under the host's drift: more rounds,
         # and the median of each round's own ratio.
-        pairs, pairs_many = max(reps, 9), max(reps_many, 5)
+        pairs, pairs_many = max(reps, 25), max(reps_many, 9)
         log(f"bench: {case}: {key}: chat over HTTP, 1 client x {reps}, {SLOTS} clients x {reps_many}; "
             f"against the socket {pairs} and {pairs_many} rounds")
         gw_bin = os.path.join(build, "nxd-http")
