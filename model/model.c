@@ -29,8 +29,8 @@ static const struct family {
 	bool swa;
 	int swa_global_every;
 	int swa_default;
-	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU,
-	 * post_attention_norm and post_ffw_norm, the soft-caps */
+	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU; but for
+	 * Gemma 1, post_attention_norm and post_ffw_norm and the soft-caps */
 	bool gemma;
 	/* Mixture-of-experts FFN (model/moe.h): EXPERTS_MAY when expert_count > 0
 	 * (llama: Mixtral), EXPERTS_ALWAYS (qwen3moe); the expert_* keys are then read */
@@ -59,6 +59,10 @@ static const struct family {
 	/* Gemma 3: five layers of every six slide; no key, no sliding layers */
 	{ "gemma3", NX_ARCH_GEMMA3, .neox = true, .qk_norm = true, .gemma = true, .swa = true, .swa_global_every = 6,
 	  .reads = (const char *const[]){ "final_logit_softcapping", "rope.freq_base_swa", NULL } },
+	/* Gemma 1 (gemma-2b/7b, CodeGemma): Gemma 2's block without what Gemma 2
+	 * added (post-norms, soft-caps, sliding windows); the converter writes
+	 * none of their keys, and key_rules refuses them on a gemma file */
+	{ "gemma", NX_ARCH_GEMMA, .neox = true, .gemma = true },
 };
 
 static const struct family *family_of(enum nx_arch a)
@@ -380,26 +384,34 @@ static int read_window(struct nx_hparams *hp, const struct gguf_file *g, const s
 }
 
 /* Gemma's hyper-parameters, as llama.cpp's loader reads them (llama-model.cpp,
- * LLM_ARCH_GEMMA2 / GEMMA3) for Hugging Face's Gemma2 / Gemma3 models:
+ * LLM_ARCH_GEMMA / GEMMA2 / GEMMA3) for Hugging Face's Gemma / Gemma2 / Gemma3
+ * models:
  * - the attention scale 1/sqrt(query_pre_attn_scalar), which the file does not
  *   hold: head_dim, except for the 27B models (46 gemma2 layers, 62 gemma3),
- *   whose scalar is dim / n_head (gemma_pytorch's config);
+ *   whose scalar is dim / n_head (gemma_pytorch's config); Gemma 1's is
+ *   head_dim's (modeling_gemma.py: head_dim**-0.5), the default;
  * - gemma2's sliding window (read_window) is never 0; gemma3's sliding layers
  *   rotate with base 10000 (or rope.freq_base_swa) unscaled;
  * - gemma2's soft-caps default to 50 (attention) and 30 (logits), HF's and
- *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it. */
+ *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it;
+ * - Gemma 1 has neither caps nor post-norms (its HF post_attention_layernorm
+ *   is the FFN's pre-norm, ffn_norm). */
 static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const struct family *fam, struct nx_err *err)
 {
 	const char *arch = fam->name;
+	if (hp->rope_scaling == NX_ROPE_YARN)
+		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
+			       arch, arch);
+	hp->gelu = true;
+	hp->embd_scale = (float)sqrt((double)hp->dim);
+	if (fam->arch == NX_ARCH_GEMMA)
+		return 0;
 	const bool g2 = fam->arch == NX_ARCH_GEMMA2;
 	float attn_cap = g2 ? 50 : 0, final_cap = g2 ? 30 : 0, base_swa = 10000.0f;
 	if ((g2 && arch_f32(g, arch, "attn_logit_softcapping", &attn_cap, false, err)) ||
 	    arch_f32(g, arch, "final_logit_softcapping", &final_cap, false, err) ||
 	    (!g2 && arch_f32(g, arch, "rope.freq_base_swa", &base_swa, false, err)))
 		return -1;
-	if (hp->rope_scaling == NX_ROPE_YARN)
-		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
-			       arch, arch);
 	if (g2 && hp->swa_window == 0)
 		return nx_errf(err, "model: key '%s.attention.sliding_window' = 0: expected a window of at least 1 "
 			       "position", arch);
@@ -412,9 +424,7 @@ static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const st
 			       final_cap);
 	if (!(base_swa > 1 && isfinite(base_swa)))
 		return nx_errf(err, "model: key '%s.rope.freq_base_swa' = %g: expected > 1", arch, base_swa);
-	hp->gelu = true;
 	hp->post_norms = true;
-	hp->embd_scale = (float)sqrt((double)hp->dim);
 	const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
 	const int scalar = is_27b ? hp->dim / hp->n_head : hp->head_dim;
 	hp->attn_scale = 1.0f / sqrtf((float)scalar);
@@ -482,10 +492,10 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 		if (!strcmp(arch, "qwen2moe"))
 			nx_errf(err, "model: architecture 'qwen2moe' is not supported: its shared expert (ffn_gate_inp_shexp, "
 				"ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp) is not implemented (llama, qwen2, qwen3, "
-				"qwen3moe, phi3, smollm3, gemma2, gemma3 are)");
+				"qwen3moe, phi3, smollm3, gemma, gemma2, gemma3 are)");
 		else
 			nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, "
-				"smollm3, gemma2, gemma3)", arch);
+				"smollm3, gemma, gemma2, gemma3)", arch);
 		free(arch);
 		return -1;
 	}

@@ -23,9 +23,10 @@ enum nx_arch {
 	NX_ARCH_SMOLLM3,
 	NX_ARCH_GEMMA2,
 	NX_ARCH_GEMMA3,
+	NX_ARCH_GEMMA,
 };
 
-/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3"). */
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3", "gemma", ...). */
 const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
@@ -65,7 +66,7 @@ struct nx_hparams {
 	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3, gemma3) */
 	/* Layers il with (il + 1) % nope_every == 0 apply no RoPE; 0: all do (smollm3: 4) */
 	int nope_every;
-	/* Gemma's block (gemma2, gemma3); all zero / false for the others: */
+	/* Gemma's block (gemma, gemma2, gemma3; post_norms, the caps and attn_scale not gemma's); all zero / false for the others: */
 	bool gelu;          /* the FFN gate through GELU (tanh approximation), not SiLU: GeGLU */
 	bool post_norms;    /* RMSNorm of the attention and FFN outputs before each residual add
 			     * (attn_post_norm, ffn_post_norm) */

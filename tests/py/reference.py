@@ -1,4 +1,4 @@
-"""reference.py - an independent float64 llama / qwen2 / qwen3 / qwen3moe / phi3 / smollm3 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 / qwen3moe / phi3 / smollm3 (and, in GemmaReference, gemma / gemma2 / gemma3) forward pass in numpy, the ground truth for the engine.
 
 Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py,
 modeling_phi3.py, modeling_smollm3.py): RMSNorm, SwiGLU, grouped-query attention; qwen2's Q/K/V biases;
@@ -358,9 +358,9 @@ class Reference:
 
 
 class GemmaReference(Reference):
-    """gemma2 / gemma3 (text model) in float64, written from Hugging Face's modeling_gemma2.py and
-    modeling_gemma3.py, given the config the file was converted from (hf: its keys below), not the GGUF
-    keys nxd reads:
+    """gemma (Gemma 1), gemma2, gemma3 (text model) in float64, written from Hugging Face's modeling_gemma.py,
+    modeling_gemma2.py and modeling_gemma3.py, given the config the file was converted from (hf: its keys
+    below), not the GGUF keys nxd reads:
 
     - the embedding times sqrt(hidden_size);
     - GemmaRMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w) - llama.cpp's converter stores 1 + w, so w is the
@@ -374,22 +374,30 @@ class GemmaReference(Reference):
       rotates with rope_local_base_freq unscaled, the global layers with rope_theta and rope_scaling;
     - gemma3: Gemma3RMSNorm of each head of Q and K (q_norm, k_norm) before RoPE;
     - RoPE by rotate_half (pairs i, i + head_dim/2);
-    - the logits soft-capped by final_logit_softcapping when set.
+    - the logits soft-capped by final_logit_softcapping when set;
+    - gemma (Gemma 1): none of the post-norms, soft-caps, windows, Q/K norms: h += attn(input_layernorm(h));
+      h += mlp(post_attention_layernorm(h)) (the GGUF's attn_norm, ffn_norm); scores times head_dim^-0.5,
+      mlp's activation hidden_activation (gelu_pytorch_tanh).
     hf keys: query_pre_attn_scalar, sliding_window, attn_logit_softcapping, final_logit_softcapping,
-    rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern (gemma3)."""
+    rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern (gemma3); head_dim,
+    hidden_activation (gemma).
+
+    embd_scale and norm_offset (sqrt(hidden_size), GemmaRMSNorm's 1) are attributes so that a test can take
+    them out."""
 
     def __init__(self, path, hf, emulate=False, packed=(), one_part=False):
         super().__init__(path, emulate=emulate, packed=packed, one_part=one_part,
                          rope_scaling=hf.get("rope_scaling") or {"rope_type": "default"})
-        assert self.arch in ("gemma2", "gemma3"), self.arch
+        assert self.arch in ("gemma", "gemma2", "gemma3"), self.arch
         self.hf = hf
+        self.embd_scale, self.norm_offset = np.sqrt(self.dim), 1.0
         self.neox = True
         self.global_rope = hf_rope(hf["rope_theta"], self.rope_dim, hf.get("rope_scaling"))
         self.local_rope = hf_rope(hf.get("rope_local_base_freq", hf["rope_theta"]), self.rope_dim, None) \
             if self.arch == "gemma3" else self.global_rope
 
     def is_sliding(self, il):
-        if self.hf.get("sliding_window") is None:
+        if self.arch == "gemma" or self.hf.get("sliding_window") is None:
             return False
         if self.arch == "gemma2":
             return il % 2 == 0
@@ -397,19 +405,25 @@ class GemmaReference(Reference):
 
     def _gnorm(self, x, name):
         w = self._w(name) - 1.0  # the converter's + 1 undone: HF's own weight
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (1.0 + w)
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (self.norm_offset + w)
+
+    def _act(self, g):
+        if self.hf.get("hidden_activation", "gelu_pytorch_tanh") == "silu":
+            return g / (1 + np.exp(-g))
+        return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
 
     def hidden(self, tokens):
         tokens = np.asarray(tokens)
         T, hd, H, Hkv, hf = len(tokens), self.head_dim, self.n_head, self.n_head_kv, self.hf
         pos = np.arange(T, dtype=np.float64)
-        x = self.t["token_embd.weight"][tokens].astype(np.float64) * np.sqrt(self.dim)
+        x = self.t["token_embd.weight"][tokens].astype(np.float64) * self.embd_scale
+        gemma1 = self.arch == "gemma"
         qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
         causal = np.where(ki > qi, -np.inf, 0.0)
         window = hf.get("sliding_window")
         sliding = np.where((ki > qi) | (qi - ki >= (window or T + 1)), -np.inf, 0.0)
-        scaling = hf["query_pre_attn_scalar"] ** -0.5
-        cap = hf.get("attn_logit_softcapping")
+        scaling = hf["head_dim"] ** -0.5 if gemma1 else hf["query_pre_attn_scalar"] ** -0.5
+        cap = None if gemma1 else hf.get("attn_logit_softcapping")
         for il in range(self.n_layer):
             p = f"blk.{il}."
             self.inv_freq, self.rope_att = self.local_rope if self.is_sliding(il) else self.global_rope
@@ -432,15 +446,16 @@ class GemmaReference(Reference):
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
-            x = x + self._gnorm(self._mm(att, p + "attn_output.weight"), p + "post_attention_norm.weight")
+            o = self._mm(att, p + "attn_output.weight")
+            x = x + (o if gemma1 else self._gnorm(o, p + "post_attention_norm.weight"))
             xn = self._gnorm(x, p + "ffn_norm.weight")
             g = self._mm(xn, p + "ffn_gate.weight")
             u = self._mm(xn, p + "ffn_up.weight")
-            gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
-            x = x + self._gnorm(self._mm(gelu * u, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+            d = self._mm(self._act(g) * u, p + "ffn_down.weight")
+            x = x + (d if gemma1 else self._gnorm(d, p + "post_ffw_norm.weight"))
         return self._gnorm(x, "output_norm.weight")
 
     def logits(self, tokens):
         out = self._mm(self.hidden(tokens), self.out_name)
-        cap = self.hf.get("final_logit_softcapping")
+        cap = None if self.arch == "gemma" else self.hf.get("final_logit_softcapping")
         return out if cap is None else np.tanh(out / cap) * cap
