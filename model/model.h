@@ -24,6 +24,7 @@ enum nx_arch {
 	NX_ARCH_GEMMA2,
 	NX_ARCH_GEMMA3,
 	NX_ARCH_GEMMA,
+	NX_ARCH_QWEN2MOE,
 };
 
 /* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3", "gemma", ...). */
@@ -84,12 +85,16 @@ struct nx_hparams {
 	int swa_window;
 	int swa_global_every;
 	float rope_base_swa;
-	/* Mixture of experts (qwen3moe; llama with expert_count: Mixtral), else all 0:
+	/* Mixture of experts (qwen3moe, qwen2moe; llama with expert_count: Mixtral), else all 0:
 	 * every layer's FFN is n_expert SwiGLU experts of n_ff_exp, of which each
 	 * token takes the n_expert_used with the largest router logits (model/moe.h) */
 	int n_expert, n_expert_used;
 	int n_ff_exp;     /* an expert's feed-forward length; n_ff is set to it */
 	bool moe_norm_w;  /* the chosen experts' softmax weights renormalised to sum 1 (Mixtral; qwen3moe's norm_topk_prob) */
+	/* qwen2moe's shared expert, else 0: every token also runs a SwiGLU FFN of
+	 * n_ff_shexp, its output times sigmoid(shexp_gate_inp . xn), added to the
+	 * routed experts' sum */
+	int n_ff_shexp;
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -126,6 +131,11 @@ struct nx_layer {
 	struct nx_wt moe_gate;      /* (n_expert * n_ff_exp, dim) ffn_gate_exps */
 	struct nx_wt moe_up;        /* (n_expert * n_ff_exp, dim) ffn_up_exps */
 	struct nx_wt moe_down;      /* (n_expert * dim, n_ff_exp) ffn_down_exps */
+	/* The shared expert (hp.n_ff_shexp > 0), else empty */
+	struct nx_wt shexp_gate_inp; /* (1, dim) ffn_gate_inp_shexp: the logit of its sigmoid gate */
+	struct nx_wt shexp_gate;    /* (n_ff_shexp, dim) ffn_gate_shexp */
+	struct nx_wt shexp_up;      /* (n_ff_shexp, dim) ffn_up_shexp */
+	struct nx_wt shexp_down;    /* (dim, n_ff_shexp) ffn_down_shexp */
 };
 
 struct nx_model {

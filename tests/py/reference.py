@@ -11,9 +11,11 @@ smollm3: no RoPE in the layers its config's no_rope_layers marks 0 (by default e
 (i + 1) % no_rope_layer_interval == 0).
 
 Mixture-of-experts FFNs (modeling_mixtral.py's MixtralSparseMoeBlock, modeling_qwen3_moe.py's
-Qwen3MoeSparseMoeBlock): router logits, softmax over all experts, the top num_experts_per_tok
-probabilities, divided by their sum when norm_topk_prob (Mixtral always), each chosen expert's SwiGLU
-MLP weighted by its probability and summed. Like rope_scaling, norm_topk_prob is the Hugging Face
+Qwen3MoeSparseMoeBlock, modeling_qwen2_moe.py's Qwen2MoeSparseMoeBlock): router logits, softmax over all
+experts, the top num_experts_per_tok probabilities, divided by their sum when norm_topk_prob (Mixtral
+always), each chosen expert's SwiGLU MLP weighted by its probability and summed; qwen2moe (qwen2's
+attention, biases included) adds its shared expert, a SwiGLU MLP whose output is multiplied by
+sigmoid(shared_expert_gate(x)). Like rope_scaling, norm_topk_prob is the Hugging Face
 config's, given by the caller, not read from the GGUF.
 
 RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
@@ -211,7 +213,7 @@ class Reference:
         self.rope_scaling, self.rope_seq_len = rope_scaling, rope_seq_len
         self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling, rope_seq_len)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a in ("qwen2", "qwen3", "qwen3moe", "phi3")
+        self.neox = a in ("qwen2", "qwen3", "qwen3moe", "phi3", "qwen2moe")
         self.window = sliding_window
         if no_rope_layers is None:  # SmolLM3Config: no_rope_layer_interval = 4
             no_rope_layers = [int((i + 1) % 4 != 0) if a == "smollm3" else 1 for i in range(self.n_layer)]
@@ -224,6 +226,8 @@ class Reference:
             if norm_topk_prob is None:
                 raise ValueError(f"{path} has experts: give the norm_topk_prob it was converted from")
             self.norm_topk_prob = bool(norm_topk_prob)
+        # Qwen2MoeSparseMoeBlock: every layer's shared expert, gated by sigmoid(shared_expert_gate(x))
+        self.shared_expert, self.shared_gate = a == "qwen2moe", True
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -272,6 +276,13 @@ class Reference:
             u = self._mm_expert(xn[tok], p + "ffn_up_exps.weight", e)
             y = self._mm_expert(g / (1 + np.exp(-g)) * u, p + "ffn_down_exps.weight", e)
             out[tok] += w[tok, slot][:, None] * y
+        if self.shared_expert:  # + sigmoid(shared_expert_gate(x)) * shared_expert(x), a SwiGLU MLP
+            g = self._mm(xn, p + "ffn_gate_shexp.weight")
+            u = self._mm(xn, p + "ffn_up_shexp.weight")
+            y = self._mm(g / (1 + np.exp(-g)) * u, p + "ffn_down_shexp.weight")
+            if self.shared_gate:
+                y = y / (1 + np.exp(-self._mm(xn, p + "ffn_gate_inp_shexp.weight").reshape(len(xn), 1)))
+            out = out + y
         return out
 
     def _kv(self, x):
@@ -320,7 +331,7 @@ class Reference:
                 q = self._mm(xn, p + "attn_q.weight")
                 k = self._mm(xn, p + "attn_k.weight")
                 v = self._mm(xn, p + "attn_v.weight")
-            if self.arch == "qwen2":
+            if self.arch in ("qwen2", "qwen2moe"):
                 q = q + self._w(p + "attn_q.bias")
                 k = k + self._w(p + "attn_k.bias")
                 v = v + self._w(p + "attn_v.bias")
