@@ -8,7 +8,9 @@ post_attention_layernorm is the FFN's pre-norm, ffn_norm); no output.weight (tie
 reference.GemmaReference, written from modeling_gemma.py, with test_forward's plans, thread counts and
 bounds; and each Gemma feature taken out of the reference is far outside those bounds.
 """
+import subprocess
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +29,7 @@ def gemma_config(**kw):
 
 
 def build_gemma1(path, hf, wtype="Q8_0", seed=0, dim=256, n_layer=3, n_head=4, n_head_kv=1, head_dim=64,
-                 n_ff=512, n_vocab=300, n_ctx=8192, types=None, mutate=None):
+                 n_ff=512, n_vocab=300, n_ctx=8192, types=None, mutate=None, vocab=False, chat_template=None):
     """Writes the GGUF llama.cpp's converter makes of a GemmaForCausalLM checkpoint with config hf; hf gets
     head_dim."""
     rng = np.random.default_rng(seed)
@@ -72,6 +74,10 @@ def build_gemma1(path, hf, wtype="Q8_0", seed=0, dim=256, n_layer=3, n_head=4, n
     w = gguf.GGUFWriter(str(path), a)
     for k, (kind, v) in meta.items():
         {"u32": w.add_uint32, "f32": w.add_float32, "str": w.add_string, "bool": w.add_bool}[kind](k, v)
+    if vocab:
+        add_gemma_vocab(w, n_vocab)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     for name, (arr, raw) in t.items():
         w.add_tensor(name, arr, raw_dtype=raw)
     w.write_header_to_file()
@@ -79,6 +85,23 @@ def build_gemma1(path, hf, wtype="Q8_0", seed=0, dim=256, n_layer=3, n_head=4, n
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def add_gemma_vocab(w, n_vocab):
+    """A SentencePiece vocabulary laid out as Gemma's begins (<pad> <eos> <bos> <unk>, its turn markers
+    control tokens), then the 256 byte tokens and words: any text encodes, "<bos>" and the markers as one
+    token each. BOS added, no space prefix, as the converter writes Gemma's."""
+    toks = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    toks += [f"<0x{b:02X}>" for b in range(256)]
+    toks += [f"\u2581w{i}" for i in range(n_vocab - len(toks))]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * len(toks))
+    w.add_token_types([3, 3, 3, 2, 3, 3] + [6] * 256 + [1] * (len(toks) - 262))
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(False)
 
 
 # (name, hf config, build kwargs). The float models keep few K/V values per position (two layers, one kv
@@ -233,3 +256,42 @@ def test_refuses_yarn_on_gemma(tmp_path):
         meta["gemma.rope.scaling.type"] = ("str", "yarn")
         meta["gemma.rope.scaling.factor"] = ("f32", 4.0)
     assert "YaRN on gemma is not implemented" in _refused(tmp_path, add)
+
+
+# ---------------------------------------------------------------- served by the daemon
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+
+
+def test_daemon_serves_gemma_with_either_gemma1_template(tmp_path):
+    """nxd with two workers: greedy decoding of a gemma model is nx-eval's, token for token; a chat request
+    under Gemma 1's first template (no bos_token) and under its later one ({{ bos_token }} first) is the same
+    prompt - one BOS, the tokenizer's or the template's - and the same answer."""
+    from conftest import tool
+    from nxd_helpers import Client, Daemon
+    prompt, n = [1, 17, 250, 3, 99, 42], 12
+    answers = []
+    for name in ("gemma-7b-it.jinja", "gemma2.jinja"):
+        template = (TEMPLATES / name).read_text().removesuffix("\n")
+        d = tmp_path / name
+        d.mkdir()
+        model = build_gemma1(d / "served.gguf", gemma_config(), wtype="Q4_K", seed=430, vocab=True,
+                             chat_template=template)
+        p = subprocess.run([str(tool("nx-eval")), str(model), "--threads", "2", "--generate", str(n), "--prompt-ids",
+                            ",".join(map(str, prompt))], capture_output=True, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()
+        want = [int(x) for x in p.stdout.split()]
+        with Daemon(model, d, workers=2, args=["--slots", "2", "--ctx", "256"]) as dm:
+            assert "chat template gemma" in dm.log()
+            with Client(dm.sock) as c:
+                toks, _, ev = c.generate(rid="t", tokens=prompt, max_tokens=n, temperature=0, ignore_eos=True)
+                assert ev["event"] == "done", ev
+                assert toks == want
+                msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                        {"role": "user", "content": "bye"}]
+                toks, _, ev = c.generate(rid="m", messages=msgs, max_tokens=4, temperature=0, ignore_eos=True)
+                assert ev["event"] == "done", ev
+                answers.append((ev["usage"]["prompt_tokens"], toks))
+    # one token each for <bos> and the 7 turn markers, the rest of the text by bytes
+    text = "user\nhi\nmodel\nhello\nuser\nbye\nmodel\n"
+    assert answers[0] == answers[1] and answers[0][0] == 8 + len(text), answers
