@@ -71,7 +71,7 @@ def build_gemma1(path, hf, wtype="Q8_0", seed=0, dim=256, n_layer=3, n_head=4, n
         t[p + "ffn_down.weight"] = make_tiny.weight(rng, dim, n_ff, ty("down"), 1 / np.sqrt(n_ff))
     if mutate:
         mutate(meta, t)
-    w = gguf.GGUFWriter(str(path), a)
+    w = gguf.GGUFWriter(str(path), meta.pop("general.architecture", ("str", a))[1])
     for k, (kind, v) in meta.items():
         {"u32": w.add_uint32, "f32": w.add_float32, "str": w.add_string, "bool": w.add_bool}[kind](k, v)
     if vocab:
@@ -295,3 +295,14 @@ def test_daemon_serves_gemma_with_either_gemma1_template(tmp_path):
     # one token each for <bos> and the 7 turn markers, the rest of the text by bytes
     text = "user\nhi\nmodel\nhello\nuser\nbye\nmodel\n"
     assert answers[0] == answers[1] and answers[0][0] == 8 + len(text), answers
+
+
+@pytest.mark.parametrize("arch", ["gemma3n", "gemma-embedding"])
+def test_other_gemma_architectures_refused_by_name(tmp_path, arch):
+    """Gemma 3n and EmbeddingGemma are not Gemma 1's block: refused, naming the architecture."""
+    def rename(meta, t):
+        for k in list(meta):
+            meta[arch + k[len("gemma"):]] = meta.pop(k)
+        meta["general.architecture"] = ("str", arch)
+    err = _refused(tmp_path, rename)
+    assert f"architecture '{arch}' is not supported" in err, err
