@@ -227,6 +227,10 @@ static void check_model(const struct gguf_file *g)
 		touch_wt(&L->moe_gate);
 		touch_wt(&L->moe_up);
 		touch_wt(&L->moe_down);
+		touch_wt(&L->shexp_gate_inp);
+		touch_wt(&L->shexp_gate);
+		touch_wt(&L->shexp_up);
+		touch_wt(&L->shexp_down);
 	}
 	run_step(&m);
 }

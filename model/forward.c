@@ -112,6 +112,8 @@ static int max_in(const struct nx_hparams *hp)
 		m = hp->n_ff;
 	if (q_dim > m)
 		m = q_dim;
+	if (hp->n_ff_shexp > m)
+		m = hp->n_ff_shexp;
 	return m;
 }
 
@@ -166,7 +168,8 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 	    !add_buf(&total, (size_t)c->max_logits * n_groups, sizeof(float)) ||
 	    !add_buf(&total, heads * spans * hp->head_dim, sizeof(float)) || !add_buf(&total, heads * spans * 2, sizeof(float)) ||
 	    !add_buf(&total, NX_LORA_U_SHARED, sizeof(float)) || !add_buf(&total, B * hp->n_expert, sizeof(float)) ||
-	    !add_buf(&total, nx_moe_route_rows(hp, c->max_batch) * hp->n_ff_exp, sizeof(float)))
+	    !add_buf(&total, nx_moe_route_rows(hp, c->max_batch) * hp->n_ff_exp, sizeof(float)) ||
+	    !add_buf(&total, B * hp->n_ff_shexp, sizeof(float)) || !add_buf(&total, hp->n_ff_shexp ? B : 0, sizeof(float)))
 		return 0;
 	if (mem) {
 		uint8_t *p = mem;
@@ -187,6 +190,10 @@ static size_t state_layout(struct nx_state *s, void *mem, const struct nx_hparam
 		if (hp->n_expert) {
 			s->moe_logits = take(&p, B * hp->n_expert, sizeof(float));
 			s->moe_h = take(&p, nx_moe_route_rows(hp, c->max_batch) * hp->n_ff_exp, sizeof(float));
+		}
+		if (hp->n_ff_shexp) {
+			s->shexp_h = take(&p, B * hp->n_ff_shexp, sizeof(float));
+			s->shexp_g = take(&p, B, sizeof(float));
 		}
 	}
 	return total;
@@ -1558,14 +1565,69 @@ static void moe_down(struct pass *pass, const struct nx_layer *L)
 		}
 }
 
-/* The FFN of a mixture-of-experts layer: [D1], [D2], [D3] with barriers between. */
+/* ---------------------------------------------------------------- qwen2moe's shared expert */
+
+/* [D1'] beside the router, on the same xn: this band's rows of
+ * silu(gate_s xn) * (up_s xn) into shexp_h (a dense FFN's rows, shared out as
+ * ffn_gate_up's), and the shared gate's logit ffn_gate_inp_shexp . xn (one row). */
+static void shexp_gate_up(struct pass *pass, const struct nx_layer *L)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const int n = pass->n, dim = hp->dim, ff = hp->n_ff_shexp;
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 1, 1, ROW_GRAIN); split_next(&sp, &lo, &hi);)
+		matmul(&L->shexp_gate_inp, prep_act(sc, sc->xn, n, dim, &L->shexp_gate_inp, pass->toks, false), n, lo,
+		       hi, s->shexp_g, 1, NULL, MM_STORE);
+	for (struct split sp = op_rows(pass, 2, ff, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		matmul(&L->shexp_gate, prep_act(sc, sc->xn, n, dim, &L->shexp_gate, pass->toks, false), n, lo, hi,
+		       s->shexp_h, ff, NULL, MM_STORE);
+		matmul(&L->shexp_up, prep_act(sc, sc->xn, n, dim, &L->shexp_up, pass->toks, false), n, lo, hi,
+		       s->shexp_h, ff, NULL, MM_SWIGLU);
+	}
+}
+
+/* [D4] after the routed experts' sum: x += sigmoid(g) * (down_s h) for each
+ * token, on this band's rows of x (Hugging Face's routed + gated shared). */
+static void shexp_down(struct pass *pass, const struct nx_layer *L)
+{
+	const struct nx_hparams *hp = pass->hp;
+	struct nx_state *s = pass->s;
+	struct nx_scratch *sc = pass->sc;
+	const int n = pass->n, dim = hp->dim, ff = hp->n_ff_shexp;
+	sc->xq_src = NULL; /* shexp_h is the previous layer's pointer too */
+	int lo, hi;
+	for (struct split sp = op_rows(pass, 0, dim, ROW_GRAIN); split_next(&sp, &lo, &hi);) {
+		const int w = hi - lo;
+		/* rows [lo, hi) of each token to moe_y (token t's at t * w) */
+		matmul(&L->shexp_down, prep_act(sc, s->shexp_h, n, ff, &L->shexp_down, pass->toks, false), n, lo, hi,
+		       sc->moe_y - lo, (size_t)w, NULL, MM_STORE);
+		for (int t = 0; t < n; t++) {
+			const float gate = 1.0f / (1.0f + expf(-s->shexp_g[t])), *y = sc->moe_y + (size_t)t * w;
+			float *x = s->x + (size_t)t * dim + lo;
+			for (int c = 0; c < w; c++)
+				x[c] += gate * y[c];
+		}
+	}
+}
+
+/* The FFN of a mixture-of-experts layer: [D1], [D2], [D3] with barriers
+ * between; with a shared expert, [D1'] beside [D1] and [D4] after [D3]. */
 static void moe_ffn(struct pass *pass, const struct nx_layer *L, int il)
 {
+	const bool shexp = pass->hp->n_ff_shexp > 0;
 	moe_router(pass, L, il);
+	if (shexp)
+		shexp_gate_up(pass, L);
 	band_sync(pass->sync, pass->sc, NX_PROF_QUANT);
 	moe_gate_up(pass, L);
 	band_sync(pass->sync, pass->sc, NX_PROF_QUANT);
 	moe_down(pass, L);
+	if (shexp) {
+		band_sync(pass->sync, pass->sc, NX_PROF_QUANT);
+		shexp_down(pass, L);
+	}
 }
 
 /* Output: final norm of the tokens that want logits (private), then this band's

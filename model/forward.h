@@ -134,6 +134,9 @@ struct nx_state {
 	/* Mixture of experts (hp n_expert > 0; NULL otherwise; forward.c: moe_*): */
 	float *moe_logits; /* (max_batch, n_expert) the router's logits of the current layer */
 	float *moe_h;      /* (max_batch * n_expert_used, n_ff_exp) silu(gate) * up of each routed (token, expert) row */
+	/* qwen2moe's shared expert (hp n_ff_shexp > 0; NULL otherwise; forward.c: shexp_*): */
+	float *shexp_h;    /* (max_batch, n_ff_shexp) its silu(gate) * up */
+	float *shexp_g;    /* (max_batch) each token's logit of its sigmoid gate */
 	float *lora_u;  /* (NX_LORA_U_SHARED) A @ x of the runtime LoRA deltas when the bands share it out
 			 * (forward.c struct deltas, split): Q's, V's and K's, a half of NX_LORA_U_CAP each */
 	/* Set by the owner after nx_state_init (zero by default): */

@@ -29,12 +29,17 @@ static const struct family {
 	bool swa;
 	int swa_global_every;
 	int swa_default;
-	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU,
-	 * post_attention_norm and post_ffw_norm, the soft-caps */
+	/* Gemma's block (read_gemma): embedding times sqrt(dim), GeGLU; but for
+	 * Gemma 1, post_attention_norm and post_ffw_norm and the soft-caps */
 	bool gemma;
 	/* Mixture-of-experts FFN (model/moe.h): EXPERTS_MAY when expert_count > 0
 	 * (llama: Mixtral), EXPERTS_ALWAYS (qwen3moe); the expert_* keys are then read */
 	enum { EXPERTS_NEVER, EXPERTS_MAY, EXPERTS_ALWAYS } experts;
+	/* expert_weights_norm when the file has none: true, but false for
+	 * qwen2moe (Hugging Face's norm_topk_prob default, llama.cpp's graph) */
+	bool experts_unnormed;
+	/* a shared expert beside the routed ones (read_shared_expert) */
+	bool shared_expert;
 	/* keys of the namespace this family reads beyond key_rules' and read_window's (NULL-terminated) */
 	const char *const *reads;
 } families[] = {
@@ -59,6 +64,15 @@ static const struct family {
 	/* Gemma 3: five layers of every six slide; no key, no sliding layers */
 	{ "gemma3", NX_ARCH_GEMMA3, .neox = true, .qk_norm = true, .gemma = true, .swa = true, .swa_global_every = 6,
 	  .reads = (const char *const[]){ "final_logit_softcapping", "rope.freq_base_swa", NULL } },
+	/* Gemma 1 (gemma-2b/7b, CodeGemma): Gemma 2's block without what Gemma 2
+	 * added (post-norms, soft-caps, sliding windows); the converter writes
+	 * none of their keys, and key_rules refuses them on a gemma file */
+	{ "gemma", NX_ARCH_GEMMA, .neox = true, .gemma = true },
+	/* Qwen1.5-MoE, Qwen2-57B-A14B: qwen2's attention, every FFN experts plus
+	 * the sigmoid-gated shared expert (Hugging Face's Qwen2MoeSparseMoeBlock) */
+	{ "qwen2moe", NX_ARCH_QWEN2MOE, .neox = true, .qkv_bias = true, .experts = EXPERTS_ALWAYS,
+	  .experts_unnormed = true, .shared_expert = true,
+	  .reads = (const char *const[]){ "expert_shared_feed_forward_length", NULL } },
 };
 
 static const struct family *family_of(enum nx_arch a)
@@ -380,26 +394,34 @@ static int read_window(struct nx_hparams *hp, const struct gguf_file *g, const s
 }
 
 /* Gemma's hyper-parameters, as llama.cpp's loader reads them (llama-model.cpp,
- * LLM_ARCH_GEMMA2 / GEMMA3) for Hugging Face's Gemma2 / Gemma3 models:
+ * LLM_ARCH_GEMMA / GEMMA2 / GEMMA3) for Hugging Face's Gemma / Gemma2 / Gemma3
+ * models:
  * - the attention scale 1/sqrt(query_pre_attn_scalar), which the file does not
  *   hold: head_dim, except for the 27B models (46 gemma2 layers, 62 gemma3),
- *   whose scalar is dim / n_head (gemma_pytorch's config);
+ *   whose scalar is dim / n_head (gemma_pytorch's config); Gemma 1's is
+ *   head_dim's (modeling_gemma.py: head_dim**-0.5), the default;
  * - gemma2's sliding window (read_window) is never 0; gemma3's sliding layers
  *   rotate with base 10000 (or rope.freq_base_swa) unscaled;
  * - gemma2's soft-caps default to 50 (attention) and 30 (logits), HF's and
- *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it. */
+ *   llama.cpp's; gemma3's final_logit_softcapping only when the file has it;
+ * - Gemma 1 has neither caps nor post-norms (its HF post_attention_layernorm
+ *   is the FFN's pre-norm, ffn_norm). */
 static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const struct family *fam, struct nx_err *err)
 {
 	const char *arch = fam->name;
+	if (hp->rope_scaling == NX_ROPE_YARN)
+		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
+			       arch, arch);
+	hp->gelu = true;
+	hp->embd_scale = (float)sqrt((double)hp->dim);
+	if (fam->arch == NX_ARCH_GEMMA)
+		return 0;
 	const bool g2 = fam->arch == NX_ARCH_GEMMA2;
 	float attn_cap = g2 ? 50 : 0, final_cap = g2 ? 30 : 0, base_swa = 10000.0f;
 	if ((g2 && arch_f32(g, arch, "attn_logit_softcapping", &attn_cap, false, err)) ||
 	    arch_f32(g, arch, "final_logit_softcapping", &final_cap, false, err) ||
 	    (!g2 && arch_f32(g, arch, "rope.freq_base_swa", &base_swa, false, err)))
 		return -1;
-	if (hp->rope_scaling == NX_ROPE_YARN)
-		return nx_errf(err, "model: key '%s.rope.scaling.type' = \"yarn\": YaRN on %s is not implemented; refused",
-			       arch, arch);
 	if (g2 && hp->swa_window == 0)
 		return nx_errf(err, "model: key '%s.attention.sliding_window' = 0: expected a window of at least 1 "
 			       "position", arch);
@@ -412,9 +434,7 @@ static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const st
 			       final_cap);
 	if (!(base_swa > 1 && isfinite(base_swa)))
 		return nx_errf(err, "model: key '%s.rope.freq_base_swa' = %g: expected > 1", arch, base_swa);
-	hp->gelu = true;
 	hp->post_norms = true;
-	hp->embd_scale = (float)sqrt((double)hp->dim);
 	const bool is_27b = hp->n_layer == (g2 ? 46 : 62);
 	const int scalar = is_27b ? hp->dim / hp->n_head : hp->head_dim;
 	hp->attn_scale = 1.0f / sqrtf((float)scalar);
@@ -432,16 +452,18 @@ static int read_gemma(struct nx_hparams *hp, const struct gguf_file *g, const st
  * expert_used_count; an expert's feed-forward length from
  * expert_feed_forward_length, else (as llama.cpp does) feed_forward_length
  * for llama (Mixtral's converter writes the expert's there) and
- * feed_forward_length / expert_used_count for qwen3moe; expert_weights_norm
- * (absent: true, as llama.cpp computes both and Qwen3 MoE releases set
- * norm_topk_prob). With experts, every layer's FFN is the experts (no dense
- * FFN tensor is read: one in the file is refused), so n_ff becomes the
- * expert's length. */
+ * feed_forward_length / expert_used_count for qwen3moe and qwen2moe;
+ * expert_weights_norm (absent: true, as llama.cpp computes both and Qwen3 MoE
+ * releases set norm_topk_prob; false for qwen2moe, whose releases and Hugging
+ * Face's default leave norm_topk_prob false and whose llama.cpp graph never
+ * normalises; a qwen2moe file that says true gets Hugging Face's true).
+ * With experts, every layer's FFN is the experts (no dense FFN tensor is
+ * read: one in the file is refused), so n_ff becomes the expert's length. */
 static int read_experts(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, const struct family *fam,
 			struct nx_err *err)
 {
 	uint32_t n_expert = 0, n_used = 0, n_ff_exp = 0;
-	bool norm = true;
+	bool norm = !fam->experts_unnormed;
 	if (fam->experts == EXPERTS_NEVER)
 		return 0;
 	if (arch_u32(g, arch, "expert_count", &n_expert, fam->experts == EXPERTS_ALWAYS, err))
@@ -468,6 +490,20 @@ static int read_experts(struct nx_hparams *hp, const struct gguf_file *g, const 
 	return 0;
 }
 
+/* qwen2moe's shared expert as llama.cpp's loader reads it: its FFN length
+ * expert_shared_feed_forward_length, else feed_forward_length (Hugging Face's
+ * intermediate_size, which Qwen1.5-MoE sets to the shared expert's). Read
+ * before read_experts, which makes n_ff the routed experts' length. */
+static int read_shared_expert(struct nx_hparams *hp, const struct gguf_file *g, const char *arch, struct nx_err *err)
+{
+	uint32_t n = (uint32_t)hp->n_ff;
+	if (arch_u32(g, arch, "expert_shared_feed_forward_length", &n, false, err))
+		return -1;
+	if (n < 1 || n > NX_MAX_DIM)
+		return nx_errf(err, "model: %s.expert_shared_feed_forward_length = %u out of range", arch, n);
+	hp->n_ff_shexp = (int)n;
+	return 0;
+}
 
 static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct nx_err *err)
 {
@@ -479,13 +515,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 		if (!strcmp(arch, families[i].name))
 			fam = &families[i];
 	if (!fam) {
-		if (!strcmp(arch, "qwen2moe"))
-			nx_errf(err, "model: architecture 'qwen2moe' is not supported: its shared expert (ffn_gate_inp_shexp, "
-				"ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp) is not implemented (llama, qwen2, qwen3, "
-				"qwen3moe, phi3, smollm3, gemma2, gemma3 are)");
-		else
-			nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, qwen3moe, phi3, "
-				"smollm3, gemma2, gemma3)", arch);
+		nx_errf(err, "model: architecture '%.64s' is not supported (llama, qwen2, qwen3, qwen3moe, qwen2moe, phi3, "
+			"smollm3, gemma, gemma2, gemma3)", arch);
 		free(arch);
 		return -1;
 	}
@@ -575,7 +606,8 @@ static int read_hparams(struct nx_hparams *hp, const struct gguf_file *g, struct
 	hp->qk_norm = fam->qk_norm;
 	hp->nope_every = fam->nope_every;
 	if (read_rope_scaling(hp, g, arch, err) || (fam->swa && read_window(hp, g, fam, err)) ||
-	    (fam->gemma && read_gemma(hp, g, fam, err)) || read_experts(hp, g, arch, fam, err))
+	    (fam->gemma && read_gemma(hp, g, fam, err)) || (fam->shared_expert && read_shared_expert(hp, g, arch, err)) ||
+	    read_experts(hp, g, arch, fam, err))
 		goto err;
 
 	/* Vocabulary size: from metadata when present, else the embedding rows (set by the caller). */
@@ -759,6 +791,12 @@ static int bind_layer(struct nx_layer *L, int il, const struct nx_hparams *hp, c
 		    bind_experts(&L->moe_up, g, NAME("ffn_up_exps.weight"), dim, n_ff, ne, err) ||
 		    bind_experts(&L->moe_down, g, NAME("ffn_down_exps.weight"), n_ff, dim, ne, err))
 			return -1;
+		const int64_t n_sh = hp->n_ff_shexp;
+		if (n_sh && (bind_wt(&L->shexp_gate_inp, g, NAME("ffn_gate_inp_shexp.weight"), dim, 1, err) ||
+			     bind_wt(&L->shexp_gate, g, NAME("ffn_gate_shexp.weight"), dim, n_sh, err) ||
+			     bind_wt(&L->shexp_up, g, NAME("ffn_up_shexp.weight"), dim, n_sh, err) ||
+			     bind_wt(&L->shexp_down, g, NAME("ffn_down_shexp.weight"), n_sh, dim, err)))
+			return -1;
 	} else if (bind_wt(&L->w_down, g, NAME("ffn_down.weight"), n_ff, dim, err)) {
 		return -1;
 	} else if (fam->fused_gate_up) {
@@ -879,7 +917,9 @@ static bool is_bound(const struct nx_model *m, const void *p)
 		const void *const ptrs[] = { L->attn_norm, L->wq.data, L->wk.data, L->wv.data, L->bq, L->bk, L->bv,
 					     L->q_norm, L->k_norm, L->wo.data, L->ffn_norm, L->w_gate.data,
 					     L->w_up.data, L->w_down.data, L->attn_post_norm, L->ffn_post_norm,
-					     L->moe_router.data, L->moe_gate.data, L->moe_up.data, L->moe_down.data };
+					     L->moe_router.data, L->moe_gate.data, L->moe_up.data, L->moe_down.data,
+					     L->shexp_gate_inp.data, L->shexp_gate.data, L->shexp_up.data,
+					     L->shexp_down.data };
 		for (size_t i = 0; i < sizeof(ptrs) / sizeof(ptrs[0]); i++)
 			if (p == ptrs[i])
 				return true;

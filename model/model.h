@@ -23,9 +23,11 @@ enum nx_arch {
 	NX_ARCH_SMOLLM3,
 	NX_ARCH_GEMMA2,
 	NX_ARCH_GEMMA3,
+	NX_ARCH_GEMMA,
+	NX_ARCH_QWEN2MOE,
 };
 
-/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3"). */
+/* general.architecture's name of a family ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma2", "gemma3", "gemma", ...). */
 const char *nx_arch_name(enum nx_arch a);
 
 /* RoPE scaling ({arch}.rope.scaling.type; docs/models.md). */
@@ -65,7 +67,7 @@ struct nx_hparams {
 	bool qk_norm;   /* RMSNorm of each head of Q and K (weights q_norm, k_norm) before RoPE (qwen3, gemma3) */
 	/* Layers il with (il + 1) % nope_every == 0 apply no RoPE; 0: all do (smollm3: 4) */
 	int nope_every;
-	/* Gemma's block (gemma2, gemma3); all zero / false for the others: */
+	/* Gemma's block (gemma, gemma2, gemma3; post_norms, the caps and attn_scale not gemma's); all zero / false for the others: */
 	bool gelu;          /* the FFN gate through GELU (tanh approximation), not SiLU: GeGLU */
 	bool post_norms;    /* RMSNorm of the attention and FFN outputs before each residual add
 			     * (attn_post_norm, ffn_post_norm) */
@@ -83,12 +85,16 @@ struct nx_hparams {
 	int swa_window;
 	int swa_global_every;
 	float rope_base_swa;
-	/* Mixture of experts (qwen3moe; llama with expert_count: Mixtral), else all 0:
+	/* Mixture of experts (qwen3moe, qwen2moe; llama with expert_count: Mixtral), else all 0:
 	 * every layer's FFN is n_expert SwiGLU experts of n_ff_exp, of which each
 	 * token takes the n_expert_used with the largest router logits (model/moe.h) */
 	int n_expert, n_expert_used;
 	int n_ff_exp;     /* an expert's feed-forward length; n_ff is set to it */
 	bool moe_norm_w;  /* the chosen experts' softmax weights renormalised to sum 1 (Mixtral; qwen3moe's norm_topk_prob) */
+	/* qwen2moe's shared expert, else 0: every token also runs a SwiGLU FFN of
+	 * n_ff_shexp, its output times sigmoid(shexp_gate_inp . xn), added to the
+	 * routed experts' sum */
+	int n_ff_shexp;
 };
 
 /* A weight matrix W of shape (n_out, n_in): row r (n_in elements of `type`)
@@ -125,6 +131,11 @@ struct nx_layer {
 	struct nx_wt moe_gate;      /* (n_expert * n_ff_exp, dim) ffn_gate_exps */
 	struct nx_wt moe_up;        /* (n_expert * n_ff_exp, dim) ffn_up_exps */
 	struct nx_wt moe_down;      /* (n_expert * dim, n_ff_exp) ffn_down_exps */
+	/* The shared expert (hp.n_ff_shexp > 0), else empty */
+	struct nx_wt shexp_gate_inp; /* (1, dim) ffn_gate_inp_shexp: the logit of its sigmoid gate */
+	struct nx_wt shexp_gate;    /* (n_ff_shexp, dim) ffn_gate_shexp */
+	struct nx_wt shexp_up;      /* (n_ff_shexp, dim) ffn_up_shexp */
+	struct nx_wt shexp_down;    /* (dim, n_ff_shexp) ffn_down_shexp */
 };
 
 struct nx_model {

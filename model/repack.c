@@ -38,13 +38,18 @@ static int all_wts(struct nx_model *m, struct nx_wt **out)
 			if (m->hp.dim % NX_PACK_ROWS == 0)
 				out[n++] = &L->moe_down;
 		}
+		if (m->hp.n_ff_shexp) { /* qwen2moe's shared expert; its one-row gate never packs */
+			out[n++] = &L->shexp_gate;
+			out[n++] = &L->shexp_up;
+			out[n++] = &L->shexp_down;
+		}
 	}
 	out[n++] = &m->output;
 	out[n++] = &m->tok_embd;
 	return n;
 }
 
-#define MAX_WTS (11 * NX_MAX_LAYERS + 2)
+#define MAX_WTS (14 * NX_MAX_LAYERS + 2)
 
 /* The first of wts[0..i) with the same data as wts[i], or NULL. */
 static struct nx_wt *earlier(struct nx_wt **wts, int i)

@@ -1128,7 +1128,7 @@ int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err 
 	return 0;
 }
 
-/* Gemma 2 / 3 (chat.h). A template without Gemma 2's refusal folds the system message as Gemma 3's does. */
+/* Gemma 1, 2, 3 (chat.h). A template without Gemma 2's refusal folds the system message as Gemma 3's does. */
 static int render_gemma(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen,
 			struct nx_err *err)
 {
@@ -1141,7 +1141,8 @@ static int render_gemma(struct nx_sbuf *b, const char *jinja, const struct nx_ch
 	}
 	if (check_alternating(m, first, n, NX_CHAT_GEMMA, err))
 		return -1;
-	nx_sb_str(b, "<bos>");
+	if (!jinja || strstr(jinja, "bos_token")) /* Gemma 1's first template writes none: the tokenizer's BOS stands */
+		nx_sb_str(b, "<bos>");
 	for (int i = first; i < n; i++) {
 		nx_sb_str(b, "<start_of_turn>");
 		nx_sb_str(b, strcmp(m[i].role, "assistant") == 0 ? "model" : m[i].role);

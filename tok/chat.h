@@ -68,14 +68,15 @@
  *     <|{role}|>\n{content}<|end|>\n ... + "<|assistant|>\n" with
  *     add_generation_prompt, else the eos_token "<|endoftext|>". Content is
  *     not trimmed; Phi-3.5's template leaves out an empty system message.
- *   Gemma (Gemma 2 and 3 instruct: "<start_of_turn>" in the template):
+ *   Gemma (Gemma 1, 2 and 3 instruct: "<start_of_turn>" in the template):
  *     <bos><start_of_turn>user\n{content}<end_of_turn>\n<start_of_turn>model\n{content}<end_of_turn>\n ...
  *     + "<start_of_turn>model\n" with add_generation_prompt; the assistant's
  *     role is "model", content is trimmed, user and assistant must alternate
  *     starting with user (the template raises otherwise). Gemma 3's folds a
  *     system message into the first turn: "{system}\n\n" (not trimmed)
  *     before its content; Gemma 2's raises "System role not supported", and
- *     so does nxd for a template that says so.
+ *     so does nxd for a template that says so. The "<bos>" only where the
+ *     template writes bos_token (the first gemma-7b-it template does not).
  *   Raw (no template in the file): the contents one after another, nothing
  *     added, for base models that just continue text.
  *   Unknown: a template that is none of these (a ChatML one that opens

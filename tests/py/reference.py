@@ -1,4 +1,4 @@
-"""reference.py - an independent float64 llama / qwen2 / qwen3 / qwen3moe / phi3 / smollm3 forward pass in numpy, the ground truth for the engine.
+"""reference.py - an independent float64 llama / qwen2 / qwen3 / qwen3moe / phi3 / smollm3 (and, in GemmaReference, gemma / gemma2 / gemma3) forward pass in numpy, the ground truth for the engine.
 
 Written from the Hugging Face models (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py,
 modeling_phi3.py, modeling_smollm3.py): RMSNorm, SwiGLU, grouped-query attention; qwen2's Q/K/V biases;
@@ -11,9 +11,11 @@ smollm3: no RoPE in the layers its config's no_rope_layers marks 0 (by default e
 (i + 1) % no_rope_layer_interval == 0).
 
 Mixture-of-experts FFNs (modeling_mixtral.py's MixtralSparseMoeBlock, modeling_qwen3_moe.py's
-Qwen3MoeSparseMoeBlock): router logits, softmax over all experts, the top num_experts_per_tok
-probabilities, divided by their sum when norm_topk_prob (Mixtral always), each chosen expert's SwiGLU
-MLP weighted by its probability and summed. Like rope_scaling, norm_topk_prob is the Hugging Face
+Qwen3MoeSparseMoeBlock, modeling_qwen2_moe.py's Qwen2MoeSparseMoeBlock): router logits, softmax over all
+experts, the top num_experts_per_tok probabilities, divided by their sum when norm_topk_prob (Mixtral
+always), each chosen expert's SwiGLU MLP weighted by its probability and summed; qwen2moe (qwen2's
+attention, biases included) adds its shared expert, a SwiGLU MLP whose output is multiplied by
+sigmoid(shared_expert_gate(x)). Like rope_scaling, norm_topk_prob is the Hugging Face
 config's, given by the caller, not read from the GGUF.
 
 RoPE and its scaling follow Hugging Face's modeling_rope_utils.py (hf_rope), given the config's
@@ -211,7 +213,7 @@ class Reference:
         self.rope_scaling, self.rope_seq_len = rope_scaling, rope_seq_len
         self.inv_freq, self.rope_att = hf_rope(self.rope_base, self.rope_dim, rope_scaling, rope_seq_len)
         self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon"))
-        self.neox = a in ("qwen2", "qwen3", "qwen3moe", "phi3")
+        self.neox = a in ("qwen2", "qwen3", "qwen3moe", "phi3", "qwen2moe")
         self.window = sliding_window
         if no_rope_layers is None:  # SmolLM3Config: no_rope_layer_interval = 4
             no_rope_layers = [int((i + 1) % 4 != 0) if a == "smollm3" else 1 for i in range(self.n_layer)]
@@ -224,6 +226,8 @@ class Reference:
             if norm_topk_prob is None:
                 raise ValueError(f"{path} has experts: give the norm_topk_prob it was converted from")
             self.norm_topk_prob = bool(norm_topk_prob)
+        # Qwen2MoeSparseMoeBlock: every layer's shared expert, gated by sigmoid(shared_expert_gate(x))
+        self.shared_expert, self.shared_gate = a == "qwen2moe", True
         # Tensors stay float32 (what dequantization yields) and are widened per use.
         self.t = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(
             [int(n) for n in reversed(t.shape)]) for t in r.tensors}
@@ -272,6 +276,13 @@ class Reference:
             u = self._mm_expert(xn[tok], p + "ffn_up_exps.weight", e)
             y = self._mm_expert(g / (1 + np.exp(-g)) * u, p + "ffn_down_exps.weight", e)
             out[tok] += w[tok, slot][:, None] * y
+        if self.shared_expert:  # + sigmoid(shared_expert_gate(x)) * shared_expert(x), a SwiGLU MLP
+            g = self._mm(xn, p + "ffn_gate_shexp.weight")
+            u = self._mm(xn, p + "ffn_up_shexp.weight")
+            y = self._mm(g / (1 + np.exp(-g)) * u, p + "ffn_down_shexp.weight")
+            if self.shared_gate:
+                y = y / (1 + np.exp(-self._mm(xn, p + "ffn_gate_inp_shexp.weight").reshape(len(xn), 1)))
+            out = out + y
         return out
 
     def _kv(self, x):
@@ -320,7 +331,7 @@ class Reference:
                 q = self._mm(xn, p + "attn_q.weight")
                 k = self._mm(xn, p + "attn_k.weight")
                 v = self._mm(xn, p + "attn_v.weight")
-            if self.arch == "qwen2":
+            if self.arch in ("qwen2", "qwen2moe"):
                 q = q + self._w(p + "attn_q.bias")
                 k = k + self._w(p + "attn_k.bias")
                 v = v + self._w(p + "attn_v.bias")
@@ -358,9 +369,9 @@ class Reference:
 
 
 class GemmaReference(Reference):
-    """gemma2 / gemma3 (text model) in float64, written from Hugging Face's modeling_gemma2.py and
-    modeling_gemma3.py, given the config the file was converted from (hf: its keys below), not the GGUF
-    keys nxd reads:
+    """gemma (Gemma 1), gemma2, gemma3 (text model) in float64, written from Hugging Face's modeling_gemma.py,
+    modeling_gemma2.py and modeling_gemma3.py, given the config the file was converted from (hf: its keys
+    below), not the GGUF keys nxd reads:
 
     - the embedding times sqrt(hidden_size);
     - GemmaRMSNorm: x / sqrt(mean(x^2) + eps) * (1 + w) - llama.cpp's converter stores 1 + w, so w is the
@@ -374,22 +385,30 @@ class GemmaReference(Reference):
       rotates with rope_local_base_freq unscaled, the global layers with rope_theta and rope_scaling;
     - gemma3: Gemma3RMSNorm of each head of Q and K (q_norm, k_norm) before RoPE;
     - RoPE by rotate_half (pairs i, i + head_dim/2);
-    - the logits soft-capped by final_logit_softcapping when set.
+    - the logits soft-capped by final_logit_softcapping when set;
+    - gemma (Gemma 1): none of the post-norms, soft-caps, windows, Q/K norms: h += attn(input_layernorm(h));
+      h += mlp(post_attention_layernorm(h)) (the GGUF's attn_norm, ffn_norm); scores times head_dim^-0.5,
+      mlp's activation hidden_activation (gelu_pytorch_tanh).
     hf keys: query_pre_attn_scalar, sliding_window, attn_logit_softcapping, final_logit_softcapping,
-    rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern (gemma3)."""
+    rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern (gemma3); head_dim,
+    hidden_activation (gemma).
+
+    embd_scale and norm_offset (sqrt(hidden_size), GemmaRMSNorm's 1) are attributes so that a test can take
+    them out."""
 
     def __init__(self, path, hf, emulate=False, packed=(), one_part=False):
         super().__init__(path, emulate=emulate, packed=packed, one_part=one_part,
                          rope_scaling=hf.get("rope_scaling") or {"rope_type": "default"})
-        assert self.arch in ("gemma2", "gemma3"), self.arch
+        assert self.arch in ("gemma", "gemma2", "gemma3"), self.arch
         self.hf = hf
+        self.embd_scale, self.norm_offset = np.sqrt(self.dim), 1.0
         self.neox = True
         self.global_rope = hf_rope(hf["rope_theta"], self.rope_dim, hf.get("rope_scaling"))
         self.local_rope = hf_rope(hf.get("rope_local_base_freq", hf["rope_theta"]), self.rope_dim, None) \
             if self.arch == "gemma3" else self.global_rope
 
     def is_sliding(self, il):
-        if self.hf.get("sliding_window") is None:
+        if self.arch == "gemma" or self.hf.get("sliding_window") is None:
             return False
         if self.arch == "gemma2":
             return il % 2 == 0
@@ -397,19 +416,25 @@ class GemmaReference(Reference):
 
     def _gnorm(self, x, name):
         w = self._w(name) - 1.0  # the converter's + 1 undone: HF's own weight
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (1.0 + w)
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * (self.norm_offset + w)
+
+    def _act(self, g):
+        if self.hf.get("hidden_activation", "gelu_pytorch_tanh") == "silu":
+            return g / (1 + np.exp(-g))
+        return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
 
     def hidden(self, tokens):
         tokens = np.asarray(tokens)
         T, hd, H, Hkv, hf = len(tokens), self.head_dim, self.n_head, self.n_head_kv, self.hf
         pos = np.arange(T, dtype=np.float64)
-        x = self.t["token_embd.weight"][tokens].astype(np.float64) * np.sqrt(self.dim)
+        x = self.t["token_embd.weight"][tokens].astype(np.float64) * self.embd_scale
+        gemma1 = self.arch == "gemma"
         qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
         causal = np.where(ki > qi, -np.inf, 0.0)
         window = hf.get("sliding_window")
         sliding = np.where((ki > qi) | (qi - ki >= (window or T + 1)), -np.inf, 0.0)
-        scaling = hf["query_pre_attn_scalar"] ** -0.5
-        cap = hf.get("attn_logit_softcapping")
+        scaling = hf["head_dim"] ** -0.5 if gemma1 else hf["query_pre_attn_scalar"] ** -0.5
+        cap = None if gemma1 else hf.get("attn_logit_softcapping")
         for il in range(self.n_layer):
             p = f"blk.{il}."
             self.inv_freq, self.rope_att = self.local_rope if self.is_sliding(il) else self.global_rope
@@ -432,15 +457,16 @@ class GemmaReference(Reference):
             s = np.exp(s - s.max(axis=-1, keepdims=True))
             s /= s.sum(axis=-1, keepdims=True)
             att = np.einsum("htu,uhd->thd", s, v).reshape(T, H * hd)
-            x = x + self._gnorm(self._mm(att, p + "attn_output.weight"), p + "post_attention_norm.weight")
+            o = self._mm(att, p + "attn_output.weight")
+            x = x + (o if gemma1 else self._gnorm(o, p + "post_attention_norm.weight"))
             xn = self._gnorm(x, p + "ffn_norm.weight")
             g = self._mm(xn, p + "ffn_gate.weight")
             u = self._mm(xn, p + "ffn_up.weight")
-            gelu = 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
-            x = x + self._gnorm(self._mm(gelu * u, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+            d = self._mm(self._act(g) * u, p + "ffn_down.weight")
+            x = x + (d if gemma1 else self._gnorm(d, p + "post_ffw_norm.weight"))
         return self._gnorm(x, "output_norm.weight")
 
     def logits(self, tokens):
         out = self._mm(self.hidden(tokens), self.out_name)
-        cap = self.hf.get("final_logit_softcapping")
+        cap = None if self.arch == "gemma" else self.hf.get("final_logit_softcapping")
         return out if cap is None else np.tanh(out / cap) * cap

@@ -187,14 +187,6 @@ def test_experts_refused_in_dense_families(tmp_path):
     assert p.returncode != 0 and "key 'qwen3.expert_count' = 8" in p.stderr.decode()
 
 
-def test_qwen2moe_refused_naming_shared_expert(tmp_path):
-    def arch(meta, t):
-        meta["general.architecture"] = ("str", "qwen2moe")
-    path = make_tiny.build(tmp_path / "q2m.gguf", arch="qwen2", mutate=arch)
-    p = subprocess.run([str(tool("nx-eval")), str(path)], input=b"seq 0 1\nstep 0:0:1\n", capture_output=True)
-    assert p.returncode != 0 and "ffn_up_shexp" in p.stderr.decode()
-
-
 # ---------------------------------------------------------------- through the daemon
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -68,7 +68,7 @@ def test_rope_scaling_types_nxd_does_not_implement_are_refused(tmp_path):
 
 
 def test_experts_are_refused(tmp_path):
-    # qwen2 has no experts (qwen2moe is refused as an architecture); llama's are read (test_forward_moe.py)
+    # qwen2 has no experts (qwen2moe's are: test_forward_qwen2moe.py); llama's are read (test_forward_moe.py)
     refused(tmp_path, add_keys(expert_count=("u32", 8), expert_used_count=("u32", 2)),
             "key 'qwen2.expert_count' = 8", "mixture-of-experts", arch="qwen2")
     accepted(tmp_path, add_keys(expert_count=("u32", 0)), arch="qwen2")
