@@ -29,7 +29,8 @@ Cases (docs/bench.md has the details and how to read the numbers):
               (streamed, greedy, ignore_eos), 1 client and 4 at once; and nxd over HTTP against nxd over its
               socket, turn about on one daemon, so the gateway's own cost shows
   clients     how cost grows: 1, 2, 4, ... 64 concurrent greedy clients of SmolLM2 Q4_1 on nxd --slots 64
-              against llama-server -np 64: aggregate tok/s and p50 / p99 time per token, plotted in
+              against llama-server -np 64: aggregate tok/s and p50 / p99 time per token while every client
+              decodes (bench/curve.py; the whole burst's rate beside it), plotted in
               DIR/clients.png
   spec        speculative decoding by prompt lookup (nxd only): one client, greedy chat answers of up to 128
               tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
@@ -1085,7 +1086,9 @@ def main():
         for n in curve.LEVELS:
             on, ln = (o or {}).get(n), (l or {}).get(n)
             table.add("clients", f"smollm2-135m Q4_1 {n} clients total tok/s", "tok/s", on and on["tok_s"],
-                      ln and ln["tok_s"])
+                      ln and ln["tok_s"],
+                      note=f"all decoding; over the burst {on['burst_tok_s']:.1f} vs {ln['burst_tok_s']:.1f}"
+                      if on and ln else "")
             table.add("clients", f"smollm2-135m Q4_1 {n} clients p99 per token", "ms", on and on["p99_ms"],
                       ln and ln["p99_ms"], lower_better=True,
                       note=f"p50 {on['p50_ms']:.1f} vs {ln['p50_ms']:.1f} ms" if on and ln else "")

@@ -1,0 +1,41 @@
+"""test_bench_curve.py - the clients curve (bench/curve.py) measures the server while every client decodes:
+the late arrivals' prefill and the tail where few clients are left count in the burst rate only."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import curve  # noqa: E402
+
+
+def client(first, n, gap):
+    return {"times": [first + k * gap for k in range(n)]}
+
+
+def test_steady_rate_counts_only_the_window_where_all_decode():
+    # a starts at 0, b after a 5 s prefill; a token a second each; a ends at 9, b at 14
+    rr = [client(0, 10, 1.0), client(5, 10, 1.0)]
+    assert curve.window(rr) == (5, 9)
+    assert curve.steady_rate(rr) == pytest.approx(8 / 4)  # 6, 7, 8, 9 of each
+    assert curve.burst_rate(rr) == pytest.approx(18 / 14)
+
+
+def test_gaps_inside_the_window_leave_out_the_stagger():
+    # b's gaps are 3 s apart before a joins, 1 s while both decode
+    a = client(10, 6, 1.0)
+    b = {"times": [0, 3, 6, 9, 10, 11, 12, 13, 14, 15]}
+    t0, t1 = curve.window([a, b])
+    assert (t0, t1) == (10, 15)
+    assert sorted(curve.gaps([a, b], t0, t1)) == [1.0] * 10
+    assert 3 in curve.gaps([a, b])
+
+
+def test_level_falls_back_to_the_burst_when_clients_never_overlap():
+    # an engine that serves one client after the other: no moment when both decode
+    rr = [client(0, 5, 1.0), client(10, 5, 1.0)]
+    assert curve.steady_rate(rr) is None
+    out = curve.level(lambda ps: rr, [None, None], reps=1)
+    assert out["tok_s"] == pytest.approx(curve.burst_rate(rr)) == pytest.approx(8 / 14)
+    assert out["burst_tok_s"] == out["tok_s"]
+    assert out["p50_ms"] == pytest.approx(1000.0)
