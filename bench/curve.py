@@ -8,7 +8,11 @@ the tokens that arrive in that window over its length; its time per token is the
 client's consecutive tokens inside it, pooled over all clients of the level (p50, p99). The span from
 the first client's first token to the last client's last (the burst, which adds the late arrivals'
 prefill and the tail where few clients are left) is kept as burst_tok_s. Each level is the median of
-its repetitions."""
+its repetitions.
+
+Beside the clock, counters that other load does not move (counters(), below): the server's CPU time
+per token and per step, and for nxd its forward steps per level, from its status."""
+import os
 import statistics
 
 LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -56,11 +60,66 @@ def pct(xs, p):
     return xs[k]
 
 
-def level(run_many, prompts, reps):
-    """run_many(prompts) -> per-client results (each with "times"). Medians of reps runs."""
-    aggs, bursts, p50s, p99s = [], [], [], []
+def cpu_ns(pids):
+    """{pid: (ns on a CPU, ns waiting for one)} summed over each process's live threads
+    (/proc/PID/task/TID/schedstat); a process that is gone counts nothing."""
+    out = {}
+    for pid in pids:
+        run = wait = 0
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            tids = []
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    x = f.read().split()
+            except OSError:
+                continue
+            run += int(x[0])
+            wait += int(x[1])
+        out[pid] = (run, wait)
+    return out
+
+
+def counters(pids, steps=None):
+    """A counters() callable for level(): the CPU and run-queue time of the server's processes (the
+    first pid is the one that serves the sockets, the rest its workers, if any) and, given steps()
+    (nxd's status `steps`), its forward steps."""
+    def read():
+        c = cpu_ns(pids())
+        ps = list(c)
+        out = {"server_cpu_ms": c[ps[0]][0] / 1e6 if ps else 0.0,
+               "workers_cpu_ms": sum(c[p][0] for p in ps[1:]) / 1e6,
+               "workers_wait_ms": sum(c[p][1] for p in ps[1:]) / 1e6}
+        if steps:
+            out["steps"] = steps()
+        return out
+    return read
+
+
+def per_level(before, after, n_tokens):
+    """The counters' growth over one run, per token and (with steps) per step."""
+    d = {k: after[k] - before[k] for k in after}
+    out = {"cpu_ms_per_token": (d["server_cpu_ms"] + d["workers_cpu_ms"]) / n_tokens}
+    if "steps" in d and d["steps"] > 0:
+        out["steps"] = d["steps"]
+        out["tokens_per_step"] = n_tokens / d["steps"]
+        out["supervisor_cpu_us_per_step"] = d["server_cpu_ms"] * 1e3 / d["steps"]
+        out["workers_cpu_ms_per_step"] = d["workers_cpu_ms"] / d["steps"]
+        out["workers_wait_ms_per_step"] = d["workers_wait_ms"] / d["steps"]
+    return out
+
+
+def level(run_many, prompts, reps, counters=None):
+    """run_many(prompts) -> per-client results (each with "times"). Medians of reps runs.
+    counters: a callable as counters() returns, read before and after each run."""
+    aggs, bursts, p50s, p99s, server = [], [], [], [], []
     for _ in range(reps):
+        c0 = counters() if counters else None
         rr = run_many(prompts)
+        if counters:
+            server.append(per_level(c0, counters(), sum(len(r["times"]) for r in rr)))
         bursts.append(burst_rate(rr))
         steady = steady_rate(rr)
         # an engine whose clients never all decode together has only its burst to show
@@ -68,20 +127,29 @@ def level(run_many, prompts, reps):
         aggs.append(steady if steady else bursts[-1])
         p50s.append(pct(g, 50) * 1e3)
         p99s.append(pct(g, 99) * 1e3)
-    return {"tok_s": statistics.median(aggs), "p50_ms": statistics.median(p50s), "p99_ms": statistics.median(p99s),
-            "burst_tok_s": statistics.median(bursts),
-            "reps": {"tok_s": aggs, "burst_tok_s": bursts, "p50_ms": p50s, "p99_ms": p99s}}
+    out = {"tok_s": statistics.median(aggs), "p50_ms": statistics.median(p50s), "p99_ms": statistics.median(p99s),
+           "burst_tok_s": statistics.median(bursts),
+           "reps": {"tok_s": aggs, "burst_tok_s": bursts, "p50_ms": p50s, "p99_ms": p99s}}
+    if server:
+        out["server"] = {k: statistics.median(s[k] for s in server) for k in server[0]}
+        out["reps"]["server"] = server
+    return out
 
 
-def curve(run_many, prompt_for, reps, levels=LEVELS, log=print, who=""):
+def curve(run_many, prompt_for, reps, levels=LEVELS, log=print, who="", counters=None):
     """prompt_for(i): client i's prompt. Returns {n: level(...)}; the warm-up is one client."""
     run_many([prompt_for(0)])
     out = {}
     for n in levels:
-        out[n] = level(run_many, [prompt_for(i) for i in range(n)], reps)
+        out[n] = level(run_many, [prompt_for(i) for i in range(n)], reps, counters)
+        sv = out[n].get("server", {})
+        more = f"; CPU {sv['cpu_ms_per_token']:.2f} ms per token" if sv else ""
+        if "steps" in sv:
+            more += (f", {sv['steps']:.0f} steps of {sv['tokens_per_step']:.1f} tokens, supervisor "
+                     f"{sv['supervisor_cpu_us_per_step']:.0f} us of CPU per step")
         log(f"bench: clients: {who} {n:2d} clients: {out[n]['tok_s']:.1f} tok/s all decoding "
             f"({out[n]['burst_tok_s']:.1f} over the burst), per token p50 {out[n]['p50_ms']:.1f} ms, "
-            f"p99 {out[n]['p99_ms']:.1f} ms")
+            f"p99 {out[n]['p99_ms']:.1f} ms{more}")
     return out
 
 

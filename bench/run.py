@@ -1071,15 +1071,20 @@ def main():
 
         def curve_ours():
             with ours.daemon(q41, slots=CURVE_SLOTS) as d:
-                return curve.curve(lambda ps: nxd_side.concurrent(d.sock, ps, CURVE_N), lambda i: cprompts[i],
-                                   reps, log=log, who="nxd")
+                st = nxd_side.Conn(d.sock)
+                try:
+                    return curve.curve(lambda ps: nxd_side.concurrent(d.sock, ps, CURVE_N), lambda i: cprompts[i],
+                                       reps, log=log, who="nxd",
+                                       counters=curve.counters(d.pids, lambda: st.status()["steps"]))
+                finally:
+                    st.close()
 
         def curve_llama():
             if not srv_bin or not os.access(srv_bin, os.X_OK):
                 raise RuntimeError(f"llama-server not built ({srv_bin})")
             with llama_server.Server(srv_bin, q41, THREADS, CURVE_SLOTS, CTX, N_BATCH) as s:
                 return curve.curve(lambda ps: s.concurrent(ps, CURVE_N), lambda i: cprompts[i], reps, log=log,
-                                   who="llama-server")
+                                   who="llama-server", counters=curve.counters(lambda: [s.proc.pid]))
 
         o, l = both("clients", curve_ours, curve_llama)
         res["raw"]["clients"] = {"ours": o, "llama": l, "slots": CURVE_SLOTS, "tokens": CURVE_N}

@@ -1,6 +1,8 @@
 """test_bench_curve.py - the clients curve (bench/curve.py) measures the server while every client decodes:
 the late arrivals' prefill and the tail where few clients are left count in the burst rate only."""
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,19 @@ def test_level_falls_back_to_the_burst_when_clients_never_overlap():
     assert out["tok_s"] == pytest.approx(curve.burst_rate(rr)) == pytest.approx(8 / 14)
     assert out["burst_tok_s"] == out["tok_s"]
     assert out["p50_ms"] == pytest.approx(1000.0)
+
+
+def test_counters_read_this_process_cpu_and_the_steps():
+    steps = iter([10, 75])
+    read = curve.counters(lambda: [os.getpid()], lambda: next(steps))
+    a = read()
+    t = time.process_time()
+    while time.process_time() - t < 0.05:  # 50 ms of CPU
+        pass
+    b = read()
+    assert b["server_cpu_ms"] - a["server_cpu_ms"] >= 40
+    assert b["workers_cpu_ms"] == a["workers_cpu_ms"] == 0
+    lv = curve.per_level(a, b, n_tokens=130)
+    assert lv["steps"] == 65 and lv["tokens_per_step"] == pytest.approx(2.0)
+    assert lv["supervisor_cpu_us_per_step"] == pytest.approx((b["server_cpu_ms"] - a["server_cpu_ms"]) * 1e3 / 65)
+    assert lv["cpu_ms_per_token"] == pytest.approx((b["server_cpu_ms"] - a["server_cpu_ms"]) / 130)
