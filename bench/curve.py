@@ -145,7 +145,7 @@ def curve(run_many, prompt_for, reps, levels=LEVELS, log=print, who="", counters
         sv = out[n].get("server", {})
         more = f"; CPU {sv['cpu_ms_per_token']:.2f} ms per token" if sv else ""
         if "steps" in sv:
-            more += (f", {sv['steps']:.0f} steps of {sv['tokens_per_step']:.1f} tokens, supervisor "
+            more += (f", {sv['steps']:.0f} steps of {sv['tokens_per_step']:.1f} generated tokens, supervisor "
                      f"{sv['supervisor_cpu_us_per_step']:.0f} us of CPU per step")
         log(f"bench: clients: {who} {n:2d} clients: {out[n]['tok_s']:.1f} tok/s all decoding "
             f"({out[n]['burst_tok_s']:.1f} over the burst), per token p50 {out[n]['p50_ms']:.1f} ms, "
