@@ -57,3 +57,11 @@ def test_counters_read_this_process_cpu_and_the_steps():
     assert lv["steps"] == 65 and lv["tokens_per_step"] == pytest.approx(2.0)
     assert lv["supervisor_cpu_us_per_step"] == pytest.approx((b["server_cpu_ms"] - a["server_cpu_ms"]) * 1e3 / 65)
     assert lv["cpu_ms_per_token"] == pytest.approx((b["server_cpu_ms"] - a["server_cpu_ms"]) / 130)
+
+
+def test_counters_without_steps_give_cpu_per_token_only():
+    # llama-server: one process, no step count
+    read = curve.counters(lambda: [os.getpid()])
+    a = read()
+    b = dict(a, server_cpu_ms=a["server_cpu_ms"] + 30.0)
+    assert curve.per_level(a, b, n_tokens=10) == {"cpu_ms_per_token": pytest.approx(3.0)}
