@@ -39,7 +39,7 @@
 
 void nxd_spec_admit(struct nxd_slot *s, int k)
 {
-	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1 };
+	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1, .drow = -1 };
 }
 
 /* The latest i < n_hist - n with hist[i .. i + n) == hist[n_hist - n ..), -1: none. */
@@ -84,6 +84,8 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	struct nxd_spec_slot *sp = &s->spec;
 	d->stats.spec_drafted += (uint64_t)seen;
 	d->stats.spec_accepted += (uint64_t)accepted;
+	d->stats.spec_mode_drafted[sp->by_draft] += (uint64_t)seen;
+	d->stats.spec_mode_accepted[sp->by_draft] += (uint64_t)accepted;
 	if (s->req) {
 		const int k = s->req->spec_k;
 		if (accepted == sp->n_draft)
@@ -105,15 +107,24 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 /* The fit t = a + b n + c r of step seconds against its tokens n and its
  * logits rows r (a row costs the output head besides its token): decayed
  * least squares, the normal equations solved by Cramer's rule. */
-void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
+static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 {
-	struct nxd_spec_fit *f = &d->stats.spec_fit;
 	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
 	for (int i = 0; i < 3; i++) {
 		for (int j = 0; j < 3; j++)
 			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
 		f->xt[i] = c * f->xt[i] + x[i] * dt;
 	}
+}
+
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
+{
+	fit_add(&d->stats.spec_fit, n, rows, dt);
+}
+
+void nxd_spec_fit_draft_step(struct nxd *d, int n, int rows, double dt)
+{
+	fit_add(&d->stats.draft_fit, n, rows, dt);
 }
 
 static double det3(const double m[3][3])
@@ -161,4 +172,20 @@ int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 		return 0;
 	const double extra = NXD_SPEC_SHARED_COST * step / draft;
 	return extra < 1 ? 0 : extra > NXP_MAX_SPEC_K ? NXP_MAX_SPEC_K : (int)extra;
+}
+
+/* A draft of the draft model costs a draft step of its own (charged whole
+ * to it, as if it drafted alone: a + b + c of the draft's fit) and its
+ * verification in the main step (b + c of the model's); a catch-up token
+ * b of the draft's. */
+bool nxd_spec_draft_costs(const struct nxd *d, int n, int rows, double *allow, double *per_draft, double *per_token)
+{
+	double k[3], q[3];
+	if (!fit_solve(&d->stats.spec_fit, k) || !fit_solve(&d->stats.draft_fit, q))
+		return false;
+	const double step = k[0] + k[1] * n + k[2] * rows;
+	*allow = NXD_SPEC_SHARED_COST * step;
+	*per_draft = k[1] + k[2] + q[0] + q[1] + q[2];
+	*per_token = q[1] > 0 ? q[1] : 0;
+	return step > 0 && *per_draft > 0;
 }
