@@ -625,7 +625,7 @@ static int plan(struct nxd *d, int *n_rows)
 	/* Last, drafts of the speculating decoders in what is left: never in
 	 * place of another sequence's tokens, and in a step shared with other
 	 * sequences only as many as cost them little. */
-	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n, rows) : budget;
+	int shared = n_spec < n_seqs && !nx_env()->test_spec_shared ? nxd_spec_shared_budget(d, n, rows) : budget;
 	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits; k++) {
 		struct nxd_slot *s = spec[k];
 		const struct nxd_req *r = s->req;

@@ -1,5 +1,8 @@
 /* spec.c - speculative decoding by prompt lookup: drafts from the request's own tokens, how many a step carries, back-off.
  *
+ * (The other source of drafts, the draft model, is draft.c's: its drafts are
+ * verified, backed off and costed by the same rules here and in sched.c.)
+ *
  * Drafting. The last n tokens of a sequence (prompt and output, n = 3, 2,
  * then 1) are looked for earlier in it; the tokens that followed their latest
  * occurrence are the draft. Edited code, a continued list or a quoted passage
@@ -16,7 +19,9 @@
  * for a draft d proposed with certainty (a point-mass draft distribution q)
  * that is the speculative-sampling rule itself, accept with probability
  * min(1, p(d)/q(d)) = p(d) and else draw from p without d, renormalised,
- * and the same seed gives the same answer with speculation on or off.
+ * and the same seed gives the same answer with speculation on or off. The
+ * draft model's drafts are its argmax, a point-mass q as well (draft.c), so
+ * the same holds for them whatever the draft model.
  *
  * Cost. A rejected draft costs its share of the step. A sequence whose drafts
  * keep failing drafts fewer (k_cur) and then not at all for a while (skip,
