@@ -171,6 +171,8 @@ static const char *const lower_fixed = "lower --ctx or --slots (the KV cache), -
 static size_t touched(const struct nxd *d, const struct plan *p)
 {
 	size_t n = d->o.use_mmap ? 0 : d->model.copy.len;
+	if (!d->o.use_mmap && nx_size_add(&n, d->draft.copy.len)) /* --draft-model's, 0 without */
+		return SIZE_MAX;
 	if (nx_size_add(&n, p->fixed) || nx_size_add(&n, RSS_BASE) ||
 	    nx_size_add(&n, RSS_WORKER * (size_t)d->n_workers))
 		return SIZE_MAX;
@@ -180,13 +182,13 @@ static size_t touched(const struct nxd *d, const struct plan *p)
 static int check_cgroup(struct nxd *d, const struct plan *p, const struct nx_memlimit *ml, struct nx_err *err)
 {
 	const struct nxd_opts *o = &d->o;
-	size_t need = touched(d, p), model = d->model.size, act = p->fixed - (p->kv < p->fixed ? p->kv : 0);
+	size_t need = touched(d, p), model = d->model.size + d->draft.size, act = p->fixed - (p->kv < p->fixed ? p->kv : 0);
 	if (need > ml->max.bytes)
 		return nx_errf(err,
 			       "memory: the cgroup's limit %s is %.1f MiB, and this configuration needs %.1f MiB: "
 			       "the model %.1f MiB%s, the KV cache %.1f MiB (--slots %d x --ctx %d), activations and "
 			       "scratch %.1f MiB, the processes %.0f MiB; %s%s, or raise the limit",
-			       ml->max.file, MIB(ml->max.bytes), MIB(need), MIB(o->use_mmap ? 0 : d->model.copy.len),
+			       ml->max.file, MIB(ml->max.bytes), MIB(need), MIB(o->use_mmap ? 0 : d->model.copy.len + d->draft.copy.len),
 			       o->use_mmap ? " (--mmap: page cache, not counted)" : "", MIB(p->kv), o->n_slots, o->n_ctx,
 			       MIB(act), MIB(RSS_BASE + RSS_WORKER * (size_t)d->n_workers), lower_fixed,
 			       o->use_mmap ? "" : ", use --mmap");
@@ -208,7 +210,8 @@ static int check_cgroup(struct nxd *d, const struct plan *p, const struct nx_mem
 /* Address space the model takes: its private copy and the file's mapping. */
 static size_t model_as(const struct nxd *d)
 {
-	return d->model.copy.len + (d->model.map ? d->model.size : 0);
+	return d->model.copy.len + (d->model.map ? d->model.size : 0) + d->draft.copy.len +
+	       (d->draft.map ? d->draft.size : 0);
 }
 
 /* The fixed part must fit RLIMIT_AS beside what is mapped already; adapters

@@ -322,3 +322,28 @@ def test_mode_draft_without_a_draft_model(models, tmp_path):
     r = subprocess.run([str(build_dir() / "nxd"), "--model", str(models["main"]), "--socket", str(tmp_path / "s"),
                         "--speculate", "draft:4"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--draft-model" in r.stderr, r.stderr
+
+
+def test_http_metrics_count_the_draft_models_drafts(models, tmp_path):
+    """The gateway's /metrics reads them from status: by source, the draft model's drafts under `draft`."""
+    import re
+
+    from http_helpers import Gateway, request
+
+    def metric(text, name):
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+        return float(m.group(1)) if m else None
+
+    with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
+                name="http") as d:
+        with Client(d.sock) as c:
+            got = run(c, "g", greedy(PROMPTS[0], speculate={"mode": "draft", "k": 4}))
+            n_d, n_a = drafted(got[2])
+            assert n_a > 0
+        with Gateway(d.sock, tmp_path) as g:
+            _, _, body = request(g, "GET", "/metrics")
+            text = body.decode()
+            assert metric(text, 'nxd_speculative_accepted_by_source_total{source="draft"}') == n_a, text
+            assert metric(text, 'nxd_speculative_drafted_by_source_total{source="draft"}') == n_d, text
+            assert metric(text, 'nxd_speculative_drafted_by_source_total{source="prompt"}') == 0, text
+            assert metric(text, "nxd_speculative_accepted_total") == n_a, text
