@@ -240,6 +240,28 @@ def test_worker_killed_while_drafting(models, plain, tmp_path):
             d.wait_log("killed by signal 9")
 
 
+def test_worker_scribbling_on_the_draft_models_state(models, plain, tmp_path):
+    """A worker writes on the step's model word, the draft model's state struct or its scratch struct (then
+    hangs): the supervisor's checks find it, every worker is killed and the block rewritten, the step runs again,
+    and the answer is the plain one."""
+    scribbles = [("step_model", "the step's model word is 32767"),
+                 ("draft_state", "the workers' draft-model state struct changed"),
+                 ("draft_scratch", "worker 0's draft-model scratch struct changed")]
+    env = {"NXD_TEST_WORKER_SCRIBBLE": ",".join(f for f, _ in scribbles) + ":25"}
+    with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
+                name="scribble", env=env) as d:
+        for k, (field, msg) in enumerate(scribbles):
+            for r in range(4):
+                with Client(d.sock) as c:
+                    got = run(c, f"s{k}.{r}", greedy(PROMPTS[3], speculate={"mode": "draft", "k": 4}))
+                assert got[:2] == plain[3][:2], (field, r)
+                if f"scribbling on {field}," in d.log():
+                    break
+            d.wait_log("control block inconsistent: " + msg)
+        assert d.log().count("control block rewritten") == len(scribbles)
+        assert "step watchdog" not in d.log()
+
+
 # ---------------------------------------------------------------- refusals
 
 def refused_at_start(model, tmp_path, *args):
