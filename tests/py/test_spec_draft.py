@@ -216,6 +216,23 @@ def test_another_model_and_type(models, tmp_path):
                         assert drafted(got[2])[1] > 0.9 * drafted(got[2])[0]
 
 
+@pytest.mark.parametrize("extra", [["--mmap"], ["--kv-type", "q8_0"], ["--activations", "fast", "--slots", "1"]],
+                         ids=["mmap", "kv-q8_0", "fast-1slot"])
+def test_options_apply_to_the_draft_too(models, tmp_path, extra):
+    """The draft model is mapped like the model with --mmap, its K/V stored as --kv-type says, one slot is
+    enough: the answer is the one of the same options without speculation."""
+    args = ["--ctx", "512", "--slots", "4"] + extra + ["--draft-model", str(models["other"])]
+    with Daemon(models["main"], tmp_path, workers=2, args=args, name="opt") as d:
+        with Client(d.sock) as c:
+            for j, p in enumerate(PROMPTS[:2]):
+                want = run(c, f"w{j}", greedy(p))
+                got = run(c, f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
+                assert got[:2] == want[:2], j
+                assert drafted(got[2])[0] > 0
+            st = c.request({"op": "status", "id": "st"})
+            assert st["speculate"]["draft_model"] == "other.gguf", st
+
+
 def test_worker_killed_while_drafting(models, plain, tmp_path):
     """kill -9 a worker while a request drafts (draft steps and verification steps alternate): the step is run
     again from the unchanged slots, and the answer is the plain one."""
