@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -181,6 +182,40 @@ def test_beside_clients_that_do_not_speculate(models, plain, tmp_path, mixed):
             n_a += drafted(got[2])[1]
     if mixed:
         assert n_a > 100, n_a
+
+
+def test_a_costly_draft_does_not_draft_beside_others(models, tmp_path):
+    """Beside a client that does not speculate, drafting may add at most a few percent to the steps it shares
+    (the draft steps counted): a draft as costly as the model (the model itself) drafts nothing while the other
+    client decodes, and does draft alone."""
+    with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
+                name="cost") as d:
+        with Client(d.sock) as c:
+            # alone: drafts (and the step-time fits learn both models' steps)
+            for r in range(3):
+                assert drafted(run(c, f"a{r}", greedy(PROMPTS[r % 2], speculate={"mode": "draft"}))[2])[1] > 0
+        seen, other = threading.Event(), {}
+
+        def long_client():
+            with Client(d.sock) as c2:
+                c2.send(dict(greedy([1, 270, 280], max_tokens=400), id="long"))
+                n = 0
+                for ev in c2.events("long"):
+                    n += 1
+                    if n == 20:
+                        seen.set()
+                other["done_t"] = time.monotonic()
+                other["ev"] = ev
+
+        th = threading.Thread(target=long_client)
+        th.start()
+        assert seen.wait(60)
+        with Client(d.sock) as c:
+            got = run(c, "b", greedy(PROMPTS[0], max_tokens=30, speculate={"mode": "draft", "k": 8}))
+            t_end = time.monotonic()
+        th.join(120)
+        assert other["ev"]["event"] == "done" and t_end < other["done_t"], "the other client ended first"
+        assert drafted(got[2]) == (0, 0), got[2]
 
 
 def test_seeded_sampling_identical(models, tmp_path):
