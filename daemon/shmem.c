@@ -464,6 +464,10 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 		 "reserved for adapters and folds (--max-adapters %d, --max-adapter-mb %zu)",
 		 MIB(p.fixed), MIB(p.kv), MIB(p.state - (p.kv < p.state ? p.kv : 0)), MIB(p.scratch), d->n_workers,
 		 MIB(p.optional), d->o.max_adapters, d->o.max_adapter_mb);
+	if (p.draft_state)
+		nxd_info("arena: of it the draft model's: state %.1f MiB (its KV cache %.1f MiB), scratch %.1f MiB x %d",
+			 MIB(p.draft_state), MIB(nx_kv_cache_bytes(&d->draft.m.hp, &sh->draft_cfg)), MIB(p.draft_scratch),
+			 d->n_workers);
 	if (ml.max.bytes != NX_NO_LIMIT)
 		nxd_info("memory: up to %.1f MiB touched (the KV cache as the contexts fill) within %s (%.1f MiB)",
 			 MIB(touched(d, &p)), ml.max.file, MIB(ml.max.bytes));
