@@ -314,6 +314,24 @@ def test_worker_scribbling_on_the_draft_models_state(models, plain, tmp_path):
         assert "step watchdog" not in d.log()
 
 
+def test_real_model_drafting_for_itself(model_path, tmp_path):
+    """The real model (NXD_MODEL) as its own draft, through its chat template: greedy chat answers, ending
+    at the end-of-turn token or a stop string inside a run of accepted drafts, are the ones without."""
+    prompts = ["Repeat this list exactly:\n1. apples\n2. bananas\n3. cherries\n4. dates\n\nHere is the list again:",
+               "Once upon a time"]
+    with Daemon(model_path, tmp_path, workers=2, args=["--ctx", "1024", "--slots", "2", "--draft-model",
+                                                       str(model_path)], name="real") as d:
+        with Client(d.sock) as c:
+            for j, p in enumerate(prompts):
+                for extra in ({}, {"stop": ["3."]}):
+                    base = dict(op="generate", prompt=p, temperature=0, logprobs=2, max_tokens=96, **extra)
+                    want = run(c, f"w{j}", base)
+                    got = run(c, f"g{j}", dict(base, speculate={"mode": "draft", "k": 6}))
+                    assert got[:2] == want[:2] and got[2]["reason"] == want[2]["reason"], (j, extra)
+                    n_d, n_a = drafted(got[2])
+                    assert n_a == n_d > 0, got[2]  # the same model: every draft is its own greedy token
+
+
 # ---------------------------------------------------------------- refusals
 
 def refused_at_start(model, tmp_path, *args):
