@@ -488,3 +488,67 @@ if __name__ == "__main__":
     else:
         requantize(lib, what, dst, sys.argv[4])
     print(describe(dst))
+
+
+def make_truncated(src, dst, n_keep, log=print):
+    """A draft model for src: its first n_keep layers and its head (embedding, output norm, output or tied
+    embedding, rope factors), the tensors copied byte for byte, block_count set to n_keep; every other key
+    (the vocabulary) as src's. Its drafts have a known relation to src's answers."""
+    t0 = time.time()
+    r = gguf.GGUFReader(src)
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    tmp = dst + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
+    _copy_kv(r, w, {f"{arch}.block_count": (n_keep, gguf.GGUFValueType.UINT32),
+                    "general.name": (f"first {n_keep} layers of {os.path.basename(src)}", gguf.GGUFValueType.STRING)})
+    for t in r.tensors:
+        if t.name.startswith("blk.") and _layer(t.name) >= n_keep:
+            continue
+        shape = [int(s) for s in t.shape]  # ne0 first
+        if len(shape) == 1:
+            w.add_tensor(t.name, np.array(t.data, dtype=np.float32), raw_dtype=T.F32)
+            continue
+        rows = int(np.prod(shape[1:]))
+        data = np.array(t.data, dtype=np.uint8).reshape(rows, -1)
+        w.add_tensor(t.name, data.reshape(list(reversed(shape[1:])) + [-1]), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, dst)
+    log(f"models: wrote {dst} (the first {n_keep} layers and the head) in {time.time() - t0:.1f} s")
+
+
+def make_damped(src, dst, from_layer, scale, log=print):
+    """src with the output projections (attn_output, ffn_down) of layers >= from_layer scaled by scale, by
+    their Q4_0 blocks' f16 scales (exact: a block's values are d * q): what those layers add to the residual
+    shrinks, so src's first from_layer layers and head (make_truncated) predict its tokens the better the
+    smaller scale is, 0 giving the same argmax. A target of known relation to a cheap draft."""
+    t0 = time.time()
+    r = gguf.GGUFReader(src)
+    arch = r.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    tmp = dst + ".tmp"
+    w = gguf.GGUFWriter(tmp, arch)
+    _copy_kv(r, w, {"general.name": (f"{os.path.basename(src)}, layers >= {from_layer} damped x{scale}",
+                                     gguf.GGUFValueType.STRING)})
+    for t in r.tensors:
+        shape = [int(s) for s in t.shape]
+        if len(shape) == 1:
+            w.add_tensor(t.name, np.array(t.data, dtype=np.float32), raw_dtype=T.F32)
+            continue
+        rows = int(np.prod(shape[1:]))
+        data = np.array(t.data, dtype=np.uint8).reshape(rows, -1)
+        if (_layer(t.name) >= from_layer and ("attn_output" in t.name or "ffn_down" in t.name)):
+            if t.tensor_type != T.Q4_0:
+                raise ValueError(f"make_damped: {t.name} is {T(t.tensor_type).name}, not Q4_0")
+            blocks = data.reshape(-1, 18).copy()
+            d = blocks[:, :2].copy().view(np.float16).astype(np.float32) * np.float32(scale)
+            blocks[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+            data = blocks.reshape(rows, -1)
+        w.add_tensor(t.name, data.reshape(list(reversed(shape[1:])) + [-1]), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, dst)
+    log(f"models: wrote {dst} (layers >= {from_layer}: output projections x{scale}) in {time.time() - t0:.1f} s")

@@ -1,7 +1,7 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
     .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,qwen3,llama1b,
-                                                             moe,chat,http,clients,spec,structured]
+                                                             moe,chat,http,clients,spec,draft,structured]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -36,6 +36,12 @@ Cases (docs/bench.md has the details and how to read the numbers):
               tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
               5 free-form ones, decode tok/s with speculation against without on the same daemon (turn about);
               and a client decoding beside one that speculates: its tok/s against beside one that does not
+  draft       speculative decoding with a draft model (nxd only) on the Llama-3.2-1B shape (Q4_0): one client,
+              greedy, 64 tokens after a 33-token prompt, speculate draft k 4 against off (turn about), for drafts
+              of known relation to the target: the target itself (acceptance 1: the overhead's ceiling), its
+              first 2 layers and head (random weights: accepts ~nothing), and that draft for targets whose later
+              layers' output projections are damped (x0, x0.03, x0.1: the draft is right more often the more
+              they are): decode tok/s with and without, the ratio against the acceptance
   structured  constrained decoding's cost: one client's decode tok/s under a typical JSON schema against the same
               daemon free (sampled, seeded, turn about), on SmolLM2 (49152 tokens) and the Qwen2.5-0.5B-shaped
               model (151936 tokens); nxd only (the bar: >= 0.90)
@@ -67,7 +73,7 @@ import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
 ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "moe", "chat", "http",
-             "clients", "spec", "structured", "depth"]
+             "clients", "spec", "draft", "structured", "depth"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -961,6 +967,62 @@ def main():
     if "spec" in cases:
         spec_case("spec", "smollm2-135m Q4_1", q41, a.reps)
 
+    # -------------------------------------------------------- speculative decoding with a draft model (nxd alone)
+    def draft_case(case, reps):
+        """For each (target, draft) pair: one daemon with --draft-model, an untimed warm-up, then per
+        repetition the same greedy request with speculate draft (k 4) and off, turn about; decode tok/s =
+        (tokens - 1) / (first token .. last token)."""
+        if not ours.ok:
+            return
+        reps = max(2, min(reps, 3))
+        base = shaped(case, models.LLAMA1B, "q4_0", "llama3.2-1b-shape-random.nx-Q4_0.gguf")
+        first2 = base.replace(".gguf", ".first2.gguf")
+        if not os.path.exists(first2):
+            models.make_truncated(base, first2, 2, log=log)
+        pairs = [("target itself", base, base), ("first 2 layers + head", base, first2)]
+        for s in (0.0, 0.03, 0.1):
+            t = base.replace(".gguf", f".damped{s}.gguf")
+            if not os.path.exists(t):
+                models.make_damped(base, t, 2, s, log=log)
+            pairs.append((f"first 2 layers + head, later layers x{s}", t, first2))
+        prompt = [128000] + [1000 + 37 * i for i in range(32)]
+        req = {"tokens": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+        out = []
+        for what, target, draft in pairs:
+            log(f"bench: {case}: {what} x {reps}")
+            row = {"what": what, "target": os.path.basename(target), "draft": os.path.basename(draft),
+                   "off": [], "draft_mode": [], "same": True, "drafted": 0, "accepted": 0,
+                   "steps": {"off": [0, 0, 0], "draft": [0, 0, 0]}}  # main steps, draft steps, tokens
+            with ours.daemon(target, extra=["--draft-model", draft]) as d:
+                c = nxd_side.Conn(d.sock)
+                c.request(dict(req, max_tokens=8))
+                for r in range(reps):
+                    ids = {}
+                    for mode in (("off", "draft") if r % 2 == 0 else ("draft", "off")):
+                        st0 = c.status()
+                        got = c.request(dict(req, speculate={"mode": mode, "k": 4}), rid=f"{mode}{r}")
+                        st1 = c.status()
+                        n = row["steps"][mode]
+                        n[0] += st1["steps"] - st0["steps"]
+                        n[1] += st1["speculate"]["draft_steps"] - st0["speculate"]["draft_steps"]
+                        n[2] += len(got["ids"])
+                        row["off" if mode == "off" else "draft_mode"].append(nxd_side.decode_rates(got)[0])
+                        ids[mode] = got["ids"]
+                        sp = got["done"].get("speculate") or {}
+                        row["drafted"] += sp.get("drafted", 0)
+                        row["accepted"] += sp.get("accepted", 0)
+                    row["same"] = row["same"] and ids["off"] == ids["draft"]
+                c.close()
+            out.append(row)
+            on, off = med(row["draft_mode"]), med(row["off"])
+            acc = row["accepted"] / row["drafted"] if row["drafted"] else None
+            ms, ds, nt = row["steps"]["draft"]
+            table.add(case, f"llama3.2-1b-shape Q4_0(nx), draft: {what}", "x", on / off if on and off else None, None,
+                      note=f"{on:.1f} vs {off:.1f} tok/s; acceptance {acc:.2f} ({row['accepted']}/{row['drafted']}); "
+                           f"per token {ms / nt:.2f} main + {ds / nt:.2f} draft steps; output identical: {row['same']}"
+                      if on and off and acc is not None and nt else "")
+        res["raw"][case] = out
+
     # -------------------------------------------------------- memory and start-up
     if "memory" in cases:
         case = "memory"
@@ -1061,6 +1123,9 @@ def main():
             key = f"llama3.2-1b-shape {mode.upper()}(nx)"
             decode_case("llama1b", key, p, a.reps)
             prefill_case("llama1b", key, p, a.reps)
+
+    if "draft" in cases:  # after shaped(): it makes the 1B-shaped target
+        draft_case("draft", a.reps)
 
     # -------------------------------------------------------- clients: 1 .. 64 at once
     if "clients" in cases:

@@ -207,11 +207,11 @@ int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct n
 			size_t len = colon ? (size_t)(colon - optarg) : strlen(optarg);
 			enum nxp_spec_mode m;
 			if (len >= sizeof(mode))
-				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+				return nxc_usage_err(cmd, "--speculate wants off, prompt, draft or MODE:K, got '%s'", optarg);
 			memcpy(mode, optarg, len);
 			mode[len] = '\0';
 			if (!nxp_spec_mode_parse(mode, &m))
-				return nxc_usage_err(cmd, "--speculate wants off, prompt or prompt:K, got '%s'", optarg);
+				return nxc_usage_err(cmd, "--speculate wants off, prompt, draft or MODE:K, got '%s'", optarg);
 			json_t *sp = json_object();
 			json_object_set_new(sp, "mode", json_string(mode));
 			if (colon) {

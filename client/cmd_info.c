@@ -336,6 +336,11 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 		if (iget(spec, "drafted") > 0)
 			nxc_printf(" (%.1f%%)", 100.0 * nget(spec, "acceptance"));
 		nxc_printf("\n");
+		const char *dm = json_string_value(json_object_get(spec, "draft_model"));
+		json_t *dr = json_object_get(json_object_get(spec, "modes"), "draft");
+		if (dm && *dm && dr)
+			nxc_printf("           draft model %s: %lld steps, %lld of %lld drafted tokens accepted\n", dm,
+				   iget(spec, "draft_steps"), iget(dr, "accepted"), iget(dr, "drafted"));
 	}
 	if (has_prof) /* nxd started with NXD_PROFILE=1 */
 		print_profile(prof);

@@ -122,7 +122,7 @@ void nxc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 	"      --stop STR         stop before STR (repeatable, at most 8)\n"                    \
 	"      --ignore-eos       keep going past the end-of-sequence token\n"                  \
 	"      --lora NAME[:SCALE] apply a loaded LoRA adapter to this request (repeatable)\n"   \
-	"      --speculate MODE[:K] off or prompt: speculative decoding, up to K drafts a step\n" \
+	"      --speculate MODE[:K] off, prompt or draft: speculative decoding, up to K drafts a step\n" \
 	"                         (default: nxd's --speculate; the answer is the same)\n"      \
 	"      --raw-output       write the text to a terminal as it is, control characters\n" \
 	"                         and all (by default a terminal shows them: ESC as ^[, BEL\n" \

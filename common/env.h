@@ -22,6 +22,8 @@
  *                                                   in the log before the worker dies (debugging)
  *   NXD_TEST_WORKER_SYSCALL   test_worker_syscall   "NAME[:STEP][+]": worker 0 calls a forbidden syscall
  *   NXD_TEST_WORKER_SCRIBBLE  test_worker_scribble  "F1,F2,...[:STEP]": worker 0 scribbles on a field and hangs
+ *   NXD_TEST_SPEC_SHARED      test_spec_shared      set (any value): drafts beside other sequences are not held
+ *                                                   to NXD_SPEC_SHARED_COST (test hook: mixed steps)
  *   JOURNAL_STREAM            journal               set by systemd: log lines carry <priority> prefixes
  *
  * The strings are getenv's; NULL when unset or empty. */
@@ -36,6 +38,7 @@ struct nx_env {
 	const char *test_worker_syscall;
 	const char *test_worker_scribble;
 	bool journal;
+	bool test_spec_shared;
 };
 
 /* The process's, read before main (a constructor): the same in every thread,

@@ -22,6 +22,12 @@ int nxd_guard_init(struct nxd *d, struct nx_err *err)
 		return nx_errf(err, "guard: out of memory");
 	memcpy(d->scratch_copy, d->shm.scratch, (size_t)d->n_workers * sizeof(*d->scratch_copy));
 	memcpy(d->toks_copy, d->shm.toks, (size_t)d->o.n_batch * sizeof(*d->toks_copy));
+	if (d->shm.draft_scratch) {
+		d->draft_scratch_copy = malloc((size_t)d->n_workers * sizeof(*d->draft_scratch_copy));
+		if (!d->draft_scratch_copy)
+			return nx_errf(err, "guard: out of memory");
+		memcpy(d->draft_scratch_copy, d->shm.draft_scratch, (size_t)d->n_workers * sizeof(*d->draft_scratch_copy));
+	}
 	return 0;
 }
 
@@ -29,8 +35,10 @@ void nxd_guard_free(struct nxd *d)
 {
 	free(d->toks_copy);
 	free(d->scratch_copy);
+	free(d->draft_scratch_copy);
 	d->toks_copy = NULL;
 	d->scratch_copy = NULL;
+	d->draft_scratch_copy = NULL;
 }
 
 void nxd_guard_keep_descriptor(struct nxd *d, int n)
@@ -120,6 +128,22 @@ bool nxd_guard_check(const struct nxd *d, char *why, size_t cap)
 			snprintf(why, cap, "worker %d's scratch struct (its buffer pointers) changed", i);
 			return false;
 		}
+	if (!d->shm.step_model)
+		return true;
+	/* --draft-model: which model the step runs, and the draft's structs */
+	if (*d->shm.step_model != (int32_t)st->model) {
+		snprintf(why, cap, "the step's model word is %d, expected %d", (int)*d->shm.step_model, (int)st->model);
+		return false;
+	}
+	if (!state_same(d->shm.draft_state_shared, &d->shm.draft_state)) {
+		snprintf(why, cap, "the workers' draft-model state struct changed");
+		return false;
+	}
+	for (int i = 0; i < d->n_workers; i++)
+		if (!scratch_same(&d->shm.draft_scratch[i], &d->draft_scratch_copy[i])) {
+			snprintf(why, cap, "worker %d's draft-model scratch struct changed", i);
+			return false;
+		}
 	return true;
 }
 
@@ -132,5 +156,11 @@ void nxd_guard_repair(struct nxd *d)
 	state_restore(d->shm.state_shared, &d->shm.state);
 	for (int i = 0; i < d->n_workers; i++)
 		scratch_restore(&d->shm.scratch[i], &d->scratch_copy[i]);
+	if (d->shm.step_model) {
+		*d->shm.step_model = (int32_t)d->step.model;
+		state_restore(d->shm.draft_state_shared, &d->shm.draft_state);
+		for (int i = 0; i < d->n_workers; i++)
+			scratch_restore(&d->shm.draft_scratch[i], &d->draft_scratch_copy[i]);
+	}
 	nxd_info("control block rewritten from the supervisor's copies; respawning the workers");
 }

@@ -71,6 +71,9 @@ static const char usage[] =
 	"                       default) or prompt (drafts looked up in the request's own\n"
 	"                       prompt and output, verified in one step; output unchanged),\n"
 	"                       up to K drafted tokens per step (1..16, default 8)\n"
+	"                       or draft (the draft model's greedy continuation: --draft-model)\n"
+	"  --draft-model PATH   a small GGUF of the same vocabulary that drafts for speculate\n"
+	"                       mode draft, run by the same workers beside the model\n"
 	"  --log-level L        error, warn, info (default) or debug\n"
 	"  --max-queue N        requests waiting for a slot before 'busy' (default 64)\n"
 	"  --max-clients N      connections at once before a refusal (default 128)\n"
@@ -135,7 +138,7 @@ static int cpus_available(void)
 	return n > 0 ? n : 1;
 }
 
-/* --speculate off | prompt | prompt:K */
+/* --speculate off | prompt | draft, each with :K */
 static int parse_speculate(const char *s, struct nxd_opts *o)
 {
 	char mode[16];
@@ -146,7 +149,7 @@ static int parse_speculate(const char *s, struct nxd_opts *o)
 	memcpy(mode, s, len);
 	mode[len] = '\0';
 	if (!nxp_spec_mode_parse(mode, &o->spec_mode))
-		return bad("--speculate: mode '%s' is neither off nor prompt", mode);
+		return bad("--speculate: mode '%s' is not off, prompt or draft", mode);
 	if (colon) {
 		char *end;
 		errno = 0;
@@ -181,7 +184,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 	};
 	enum { O_MODEL = 256, O_SOCKET, O_WORKERS, O_CTX, O_SLOTS, O_BATCH, O_MMAP, O_LOG, O_QUEUE, O_CLIENTS,
 	       O_LINE, O_OUT, O_IDLE, O_LTIME, O_HELP, O_VERSION, O_STIME, O_MAXTOK, O_SGROUP, O_AGROUP,
-	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_SPEC, O_KV };
+	       O_MAXAD, O_MAXADMB, O_NOCACHE, O_ACT, O_CHAT, O_SPEC, O_KV, O_DRAFT };
 	static const struct option opts[] = {
 		{ "model", required_argument, 0, O_MODEL },      { "socket", required_argument, 0, O_SOCKET },
 		{ "workers", required_argument, 0, O_WORKERS },  { "ctx", required_argument, 0, O_CTX },
@@ -200,6 +203,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		{ "chat-template", required_argument, 0, O_CHAT },
 		{ "kv-type", required_argument, 0, O_KV },
 		{ "speculate", required_argument, 0, O_SPEC },
+		{ "draft-model", required_argument, 0, O_DRAFT },
 		{ 0, 0, 0, 0 },
 	};
 	bool socket_given = false;
@@ -315,6 +319,7 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 			if (parse_speculate(optarg, o))
 				return 2;
 			break;
+		case O_DRAFT: o->draft_path = optarg; break;
 		case 'h':
 		case O_HELP:
 			fputs(usage, stdout);
@@ -333,6 +338,8 @@ static int parse_args(struct nxd *d, int argc, char **argv)
 		return bad("unexpected argument \"%s\"", argv[optind]);
 	if (!o->model_path)
 		return bad("--model PATH is required");
+	if (o->spec_mode == NXP_SPEC_DRAFT && !o->draft_path)
+		return bad("--speculate draft needs a draft model: give --draft-model PATH");
 	/* 32 tokens per step: with kernels whose cost grows with every token
 	 * (no weight reuse across a batch yet), a bigger budget does not make a
 	 * prompt's prefill faster, it only makes every step of the decoders that
@@ -479,6 +486,8 @@ static int start(struct nxd *d, struct nx_err *err)
 	if (nxd_model_load(d, err) < 0)
 		return -1;
 	if (nx_kv_type_check(&d->model.m.hp, d->o.kv_type, err) < 0)
+		return -1;
+	if (nxd_draft_load(d, err) < 0)
 		return -1;
 	int n_ctx_train = d->model.m.hp.n_ctx_train;
 	if (d->o.n_ctx == 0)

@@ -178,10 +178,11 @@ static void pick_type(struct nxd_model *mo)
 		*p = (char)toupper((unsigned char)*p);
 }
 
-int nxd_model_load(struct nxd *d, struct nx_err *err)
+/* The file at path into mo: read (or mapped), parsed, bound, packed and
+ * made read-only. The model and the draft model (draft.c) both come this
+ * way, so every rule of the loader applies to both. */
+int nxd_model_load_weights(struct nxd *d, struct nxd_model *mo, const char *path, struct nx_err *err)
 {
-	struct nxd_model *mo = &d->model;
-	const char *path = d->o.model_path;
 	size_t size = 0;
 	void *plain = NULL; /* copy mode: the file mapped, for nx_model_repack_inplace */
 	struct nx_err kerr = {{0}};
@@ -262,6 +263,15 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 				       strerror(errno));
 		log_pages(&mo->copy);
 	}
+	return 0;
+}
+
+int nxd_model_load(struct nxd *d, struct nx_err *err)
+{
+	struct nxd_model *mo = &d->model;
+	const char *path = d->o.model_path;
+	if (nxd_model_load_weights(d, mo, path, err) < 0)
+		return -1;
 	if (nx_tok_load(&mo->tok, &mo->g, err) < 0)
 		return nx_err_prefix(err, "model %s: tokenizer", path);
 	mo->n_vocab = mo->m.hp.n_vocab;
@@ -306,7 +316,12 @@ int nxd_model_load(struct nxd *d, struct nx_err *err)
 
 void nxd_model_free(struct nxd *d)
 {
-	struct nxd_model *mo = &d->model;
+	nxd_model_free_one(&d->model);
+	nxd_model_free_one(&d->draft);
+}
+
+void nxd_model_free_one(struct nxd_model *mo)
+{
 	nx_vocab_trie_free(mo->trie);
 	mo->trie = NULL;
 	if (mo->tok)

@@ -13,6 +13,7 @@
  *   prep.c    the thread that prepares long request lines off the loop
  *   sched.c   slots, queue, continuous batching, sampling and streaming
  *   spec.c    speculative decoding: prompt-lookup drafts, how many a step may carry, back-off
+ *   draft.c   the draft model: its load and vocabulary check, its steps, the drafts it makes
  *   access.c  socket group, admin rights, client paths, adapter limits
  *   guard.c   checks of shared memory against our copies, and the rewrite from them
  *   lora.c         LoRA registry: load, list, unload, runtime deltas, the adapter ops, the step boundary
@@ -66,6 +67,7 @@
 
 struct nxd_opts {
 	const char *model_path;
+	const char *draft_path; /* --draft-model: a small model of the same vocabulary that drafts, or NULL */
 	char socket_path[108];
 	int n_workers;        /* 0: online CPUs we may run on */
 	int n_ctx;            /* 0: the model's training context */
@@ -90,7 +92,7 @@ struct nxd_opts {
 	bool use_mmap;
 	int log_level;
 	const char *chat_template; /* --chat-template: a name of tok/chat.h, or NULL (detected from the model) */
-	enum nxp_spec_mode spec_mode; /* --speculate: a request's mode when it gives none (off or prompt) */
+	enum nxp_spec_mode spec_mode; /* --speculate: a request's mode when it gives none (off, prompt, draft) */
 	int spec_k;           /* --speculate MODE:K: drafted tokens per step at most, when a request gives none */
 	const char *chat_template_file; /* --chat-template FILE: a Jinja template read in place of the model's, or NULL */
 };
@@ -129,9 +131,17 @@ struct nxd_shm {
 	struct nx_prof *prof;       /* (n_workers) NXD_PROFILE=1: each worker's time split; else NULL */
 	struct nx_state state;      /* the supervisor's own copy: logits it reads */
 	struct nx_state_cfg cfg;
+	/* --draft-model (draft.c), else NULL: its own model struct, state (K/V
+	 * cache per slot, activations, a logits row per slot) and scratch */
+	struct nx_model *draft_model;
+	struct nx_state *draft_state_shared;
+	struct nx_scratch *draft_scratch; /* (n_workers) */
+	struct nx_state draft_state;      /* the supervisor's own copy */
+	struct nx_state_cfg draft_cfg;
+	int32_t *step_model;        /* which model the step runs (enum nxd_step_model); NULL without a draft model */
 	/* page ranges a worker maps read-only before its first step (the weights
 	 * are read-only already: nxd_model.copy or the --mmap mapping) */
-	struct nxw_range ro[1];
+	struct nxw_range ro[2];
 	int n_ro;
 };
 
@@ -221,6 +231,7 @@ struct nxd_req {
 	double t_arrive, t_admit, t_first, t_end; /* t_admit: its first prompt step */
 	/* speculative decoding (spec.c): k drafted tokens per step at most, 0: off */
 	int spec_k;
+	enum nxp_spec_mode spec_mode; /* with spec_k > 0: NXP_SPEC_PROMPT or NXP_SPEC_DRAFT */
 	int spec_drafted, spec_accepted;
 	/* tools offered (tok/tools.h): the answer read for calls as it comes, or NULL */
 	struct nx_toolp *tools;
@@ -237,6 +248,17 @@ struct nxd_spec_slot {
 	int misses;               /* steps in a row whose drafts were all rejected */
 	int skip;                 /* decode steps left without drafting (back-off) */
 	int backoff;              /* the next back-off's length */
+	/* The draft model (draft.c). Its K/V cache of this slot holds
+	 * hist[0 .. dpos) (positions are absolute, as in the model's); a round of
+	 * draft steps before a main step catches it up to n_hist and then feeds
+	 * each draft made to make the next. Kept with the slot like its K/V. */
+	int dpos;
+	int32_t ddraft[NXP_MAX_SPEC_K]; /* the drafts made this round */
+	int n_ddraft;
+	int want;                 /* drafts this round is to make (0: none) */
+	int dchunk;               /* tokens it has in the running draft step */
+	int drow;                 /* logits row of the running draft step, -1 */
+	bool by_draft;            /* its drafts come from the draft model (else prompt lookup) */
 };
 
 struct nxd_slot {
@@ -268,6 +290,10 @@ struct nxd_slot {
 
 #define NXD_STATS_WINDOW 256
 
+/* The draft steps before a main step (draft.c): none begun, running, done
+ * (the drafts are made; the main step verifies them). */
+enum nxd_round { NXD_ROUND_NONE, NXD_ROUND_DRAFTING, NXD_ROUND_READY };
+
 /* Step seconds t against tokens n and logits rows r, t = a + b n + c r, for
  * what drafts cost the sequences beside them (spec.c): decayed sums of
  * x x^T and x t, x = (1, n, r). */
@@ -279,7 +305,10 @@ struct nxd_stats {
 	uint64_t steps, steps_retried, tokens_served, completion_tokens;
 	uint64_t prompt_cached;   /* prompt tokens taken from the prompt cache instead of computed */
 	uint64_t spec_drafted, spec_accepted; /* draft tokens verified, and accepted */
+	uint64_t spec_mode_drafted[2], spec_mode_accepted[2]; /* the same by source: [0] prompt, [1] draft model */
 	struct nxd_spec_fit spec_fit;
+	struct nxd_spec_fit draft_fit; /* the draft model's steps, the same way */
+	uint64_t draft_steps;
 	/* recent steps: sequences in the step, completion tokens, end time */
 	int seqs[NXD_STATS_WINDOW];
 	int ntok[NXD_STATS_WINDOW];
@@ -294,6 +323,7 @@ enum nxd_phase { NXD_STARTING, NXD_SERVING, NXD_STOPPING };
 struct nxd {
 	struct nxd_opts o;
 	struct nxd_model model;
+	struct nxd_model draft;   /* --draft-model (draft.c); zero without */
 	struct nxd_shm shm;
 	struct nxw_filter filter;
 	uint32_t spin;            /* pause iterations before a futex sleep */
@@ -360,6 +390,7 @@ struct nxd {
 	struct nxp_logprob *lp;
 	struct nxd_stats stats;
 	int step_rows;            /* logits rows of the running step (sched.c plan) */
+	enum nxd_round draft_round; /* draft.c: where the draft steps before the next main step are */
 	/* NXD_PROFILE: the workers' wait from one step's end to the next one's
 	 * start when the next follows without a pause (the supervisor's turn:
 	 * sampling, streaming, planning, waking them; sched.c prof_turn) */
@@ -373,13 +404,37 @@ struct nxd {
 	/* guard.c: shared memory is checked against these, never trusted */
 	struct nx_tok_in *toks_copy;     /* (n_batch) the descriptor as we wrote it */
 	struct nx_scratch *scratch_copy; /* (n_workers) the scratch structs as laid out */
+	struct nx_scratch *draft_scratch_copy; /* (n_workers) the draft model's, or NULL */
 };
 
 double nxd_now(void); /* CLOCK_MONOTONIC seconds */
 
 /* model.c */
 int nxd_model_load(struct nxd *d, struct nx_err *err);
+/* The file at path into mo: read or mapped, parsed, bound and made read-only. */
+int nxd_model_load_weights(struct nxd *d, struct nxd_model *mo, const char *path, struct nx_err *err);
 void nxd_model_free(struct nxd *d);
+void nxd_model_free_one(struct nxd_model *mo);
+
+/* draft.c - the draft model (nxd --draft-model). Drafts are the draft's
+ * greedy continuation, made in draft-model steps before a main step and
+ * verified in it like prompt lookup's (spec.c, sched.c). */
+/* Loads --draft-model (none: 0) through the model's loader and refuses one
+ * whose vocabulary is not the model's, naming what differs. */
+int nxd_draft_load(struct nxd *d, struct nx_err *err);
+bool nxd_draft_loaded(const struct nxd *d);
+/* The round of draft steps before the next main step: plans and launches
+ * the next draft step and returns true, or false once the drafts are made. */
+bool nxd_draft_pump(struct nxd *d);
+/* A draft step finished: each sequence's next draft is the argmax of its row. */
+void nxd_draft_step_done(struct nxd *d);
+/* A request admitted into s whose first own tokens match what s held. */
+void nxd_draft_admit(struct nxd_slot *s, int own);
+/* The main step verified s's drafts: base = its decode token's position + 1,
+ * accepted of them kept: what the draft cache still holds. */
+void nxd_draft_verified(struct nxd_slot *s, int base, int accepted);
+/* Copies up to max of s's drafts into s->spec.draft; how many. */
+int nxd_draft_take(struct nxd_slot *s, int max);
 
 /* shmem.c */
 /* Before the model file of size bytes is read: it must fit RLIMIT_AS and
@@ -543,6 +598,13 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted);
 int nxd_spec_shared_budget(const struct nxd *d, int n, int rows);
 /* A finished step of n tokens and rows logits rows took dt seconds. */
 void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt);
+/* The same for a draft-model step. */
+void nxd_spec_fit_draft_step(struct nxd *d, int n, int rows, double dt);
+/* What drafting with the draft model may cost beside other sequences in a
+ * main step of n tokens and rows rows: *allow seconds (NXD_SPEC_SHARED_COST of
+ * it), *per_draft seconds a draft costs (its draft step, its verification),
+ * *per_token a catch-up token; false until the step times tell. */
+bool nxd_spec_draft_costs(const struct nxd *d, int n, int rows, double *allow, double *per_draft, double *per_token);
 
 /* access.c - who may do what (docs/reliability.md 17, 24, 25).
  *

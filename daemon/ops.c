@@ -395,7 +395,15 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 	r->ignore_eos = g->ignore_eos;
 	r->stream = g->stream;
 	const enum nxp_spec_mode sm = g->spec_mode == NXP_SPEC_DEFAULT ? d->o.spec_mode : g->spec_mode;
-	r->spec_k = sm == NXP_SPEC_PROMPT ? (g->spec_k ? g->spec_k : d->o.spec_k) : 0;
+	if (sm == NXP_SPEC_DRAFT && !nxd_draft_loaded(d)) {
+		nxd_send_error(d, c, q->id, NXP_E_BAD_REQUEST,
+			       "field 'speculate.mode': \"draft\" needs a draft model, and this daemon has none: start nxd with "
+			       "--draft-model PATH, or use mode \"prompt\"");
+		nxd_req_free(r);
+		return;
+	}
+	r->spec_k = sm == NXP_SPEC_PROMPT || sm == NXP_SPEC_DRAFT ? (g->spec_k ? g->spec_k : d->o.spec_k) : 0;
+	r->spec_mode = sm;
 	for (int i = 0; i < g->n_stop; i++) {
 		r->stop[i] = g->stop[i];
 		g->stop[i] = NULL; /* taken over */

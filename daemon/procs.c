@@ -75,6 +75,10 @@ static struct nxw_spec worker_spec(const struct nxd *d, int band)
 		.toks = d->shm.toks,
 		.scratch = &d->shm.scratch[band],
 		.ctl = d->shm.ctl,
+		.draft_model = d->shm.draft_model,
+		.draft_state = d->shm.draft_state_shared,
+		.draft_scratch = d->shm.draft_scratch ? &d->shm.draft_scratch[band] : NULL,
+		.step_model = d->shm.step_model,
 		.ro = d->shm.ro,
 		.n_ro = d->shm.n_ro,
 	};

@@ -159,6 +159,7 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.has_seed = true,
 			.seed = r->sp.seed,
 			.speculated = r->spec_k > 0,
+			.spec_mode = r->spec_k > 0 ? nxp_spec_mode_name(r->spec_mode) : NULL,
 			.spec_drafted = r->spec_drafted,
 			.spec_accepted = r->spec_accepted,
 			/* a document cut by a stop string, the length limit or a cancel is no document */
@@ -336,7 +337,7 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 	 * rest keep their place. */
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
-		if (s->req && s->chunk > 0) {
+		if (s->req && (s->chunk > 0 || s->spec.dchunk > 0)) {
 			struct nxd_req *r = s->req;
 			slot_release(d, s, false);
 			fail_req(d, r, NXP_E_INTERNAL, why);
@@ -344,7 +345,10 @@ void nxd_sched_step_failed(struct nxd *d, const char *why)
 		s->chunk = 0;
 		s->row = -1;
 		s->spec.n_draft = 0;
+		s->spec.dchunk = 0;
+		s->spec.drow = -1;
 	}
+	d->draft_round = NXD_ROUND_NONE; /* the drafts made are dropped; the next round begins afresh */
 }
 
 void nxd_sched_step_retry(struct nxd *d)
@@ -472,7 +476,11 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 		s->wait_admitted = d->slots[s->wait_src].admitted;
 	s->req = r;
 	r->slot = p.slot;
+	const int dpos = s->spec.dpos; /* the draft model's cache is the slot's, like its K/V */
 	nxd_spec_admit(s, r->spec_k);
+	s->spec.by_draft = r->spec_k > 0 && r->spec_mode == NXP_SPEC_DRAFT;
+	s->spec.dpos = dpos;
+	nxd_draft_admit(s, p.own);
 	nxd_lora_admit(d, r, p.slot);
 	return 0;
 }
@@ -617,19 +625,25 @@ static int plan(struct nxd *d, int *n_rows)
 	/* Last, drafts of the speculating decoders in what is left: never in
 	 * place of another sequence's tokens, and in a step shared with other
 	 * sequences only as many as cost them little. */
-	int shared = n_spec < n_seqs ? nxd_spec_shared_budget(d, n, rows) : budget;
-	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits && shared > 0; k++) {
+	int shared = n_spec < n_seqs && !nx_env()->test_spec_shared ? nxd_spec_shared_budget(d, n, rows) : budget;
+	for (int k = 0; k < n_spec && n < budget && rows < d->shm.cfg.max_logits; k++) {
 		struct nxd_slot *s = spec[k];
 		const struct nxd_req *r = s->req;
 		const int si = (int)(s - d->slots);
+		/* the draft model's drafts were held to what they may cost beside
+		 * other sequences when they were made (draft.c round_begin) */
+		const bool by_draft = r->spec_mode == NXP_SPEC_DRAFT;
+		if (!by_draft && shared <= 0)
+			continue;
 		int max = budget - n;
 		max = max < d->shm.cfg.max_logits - rows ? max : d->shm.cfg.max_logits - rows;
-		max = max < shared ? max : shared;
+		if (!by_draft)
+			max = max < shared ? max : shared;
 		/* positions n_past + 1 .. n_past + max, inside the context; and no
 		 * draft past the last token max_tokens lets the request emit */
 		max = max < d->o.n_ctx - 1 - s->n_past ? max : d->o.n_ctx - 1 - s->n_past;
 		max = max < r->max_tokens - r->n_gen - 1 ? max : r->max_tokens - r->n_gen - 1;
-		if (max <= 0 || nxd_spec_draft(s, max) == 0)
+		if (max <= 0 || (by_draft ? nxd_draft_take(s, max) : nxd_spec_draft(s, max)) == 0)
 			continue;
 		s->spec.draft_row = rows;
 		for (int j = 0; j < s->spec.n_draft; j++)
@@ -651,6 +665,8 @@ void nxd_sched_pump(struct nxd *d)
 	admit_queued(d);
 	if (!nxd_step_can_launch(d))
 		return;
+	if (nxd_draft_pump(d))
+		return; /* a draft step of the round before the main step */
 	int n = plan(d, &d->step_rows);
 	if (n == 0)
 		return;
@@ -886,6 +902,13 @@ static int32_t sample_row(struct nxd *d, struct nxd_slot *s, int row, int *n_top
 
 void nxd_sched_step_done(struct nxd *d)
 {
+	if (d->step.model == NXD_STEP_DRAFT) {
+		nxd_draft_step_done(d);
+		d->in_step_done = true;
+		nxd_sched_pump(d);
+		d->in_step_done = false;
+		return;
+	}
 	double t1 = nxd_now();
 	if (d->shm.prof)
 		prof_turn(d);
@@ -901,18 +924,23 @@ void nxd_sched_step_done(struct nxd *d)
 		}
 		s->n_past += s->chunk;
 		s->chunk = 0;
+		const int base = s->n_past; /* where its first draft was fed */
 		int row = s->row;
 		s->row = -1;
-		if (s->req->cancelled || row < 0)
+		if (s->req->cancelled || row < 0) {
+			nxd_draft_verified(s, base, 0);
 			continue;
+		}
 		/* The sampler copies what it looks at (the row, or its group
 		 * maxima and the few groups greedy and top-k need) and treats NaN
 		 * and inf as the workers' fault, not ours. */
 		int n_top = 0;
 		struct nxd_req *r = s->req;
 		int32_t tok = sample_row(d, s, row, &n_top);
-		if (tok < 0)
+		if (tok < 0) {
+			nxd_draft_verified(s, base, 0);
 			continue;
+		}
 		ntok++;
 		bool live = on_token(d, s, tok, n_top);
 		/* Drafts: each kept while it is the token drawn, and its row then
@@ -935,7 +963,9 @@ void nxd_sched_step_done(struct nxd *d)
 		}
 		if (n_draft > 0)
 			nxd_spec_learn(d, s, seen, acc);
+		nxd_draft_verified(s, base, acc);
 	}
+	d->draft_round = NXD_ROUND_NONE; /* the next main step gets drafts made for it */
 	stats_step(d, seqs, ntok, n_prompt, d->step.t0, t1);
 	nxd_spec_fit_step(d, d->step.n, d->step_rows, t1 - d->step.t0);
 	d->in_step_done = true;
@@ -993,5 +1023,9 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.spec_k = d->o.spec_k,
 		.spec_drafted = s->spec_drafted,
 		.spec_accepted = s->spec_accepted,
+		.spec_mode_drafted = { s->spec_mode_drafted[0], s->spec_mode_drafted[1] },
+		.spec_mode_accepted = { s->spec_mode_accepted[0], s->spec_mode_accepted[1] },
+		.draft_model = nxd_draft_loaded(d) ? d->draft.name : NULL,
+		.draft_steps = s->draft_steps,
 	};
 }

@@ -35,6 +35,7 @@
 
 struct plan {
 	size_t ctl, toks, state, scratch, scratch_structs, prof, mix;
+	size_t draft_state, draft_scratch; /* --draft-model: its state block, one band's scratch (else 0) */
 	size_t kv;       /* of state: the KV cache */
 	size_t fixed;    /* every region carved at start */
 	size_t adapters; /* --max-adapter-mb and the adapters' structs */
@@ -96,6 +97,27 @@ static int plan_fixed(struct nxd *d, struct plan *p, struct nx_err *err)
 	for (int i = 0; i < d->n_workers; i++)
 		if (add(&p->fixed, p->scratch, "worker scratch", err))
 			return -1;
+	p->draft_state = p->draft_scratch = 0;
+	if (!nxd_draft_loaded(d))
+		return 0;
+	/* The draft model's own: its model struct, state (its K/V cache for
+	 * every slot) and per-worker scratch, and the step's model word. */
+	const struct nx_hparams *dhp = &d->draft.m.hp;
+	p->draft_state = nx_state_size(dhp, &sh->draft_cfg);
+	p->draft_scratch = nx_scratch_size(dhp, &sh->draft_cfg);
+	const size_t dkv = kv_bytes(dhp, &sh->draft_cfg);
+	if (p->draft_state == 0 || p->draft_scratch == 0 || dkv == SIZE_MAX)
+		return nx_errf(err, "arena: the draft model's state for %d slots x %d positions does not fit",
+			       sh->cfg.n_slots, sh->cfg.n_ctx);
+	if (add(&p->fixed, sizeof(struct nx_model), "the draft model", err) ||
+	    add(&p->fixed, sizeof(struct nx_state), "the draft model's state", err) ||
+	    add(&p->fixed, p->draft_state, "the draft model's activations and KV cache", err) ||
+	    add(&p->fixed, (size_t)d->n_workers * sizeof(struct nx_scratch), "the draft model's scratch structs", err) ||
+	    add(&p->fixed, sizeof(int32_t), "the step's model word", err))
+		return -1;
+	for (int i = 0; i < d->n_workers; i++)
+		if (add(&p->fixed, p->draft_scratch, "worker scratch for the draft model", err))
+			return -1;
 	return 0;
 }
 
@@ -149,6 +171,8 @@ static const char *const lower_fixed = "lower --ctx or --slots (the KV cache), -
 static size_t touched(const struct nxd *d, const struct plan *p)
 {
 	size_t n = d->o.use_mmap ? 0 : d->model.copy.len;
+	if (!d->o.use_mmap && nx_size_add(&n, d->draft.copy.len)) /* --draft-model's, 0 without */
+		return SIZE_MAX;
 	if (nx_size_add(&n, p->fixed) || nx_size_add(&n, RSS_BASE) ||
 	    nx_size_add(&n, RSS_WORKER * (size_t)d->n_workers))
 		return SIZE_MAX;
@@ -158,13 +182,13 @@ static size_t touched(const struct nxd *d, const struct plan *p)
 static int check_cgroup(struct nxd *d, const struct plan *p, const struct nx_memlimit *ml, struct nx_err *err)
 {
 	const struct nxd_opts *o = &d->o;
-	size_t need = touched(d, p), model = d->model.size, act = p->fixed - (p->kv < p->fixed ? p->kv : 0);
+	size_t need = touched(d, p), model = d->model.size + d->draft.size, act = p->fixed - (p->kv < p->fixed ? p->kv : 0);
 	if (need > ml->max.bytes)
 		return nx_errf(err,
 			       "memory: the cgroup's limit %s is %.1f MiB, and this configuration needs %.1f MiB: "
 			       "the model %.1f MiB%s, the KV cache %.1f MiB (--slots %d x --ctx %d), activations and "
 			       "scratch %.1f MiB, the processes %.0f MiB; %s%s, or raise the limit",
-			       ml->max.file, MIB(ml->max.bytes), MIB(need), MIB(o->use_mmap ? 0 : d->model.copy.len),
+			       ml->max.file, MIB(ml->max.bytes), MIB(need), MIB(o->use_mmap ? 0 : d->model.copy.len + d->draft.copy.len),
 			       o->use_mmap ? " (--mmap: page cache, not counted)" : "", MIB(p->kv), o->n_slots, o->n_ctx,
 			       MIB(act), MIB(RSS_BASE + RSS_WORKER * (size_t)d->n_workers), lower_fixed,
 			       o->use_mmap ? "" : ", use --mmap");
@@ -186,7 +210,8 @@ static int check_cgroup(struct nxd *d, const struct plan *p, const struct nx_mem
 /* Address space the model takes: its private copy and the file's mapping. */
 static size_t model_as(const struct nxd *d)
 {
-	return d->model.copy.len + (d->model.map ? d->model.size : 0);
+	return d->model.copy.len + (d->model.map ? d->model.size : 0) + d->draft.copy.len +
+	       (d->draft.map ? d->draft.size : 0);
 }
 
 /* The fixed part must fit RLIMIT_AS beside what is mapped already; adapters
@@ -246,6 +271,39 @@ int nxd_mem_check_model(struct nxd *d, size_t size, struct nx_err *err)
 	return 0;
 }
 
+/* --draft-model: its regions, laid out like the model's. */
+static int carve_draft(struct nxd *d, const struct plan *p, struct nx_err *err)
+{
+	struct nxd_shm *sh = &d->shm;
+	const struct nx_hparams *hp = &d->draft.m.hp;
+	void *q;
+	if (!(sh->draft_model = nx_arena_alloc(&sh->arena, sizeof(struct nx_model), err)))
+		return -1;
+	memcpy(sh->draft_model, &d->draft.m, sizeof(struct nx_model));
+	if (!(sh->draft_state_shared = nx_arena_alloc(&sh->arena, sizeof(struct nx_state), err)))
+		return -1;
+	if (!(q = nx_arena_alloc(&sh->arena, p->draft_state, err)))
+		return -1;
+	if (nx_state_init(&sh->draft_state, q, p->draft_state, hp, &sh->draft_cfg, err) < 0)
+		return nx_err_prefix(err, "arena: the draft model");
+	memcpy(sh->draft_state_shared, &sh->draft_state, sizeof(struct nx_state));
+	if (!(sh->draft_scratch = nx_arena_alloc(&sh->arena, (size_t)d->n_workers * sizeof(struct nx_scratch), err)))
+		return -1;
+	for (int i = 0; i < d->n_workers; i++) {
+		if (!(q = nx_arena_alloc(&sh->arena, p->draft_scratch, err)))
+			return -1;
+		if (nx_scratch_init(&sh->draft_scratch[i], q, p->draft_scratch, hp, &sh->draft_cfg, err) < 0)
+			return nx_err_prefix(err, "arena: worker %d scratch for the draft model", i);
+	}
+	if (!(sh->step_model = nx_arena_alloc(&sh->arena, sizeof(int32_t), err)))
+		return -1;
+	*sh->step_model = NXD_STEP_MAIN;
+	/* the draft's model struct is read-only in the workers as the model's is */
+	sh->ro[sh->n_ro].p = sh->draft_model;
+	sh->ro[sh->n_ro++].len = sizeof(struct nx_model);
+	return 0;
+}
+
 static int carve(struct nxd *d, const struct plan *p, struct nx_err *err)
 {
 	struct nxd_shm *sh = &d->shm;
@@ -289,7 +347,7 @@ static int carve(struct nxd *d, const struct plan *p, struct nx_err *err)
 	sh->n_ro = 0;
 	sh->ro[sh->n_ro].p = sh->model;
 	sh->ro[sh->n_ro++].len = sizeof(struct nx_model);
-	return 0;
+	return nxd_draft_loaded(d) ? carve_draft(d, p, err) : 0;
 }
 
 static void set_cfg(struct nxd *d)
@@ -303,6 +361,10 @@ static void set_cfg(struct nxd *d)
 		.act_one_part = d->o.act_one_part,
 		.kv_type = d->o.kv_type,
 	};
+	/* the draft model's steps: a prompt chunk or a draft per sequence, a
+	 * logits row per sequence */
+	d->shm.draft_cfg = d->shm.cfg;
+	d->shm.draft_cfg.max_logits = d->o.n_slots;
 }
 
 /* Memory the configuration adds to what is resident once the model is
@@ -402,6 +464,10 @@ int nxd_shm_setup(struct nxd *d, struct nx_err *err)
 		 "reserved for adapters and folds (--max-adapters %d, --max-adapter-mb %zu)",
 		 MIB(p.fixed), MIB(p.kv), MIB(p.state - (p.kv < p.state ? p.kv : 0)), MIB(p.scratch), d->n_workers,
 		 MIB(p.optional), d->o.max_adapters, d->o.max_adapter_mb);
+	if (p.draft_state)
+		nxd_info("arena: of it the draft model's: state %.1f MiB (its KV cache %.1f MiB), scratch %.1f MiB x %d",
+			 MIB(p.draft_state), MIB(nx_kv_cache_bytes(&d->draft.m.hp, &sh->draft_cfg)), MIB(p.draft_scratch),
+			 d->n_workers);
 	if (ml.max.bytes != NX_NO_LIMIT)
 		nxd_info("memory: up to %.1f MiB touched (the KV cache as the contexts fill) within %s (%.1f MiB)",
 			 MIB(touched(d, &p)), ml.max.file, MIB(ml.max.bytes));

@@ -1,5 +1,8 @@
 /* spec.c - speculative decoding by prompt lookup: drafts from the request's own tokens, how many a step carries, back-off.
  *
+ * (The other source of drafts, the draft model, is draft.c's: its drafts are
+ * verified, backed off and costed by the same rules here and in sched.c.)
+ *
  * Drafting. The last n tokens of a sequence (prompt and output, n = 3, 2,
  * then 1) are looked for earlier in it; the tokens that followed their latest
  * occurrence are the draft. Edited code, a continued list or a quoted passage
@@ -16,7 +19,9 @@
  * for a draft d proposed with certainty (a point-mass draft distribution q)
  * that is the speculative-sampling rule itself, accept with probability
  * min(1, p(d)/q(d)) = p(d) and else draw from p without d, renormalised,
- * and the same seed gives the same answer with speculation on or off.
+ * and the same seed gives the same answer with speculation on or off. The
+ * draft model's drafts are its argmax, a point-mass q as well (draft.c), so
+ * the same holds for them whatever the draft model.
  *
  * Cost. A rejected draft costs its share of the step. A sequence whose drafts
  * keep failing drafts fewer (k_cur) and then not at all for a while (skip,
@@ -39,7 +44,7 @@
 
 void nxd_spec_admit(struct nxd_slot *s, int k)
 {
-	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1 };
+	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1, .drow = -1 };
 }
 
 /* The latest i < n_hist - n with hist[i .. i + n) == hist[n_hist - n ..), -1: none. */
@@ -84,6 +89,8 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	struct nxd_spec_slot *sp = &s->spec;
 	d->stats.spec_drafted += (uint64_t)seen;
 	d->stats.spec_accepted += (uint64_t)accepted;
+	d->stats.spec_mode_drafted[sp->by_draft] += (uint64_t)seen;
+	d->stats.spec_mode_accepted[sp->by_draft] += (uint64_t)accepted;
 	if (s->req) {
 		const int k = s->req->spec_k;
 		if (accepted == sp->n_draft)
@@ -105,15 +112,24 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 /* The fit t = a + b n + c r of step seconds against its tokens n and its
  * logits rows r (a row costs the output head besides its token): decayed
  * least squares, the normal equations solved by Cramer's rule. */
-void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
+static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 {
-	struct nxd_spec_fit *f = &d->stats.spec_fit;
 	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
 	for (int i = 0; i < 3; i++) {
 		for (int j = 0; j < 3; j++)
 			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
 		f->xt[i] = c * f->xt[i] + x[i] * dt;
 	}
+}
+
+void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
+{
+	fit_add(&d->stats.spec_fit, n, rows, dt);
+}
+
+void nxd_spec_fit_draft_step(struct nxd *d, int n, int rows, double dt)
+{
+	fit_add(&d->stats.draft_fit, n, rows, dt);
 }
 
 static double det3(const double m[3][3])
@@ -161,4 +177,20 @@ int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 		return 0;
 	const double extra = NXD_SPEC_SHARED_COST * step / draft;
 	return extra < 1 ? 0 : extra > NXP_MAX_SPEC_K ? NXP_MAX_SPEC_K : (int)extra;
+}
+
+/* A draft of the draft model costs a draft step of its own (charged whole
+ * to it, as if it drafted alone: a + b + c of the draft's fit) and its
+ * verification in the main step (b + c of the model's); a catch-up token
+ * b of the draft's. */
+bool nxd_spec_draft_costs(const struct nxd *d, int n, int rows, double *allow, double *per_draft, double *per_token)
+{
+	double k[3], q[3];
+	if (!fit_solve(&d->stats.spec_fit, k) || !fit_solve(&d->stats.draft_fit, q))
+		return false;
+	const double step = k[0] + k[1] * n + k[2] * rows;
+	*allow = NXD_SPEC_SHARED_COST * step;
+	*per_draft = k[1] + k[2] + q[0] + q[1] + q[2];
+	*per_token = q[1] > 0 ? q[1] : 0;
+	return step > 0 && *per_draft > 0;
 }

@@ -72,16 +72,31 @@ static void watchdog_learn(struct nxd_step *s, double dt, int n)
 
 /* ---------------------------------------------------------------- launch and abort */
 
-void nxd_step_launch(struct nxd *d, int n)
+_Static_assert(NXD_STEP_DRAFT == NXW_STEP_DRAFT, "the workers read the step's model word as step.h writes it");
+
+static void launch(struct nxd *d, int n, enum nxd_step_model model)
 {
 	struct nxd_step *s = &d->step;
 	s->n = n;
+	s->model = model;
+	if (d->shm.step_model)
+		*d->shm.step_model = (int32_t)model; /* guard.c checks it against s->model */
 	s->t0 = nxd_now();
 	s->state = NXD_STEP_RUNNING;
 	nxd_guard_keep_descriptor(d, n); /* what the workers must find in it */
 	s->limit = watchdog_limit(s, d->o.step_timeout, n);
 	s->gen++;
 	nx_ctl_launch_gen(d->shm.ctl, n, s->gen);
+}
+
+void nxd_step_launch(struct nxd *d, int n)
+{
+	launch(d, n, NXD_STEP_MAIN);
+}
+
+void nxd_step_launch_draft(struct nxd *d, int n)
+{
+	launch(d, n, NXD_STEP_DRAFT);
 }
 
 /* Releases the survivors of the running step; it runs again once every band

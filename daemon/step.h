@@ -24,6 +24,9 @@ struct nxd;
 
 enum nxd_step_state { NXD_STEP_IDLE, NXD_STEP_RUNNING, NXD_STEP_ABORTING };
 
+/* Which model a step runs (nxd --draft-model: the draft model's steps). */
+enum nxd_step_model { NXD_STEP_MAIN, NXD_STEP_DRAFT };
+
 /* What a poll found, for the caller to hand to the scheduler. */
 enum nxd_step_event {
 	NXD_STEP_NONE,      /* nothing new */
@@ -37,6 +40,7 @@ struct nxd_step {
 	enum nxd_step_state state;
 	uint32_t gen;           /* last gen launched (our own count, never the block's) */
 	int n;                  /* tokens in the running (or last) step */
+	enum nxd_step_model model; /* and which model it runs */
 	int tries;              /* aborts of the current step in a row */
 	double t0;              /* s: when it was launched */
 	double limit;           /* s: its watchdog limit */
@@ -51,6 +55,8 @@ int nxd_step_init(struct nxd *d, struct nx_err *err);
 void nxd_step_free(struct nxd *d);
 /* The plan of n tokens is in the step descriptor: run it. */
 void nxd_step_launch(struct nxd *d, int n);
+/* The same through the draft model (draft.c). */
+void nxd_step_launch_draft(struct nxd *d, int n);
 /* Looks at the workers (after every batch of events, and at least every
  * tick): validates the block, sees the step finish, runs the watchdog,
  * cleans up an aborted step and respawns the dead. *why: a FAILED step's

@@ -168,6 +168,17 @@ static void daemon_status(struct nxh_buf *b, const json_t *st)
 		      num(spec, "drafted"));
 		gauge(b, "nxd_speculative_accepted_total", "counter", "Draft tokens the model agreed with and kept.",
 		      num(spec, "accepted"));
+		/* by source of drafts: prompt lookup, the draft model (nxd --draft-model) */
+		const json_t *modes = json_object_get(spec, "modes");
+		static const char *const src[] = { "prompt", "draft" };
+		head(b, "nxd_speculative_drafted_by_source_total", "counter", "Draft tokens verified, by source of drafts.");
+		for (int k = 0; modes && k < 2; k++)
+			nxh_buf_printf(b, "nxd_speculative_drafted_by_source_total{source=\"%s\"} %.17g\n", src[k],
+				       num(json_object_get(modes, src[k]), "drafted"));
+		head(b, "nxd_speculative_accepted_by_source_total", "counter", "Draft tokens kept, by source of drafts.");
+		for (int k = 0; modes && k < 2; k++)
+			nxh_buf_printf(b, "nxd_speculative_accepted_by_source_total{source=\"%s\"} %.17g\n", src[k],
+				       num(json_object_get(modes, src[k]), "accepted"));
 	}
 	head(b, "nxd_worker_restarts_total", "counter", "Times each worker was started again.");
 	size_t i;

@@ -365,8 +365,15 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, d->incomplete ? ",\"incomplete\":true" : ",\"incomplete\":false");
 	if (d->has_seed)
 		w_fmt(&w, ",\"seed\":%llu", (unsigned long long)d->seed);
-	if (d->speculated)
-		w_fmt(&w, ",\"speculate\":{\"drafted\":%d,\"accepted\":%d}", d->spec_drafted, d->spec_accepted);
+	if (d->speculated) {
+		w_str(&w, ",\"speculate\":{");
+		if (d->spec_mode) {
+			w_str(&w, "\"mode\":");
+			w_jstr(&w, d->spec_mode, strlen(d->spec_mode));
+			w_ch(&w, ',');
+		}
+		w_fmt(&w, "\"drafted\":%d,\"accepted\":%d}", d->spec_drafted, d->spec_accepted);
+	}
 	w_fmt(&w, ",\"usage\":{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"completion_tokens\":%d}",
 	      d->prompt_tokens, d->cached_tokens, d->completion_tokens);
 	w_str(&w, ",\"timing\":{\"prefill_ms\":");
@@ -443,6 +450,21 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 		w_fmt(&w, ",\"k\":%d,\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 ",\"acceptance\":", s->spec_k,
 		      s->spec_drafted, s->spec_accepted);
 		w_num(&w, s->spec_drafted ? (double)s->spec_accepted / (double)s->spec_drafted : NAN);
+		static const char *const modes[2] = { "prompt", "draft" };
+		w_str(&w, ",\"modes\":{");
+		for (int i = 0; i < 2; i++) {
+			w_fmt(&w, "%s\"%s\":{\"drafted\":%" PRIu64 ",\"accepted\":%" PRIu64 ",\"acceptance\":", i ? "," : "",
+			      modes[i], s->spec_mode_drafted[i], s->spec_mode_accepted[i]);
+			w_num(&w, s->spec_mode_drafted[i] ? (double)s->spec_mode_accepted[i] / (double)s->spec_mode_drafted[i]
+							  : NAN);
+			w_ch(&w, '}');
+		}
+		w_str(&w, "},\"draft_model\":");
+		if (s->draft_model)
+			w_jstr(&w, s->draft_model, strlen(s->draft_model));
+		else
+			w_str(&w, "null");
+		w_fmt(&w, ",\"draft_steps\":%" PRIu64, s->draft_steps);
 		w_ch(&w, '}');
 	}
 	if (s->profile_ms && s->n_profile > 0) {
@@ -950,7 +972,7 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 
 const char *nxp_spec_mode_name(enum nxp_spec_mode m)
 {
-	return m == NXP_SPEC_PROMPT ? "prompt" : "off";
+	return m == NXP_SPEC_PROMPT ? "prompt" : m == NXP_SPEC_DRAFT ? "draft" : "off";
 }
 
 bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m)
@@ -959,13 +981,15 @@ bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m)
 		*m = NXP_SPEC_OFF;
 	else if (!strcmp(s, "prompt"))
 		*m = NXP_SPEC_PROMPT;
+	else if (!strcmp(s, "draft"))
+		*m = NXP_SPEC_DRAFT;
 	else
 		return false;
 	return true;
 }
 
-/* "speculate": {"mode": "off" | "prompt", "k": 1..NXP_MAX_SPEC_K}. A key
- * nxd does not know (a draft model's options) is refused, not ignored: the
+/* "speculate": {"mode": "off" | "prompt" | "draft", "k": 1..NXP_MAX_SPEC_K}.
+ * A key nxd does not know is refused, not ignored: the
  * client would believe it in effect. */
 static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 {
@@ -985,7 +1009,7 @@ static int parse_speculate(json_t *v, struct nxp_generate *g, struct nxp_error *
 				    nxp_json_type(mode));
 		if (!nxp_spec_mode_parse(json_string_value(mode), &g->spec_mode))
 			return fail(e, NXP_E_BAD_REQUEST,
-				    "field 'speculate.mode' must be \"off\" or \"prompt\", got \"%.64s\"",
+				    "field 'speculate.mode' must be \"off\", \"prompt\" or \"draft\", got \"%.64s\"",
 				    json_string_value(mode));
 	}
 	json_t *k = field(v, "k");

@@ -126,10 +126,11 @@ enum nxp_spec_mode {
 	NXP_SPEC_DEFAULT, /* no "speculate.mode": the daemon's --speculate */
 	NXP_SPEC_OFF,
 	NXP_SPEC_PROMPT,  /* drafts by prompt lookup: n-grams of the request's own prompt and output */
+	NXP_SPEC_DRAFT,   /* drafts by the daemon's draft model (nxd --draft-model), greedily */
 };
 
 const char *nxp_spec_mode_name(enum nxp_spec_mode m);
-/* "off" / "prompt" -> *m; false for anything else. */
+/* "off" / "prompt" / "draft" -> *m; false for anything else. */
 bool nxp_spec_mode_parse(const char *s, enum nxp_spec_mode *m);
 
 struct nxp_generate {
@@ -281,6 +282,7 @@ struct nxp_done {
 	bool has_seed;          /* seed is written: the one the sampler used, so the answer can be asked for again */
 	uint64_t seed;          /* 0..2^63-1, a JSON integer a request's "seed" accepts */
 	bool speculated;        /* "speculate" is written: the request ran with speculation on */
+	const char *spec_mode;  /* and by which drafts: "prompt" or "draft" (NULL: not written) */
 	int spec_drafted;       /* draft tokens verified */
 	int spec_accepted;      /* of those, the ones the model agreed with */
 };
@@ -315,10 +317,14 @@ struct nxp_status {
 	double uptime_s;
 	uint64_t steps;            /* forward steps run */
 	uint64_t steps_retried;    /* steps run again after a worker died */
-	const char *spec_default;  /* the daemon's --speculate mode, "off" or "prompt" */
+	const char *spec_default;  /* the daemon's --speculate mode, "off", "prompt" or "draft" */
 	int spec_k;                /* and its k */
 	uint64_t spec_drafted;     /* draft tokens verified since start */
 	uint64_t spec_accepted;    /* of those, accepted */
+	/* the same by drafting source ([0] prompt lookup, [1] the draft model) */
+	uint64_t spec_mode_drafted[2], spec_mode_accepted[2];
+	const char *draft_model;   /* nxd --draft-model: its name; NULL: none loaded */
+	uint64_t draft_steps;      /* the draft model's steps run */
 	/* nxd with NXD_PROFILE=1: where a step's time goes, per phase (model/forward.h:
 	 * nx_prof), in ms per step averaged over the workers; profile NULL: not profiled. */
 	const double *profile_ms;        /* (n_profile) */

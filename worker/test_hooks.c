@@ -126,6 +126,12 @@ static _Noreturn void scribble(const struct nxw_hooks *h, const struct nxw_spec 
 		s->state->k_cache = (nx_f16 *)(uintptr_t)0x1000;
 	else if (!strcmp(f, "scratch"))
 		s->scratch->xn = (float *)(uintptr_t)0x1000;
+	else if (!strcmp(f, "step_model") && s->step_model)
+		*(int32_t *)s->step_model = 0x7fff; /* the word is the supervisor's: a buggy worker's write */
+	else if (!strcmp(f, "draft_state") && s->draft_state)
+		s->draft_state->k_cache = (nx_f16 *)(uintptr_t)0x1000;
+	else if (!strcmp(f, "draft_scratch") && s->draft_scratch)
+		s->draft_scratch->xn = (float *)(uintptr_t)0x1000;
 	_Atomic uint32_t never = 0;
 	for (;;)
 		nx_futex_wait(&never, 0, NULL);

@@ -48,7 +48,10 @@ static void step(void *arg, uint32_t band, uint32_t n_bands, int32_t n, void (*b
 	const struct nxw_spec *s = w->s;
 	nxw_hooks_step(&w->hooks, s);
 	struct nx_sync sync = { .barrier = barrier, .take = take, .ctx = bctx };
-	nx_forward(s->model, s->state, s->toks, n, (int)band, (int)n_bands, s->scratch, &sync);
+	if (s->step_model && *s->step_model == NXW_STEP_DRAFT)
+		nx_forward(s->draft_model, s->draft_state, s->toks, n, (int)band, (int)n_bands, s->draft_scratch, &sync);
+	else
+		nx_forward(s->model, s->state, s->toks, n, (int)band, (int)n_bands, s->scratch, &sync);
 }
 
 /* The supervisor blocks its signals for signalfd; a worker takes SIGTERM the

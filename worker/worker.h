@@ -14,6 +14,9 @@
 #include "shm/ctl.h"
 #include "worker/sandbox.h"
 
+/* *nxw_spec.step_model of a step that runs the draft model. */
+#define NXW_STEP_DRAFT 1
+
 /* Pages a worker maps read-only before its first step. */
 struct nxw_range {
 	void *p;
@@ -33,6 +36,12 @@ struct nxw_spec {
 	const struct nx_tok_in *toks;    /* (max_batch) the step descriptor */
 	struct nx_scratch *scratch;      /* this band's scratch */
 	struct nx_ctl *ctl;              /* the control block */
+	/* nxd --draft-model: the draft model, its state and this band's scratch for
+	 * it, and the word that says which model a step runs; else all NULL */
+	const struct nx_model *draft_model;
+	struct nx_state *draft_state;
+	struct nx_scratch *draft_scratch;
+	const int32_t *step_model;       /* 0: the model, 1: the draft model (daemon/step.h) */
 	const struct nxw_range *ro;      /* (n_ro) mapped read-only before the sandbox */
 	int n_ro;
 };

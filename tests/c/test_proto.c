@@ -209,7 +209,7 @@ static void test_generate_wrong_types(void **st)
 		{GEN "\"lora\":[{\"name\":\"a\",\"scale\":\"1\"}]}", "field 'lora[0].scale' must be a number, got string"},
 		{GEN "\"lora\":[{\"name\":\"a\"},{\"name\":\"a\"}]}", "field 'lora[1].name' repeats adapter 'a'"},
 		{GEN "\"speculate\":\"prompt\"}", "field 'speculate' must be an object, got string"},
-		{GEN "\"speculate\":{\"mode\":\"draft\"}}", "field 'speculate.mode' must be \"off\" or \"prompt\", got \"draft\""},
+		{GEN "\"speculate\":{\"mode\":\"lookahead\"}}", "field 'speculate.mode' must be \"off\", \"prompt\" or \"draft\", got \"lookahead\""},
 		{GEN "\"speculate\":{\"mode\":true}}", "field 'speculate.mode' must be a string, got boolean"},
 		{GEN "\"speculate\":{\"k\":\"4\"}}", "field 'speculate.k' must be an integer, got string"},
 		{GEN "\"speculate\":{\"k\":2.5}}", "field 'speculate.k' must be an integer, got 2.5"},
@@ -398,6 +398,10 @@ static void test_generate_full(void **st)
 	nxp_request_free(&r);
 	parse_ok(GEN "\"speculate\":{\"mode\":\"off\"}}", &r);
 	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_OFF);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"speculate\":{\"mode\":\"draft\",\"k\":3}}", &r);
+	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_DRAFT);
+	assert_int_equal(r.u.gen.spec_k, 3);
 	nxp_request_free(&r);
 	assert_int_equal(r.op, NXP_OP_NONE);
 	nxp_request_free(&r); /* twice is harmless */

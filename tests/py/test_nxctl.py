@@ -187,7 +187,9 @@ def test_generate_speculate(nxd):
     assert nxd.requests[-1]["speculate"] == {"mode": "prompt", "k": 6}
     r = run(["generate", "--speculate", "off", "hi"], sock=nxd.path)
     assert r.returncode == 0 and nxd.requests[-1]["speculate"] == {"mode": "off"}
-    for bad in ("draft", "prompt:0", "prompt:17", "prompt:x"):
+    r = run(["generate", "--speculate", "draft:3", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and nxd.requests[-1]["speculate"] == {"mode": "draft", "k": 3}
+    for bad in ("lookahead", "prompt:0", "prompt:17", "prompt:x"):
         r = run(["generate", "--speculate", bad, "hi"], sock=nxd.path)
         assert r.returncode == 2 and b"--speculate" in r.stderr, (bad, r.stderr)
 
