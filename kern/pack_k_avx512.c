@@ -288,8 +288,10 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
 				__m512i h0 = dp4(_mm512_setzero_si512(), q[0], a, i, 0, b, 0);
 				__m512i h1 = dp4(_mm512_setzero_si512(), q[4], a, i, 0, b, 16);
-				__m512i l0 = dp4_lo(q3 ? _mm512_set1_epi32(c16[0] / 8) : _mm512_setzero_si512(), q[0], a, i, b, 0, LO);
-				__m512i l1 = dp4_lo(q3 ? _mm512_set1_epi32(c16[1] / 8) : _mm512_setzero_si512(), q[4], a, i, b, 16, LO);
+				/* c16 broadcast from memory (a load, not a shuffle); a multiple of 32, so >> 3 is / 8 */
+				const __m512i c0 = _mm512_set1_epi32(c16[0]), c1 = _mm512_set1_epi32(c16[1]);
+				__m512i l0 = dp4_lo(q3 ? _mm512_srai_epi32(c0, 3) : _mm512_setzero_si512(), q[0], a, i, b, 0, LO);
+				__m512i l1 = dp4_lo(q3 ? _mm512_srai_epi32(c1, 3) : _mm512_setzero_si512(), q[4], a, i, b, 16, LO);
 #pragma GCC unroll 3
 				for (int w = 1; w < 4; w++) {
 					h0 = dp4(h0, q[w], a, i, 0, b, 4 * w);
@@ -300,8 +302,8 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 				__m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(comb(h1, l1)),
 							   _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(comb(h0, l0))));
 				if (!q3) {
-					f = _mm512_fmadd_ps(dm0, _mm512_set1_ps((float)c16[0]), f);
-					f = _mm512_fmadd_ps(dm1, _mm512_set1_ps((float)c16[1]), f);
+					f = _mm512_fmadd_ps(dm0, _mm512_cvtepi32_ps(c0), f);
+					f = _mm512_fmadd_ps(dm1, _mm512_cvtepi32_ps(c1), f);
 				}
 				acc[i] = _mm512_fmadd_ps(f, _mm512_set1_ps(a->d[i * nb + b]), acc[i]);
 			}
