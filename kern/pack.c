@@ -18,6 +18,11 @@ bool nx_pack_layout(enum nx_type t)
 	return t == NX_Q4_0 || t == NX_Q4_1 || t == NX_Q5_0 || t == NX_Q5_1 || t == NX_Q8_0 || t == NX_IQ4_NL;
 }
 
+bool nx_pack_needs_c16(enum nx_type t)
+{
+	return t == NX_Q6_K || t == NX_Q2_K || t == NX_Q3_K;
+}
+
 /* Bytes of one block of a group (16 blocks of the plain type). */
 static size_t group_block(enum nx_type t)
 {

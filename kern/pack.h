@@ -45,8 +45,20 @@
  *         r: qs[16j + 4c .. +3] of row r); then sl[4][16], sl[c][r] = scales_l[c]
  *         of row r; sh[16] u16, row r's scales_h; d[16] f16. The kernels look the
  *         nibbles up as grid[q] + 128, as iq4_nl's
+ *   q2_k (1344 bytes): for block j = 0..7 and half f = 0..1 a vector whose lane r
+ *         holds words 4f .. 4f+3 of the block (elements 4w .. 4w+3, w = 4f + s)
+ *         of row r: the 2-bit level of element 4w + k at bits 2s of byte k; then
+ *         sc[16][16], sc[g][r] = ggml's scales[g] of row r (scale | min << 4);
+ *         d[16] f16; dmin[16] f16
+ *   q3_k (1760 bytes): q2_k's 16 vectors (the low 2 bits of q, ggml's qs), then
+ *         for block j = 0..7 a vector whose lane r holds the third bit (ggml's
+ *         hmask) of element 4w + k of the block at bit w of byte k; then
+ *         sl[8][16], sl[j][r] = low 4 bits of scale 2j | those of scale 2j + 1
+ *         << 4; sh[4][16], sh[c][r] = top 2 bits of scale 4c + i at bits 2i;
+ *         d[16] f16. q is 0..7 (value q - 4), a scale 0..63 (value s - 32)
  * Their activations are Q8_0 rows too, not Q8_K (the plain kernels'): a 32-wide
- * sub-block is one Q8_0 block; q6_k needs one more side value per 16 (c16).
+ * sub-block is one Q8_0 block; q6_k, q2_k and q3_k need one more side value
+ * per 16 (c16: nx_pack_needs_c16).
  * Their fixed arithmetic is in kern/pack_k.c.
  * A group takes exactly the bytes of its 16 plain rows (16 x row_bytes), so a
  * matrix packs in place and rows [16a, 16b) keep their byte range.
@@ -73,8 +85,10 @@
 #define NX_PACK_ACT_MAX 4 /* tokens per kernel call */
 
 /* True when type t has a packed layout (whatever the CPU): q4_0, q4_1, q5_0,
- * q5_1, q8_0, iq4_nl, q4_k, q5_k, q6_k, iq4_xs. */
+ * q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs. */
 bool nx_pack_layout(enum nx_type t);
+/* True when t's tile kernels read nx_pack_act.c16 (the per-16 activation sums): q2_k, q3_k, q6_k. */
+bool nx_pack_needs_c16(enum nx_type t);
 /* True when this CPU has a SIMD kernel for t's packed layout: only then is
  * packing worth it (the reference kernel is for tests). False unless kern/cpu.c
  * picks avx512 for the pack family (so with NX_KERN=ref or avx2). */
@@ -91,7 +105,7 @@ void nx_unpack_row(enum nx_type t, const void *group, int r, void *dst, int64_t 
  *   d[b] = lo's scale as a float (hi's / 128)
  *   s[b] = d[b] * (float)(128 * Sh + Sl)     (the min term's factor)
  *   c[b] = 128 * (128 * Sh + Sl)             (offsets of unsigned weight codes)
- *   c16[2b + h] = -32 * (128 * Sh_h + Sl_h)  (q6_k's offset, per half h)
+ *   c16[2b + h] = -32 * (128 * Sh_h + Sl_h)  (q6_k's offset, per half h; q3_k's / 8, q2_k's min factor)
  * token i's at d + i * nb, ..., c16 + 2 * i * nb. */
 struct nx_pack_act {
 	const uint8_t *q; /* token i's hi row at q + i * stride, its lo row at q + i * stride + lo */
@@ -99,7 +113,7 @@ struct nx_pack_act {
 	const float *d, *s;
 	const int32_t *c;
 	int64_t nb;         /* blocks per row */
-	const int32_t *c16; /* only for q6_k; NULL otherwise */
+	const int32_t *c16; /* only where nx_pack_needs_c16; else may be NULL */
 	bool lo_zero;       /* every lo row is all zeros (one-part activations): a kernel may skip them */
 };
 /* The quants of token i's hi (part 0) or lo (part 1) block b. */

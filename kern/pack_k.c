@@ -1,4 +1,4 @@
-/* pack_k.c - the super-block types' packed layouts (kern/pack.h: q4_k, q5_k, q6_k, iq4_xs): packing, unpacking, the q6_k side values and the reference kernels.
+/* pack_k.c - the super-block types' packed layouts (kern/pack.h: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs): packing, unpacking, the q6_k side values and the reference kernels.
  *
  * A group holds one super-block of 256 elements of its 16 rows after another,
  * each in the bytes of the 16 plain super-blocks. What the kernels would
@@ -9,7 +9,12 @@
  * 16-byte array per sub-block, ready for a widening load, and its 6-bit q,
  * split 4 + 2 bits over ql and qh in ggml, are stored whole: three of every
  * four in the low 6 bits of a byte, the fourth in the top 2 bits of those
- * three bytes. */
+ * three bytes. q2_k/q3_k's 2-bit levels, spread by ggml over the bytes of a
+ * 128-element half (one bit pair per 32-block), come together per 32-block, as
+ * do q3_k's third bits, so a block's 8 words are two or three vector loads and
+ * shifts; q3_k's 6-bit scales, in ggml's 12-byte field, become per-block
+ * nibble and bit-pair arrays (16 bytes of int8 per sub-block, as q6_k's, would
+ * not fit the plain rows' bytes). */
 #include "kern/pack_k.h"
 
 #include <math.h>
@@ -17,7 +22,7 @@
 
 bool nx_pack_k_type(enum nx_type t)
 {
-	return t == NX_Q4_K || t == NX_Q5_K || t == NX_Q6_K || t == NX_IQ4_XS;
+	return t == NX_Q4_K || t == NX_Q5_K || t == NX_Q6_K || t == NX_IQ4_XS || t == NX_Q2_K || t == NX_Q3_K;
 }
 
 /* ggml's 12-byte scale field of q4_k/q5_k (as kern/quant_ref.c: k4_scale_min):
@@ -79,14 +84,135 @@ static int q6_lane(const uint8_t *o, int blk, int w, int r, int k)
 	return v[0] >> 6 | (v[64] >> 6) << 2 | (v[128] >> 6) << 4;
 }
 
+/* ggml's q2_k/q3_k 2-bit level of element e (= 128h + 32j + l): bits 2j..2j+1 of qs[32h + l]. */
+static int k2_get(const uint8_t *qs, int e)
+{
+	return qs[32 * (e / 128) + e % 32] >> 2 * (e % 128 / 32) & 3;
+}
+
+/* The byte of a packed q2_k/q3_k super-block o holding element e's level for
+ * row r, and the level's shift in it: vector 2 * (e / 32) + half, lane r, byte
+ * e % 4, bits 2s (word 4 * half + s of the block). */
+static size_t k2_byte(int e, int r, int *shift)
+{
+	const int w = e % 32 / 4;
+	*shift = 2 * (w % 4);
+	return PK_K2_QS + 64 * (2 * (e / 32) + w / 4) + 4 * r + e % 4;
+}
+
+/* q3_k's third bit of element e: bit e / 32 of hmask[e % 32] in ggml; packed, bit
+ * w (word of the block) of byte e % 4 of lane r of vector e / 32. */
+static size_t k3_hbyte(int e, int r)
+{
+	return PK_Q3_K_HM + 64 * (e / 32) + 4 * r + e % 4;
+}
+
+/* ggml's 12-byte q3_k scale field (as kern/quant_ref.c: q3_k_scale): scale g's low
+ * 4 bits in the low (g < 8) or high nibble of byte g % 8, its top 2 bits at bits
+ * 2 (g / 4) of byte 8 + g % 4. Every bit is used: decoding and encoding are inverse. */
+static void k3_decode(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
+{
+	for (int g = 0; g < 16; g++)
+		sc[g] = (uint8_t)((q[g % 8] >> 4 * (g / 8) & 15) | (q[8 + g % 4] >> 2 * (g / 4) & 3) << 4);
+}
+
+static void k3_encode(const uint8_t sc[16], uint8_t q[K_SCALE_SIZE])
+{
+	memset(q, 0, K_SCALE_SIZE);
+	for (int g = 0; g < 16; g++) {
+		q[g % 8] |= (uint8_t)((sc[g] & 15) << 4 * (g / 8));
+		q[8 + g % 4] |= (uint8_t)((sc[g] >> 4) << 2 * (g / 4));
+	}
+}
+
+/* Scale g (0..63; the scale is that - 32) of row r in a packed q3_k super-block:
+ * low 4 bits in sl[g / 2] (nibble g % 2), top 2 in sh[g / 4] (bits 2 (g % 4)). */
+static int k3_lane(const uint8_t *o, int g, int r)
+{
+	return (o[PK_Q3_K_SL + 16 * (g / 2) + r] >> 4 * (g % 2) & 15) | (o[PK_Q3_K_SH + 16 * (g / 4) + r] >> 2 * (g % 4) & 3) << 4;
+}
+
 static size_t sb_bytes(enum nx_type t)
 {
-	return t == NX_Q4_K ? PK_Q4_K_SB : t == NX_Q5_K ? PK_Q5_K_SB : t == NX_Q6_K ? PK_Q6_K_SB : PK_IQ4_XS_SB;
+	switch (t) {
+	case NX_Q2_K: return PK_Q2_K_SB;
+	case NX_Q3_K: return PK_Q3_K_SB;
+	case NX_Q4_K: return PK_Q4_K_SB;
+	case NX_Q5_K: return PK_Q5_K_SB;
+	case NX_Q6_K: return PK_Q6_K_SB;
+	default: return PK_IQ4_XS_SB;
+	}
+}
+
+/* q2_k, q3_k: one plain super-block x of row r into group super-block o. */
+static void pack_sb_k2(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
+{
+	const struct nx_block_q2_k *b2 = (const struct nx_block_q2_k *)x;
+	const struct nx_block_q3_k *b3 = (const struct nx_block_q3_k *)x;
+	const uint8_t *qs = t == NX_Q2_K ? b2->qs : b3->qs;
+	for (int e = 0; e < QK_K; e++) {
+		int sh;
+		uint8_t *v = o + k2_byte(e, r, &sh);
+		*v = (uint8_t)((*v & ~(3 << sh)) | k2_get(qs, e) << sh);
+		if (t == NX_Q3_K) {
+			uint8_t *h = o + k3_hbyte(e, r);
+			const int w = e % 32 / 4;
+			*h = (uint8_t)((*h & ~(1 << w)) | (b3->hmask[e % 32] >> (e / 32) & 1) << w);
+		}
+	}
+	if (t == NX_Q2_K) {
+		for (int g = 0; g < 16; g++)
+			o[PK_Q2_K_SC + 16 * g + r] = b2->scales[g];
+		memcpy(o + PK_Q2_K_D + 2 * r, &b2->d, 2);
+		memcpy(o + PK_Q2_K_DMIN + 2 * r, &b2->dmin, 2);
+		return;
+	}
+	uint8_t sc[16];
+	k3_decode(b3->scales, sc);
+	for (int j = 0; j < 8; j++)
+		o[PK_Q3_K_SL + 16 * j + r] = (uint8_t)((sc[2 * j] & 15) | (sc[2 * j + 1] & 15) << 4);
+	for (int c = 0; c < 4; c++)
+		o[PK_Q3_K_SH + 16 * c + r] = (uint8_t)(sc[4 * c] >> 4 | (sc[4 * c + 1] >> 4) << 2 | (sc[4 * c + 2] >> 4) << 4 |
+						       (sc[4 * c + 3] >> 4) << 6);
+	memcpy(o + PK_Q3_K_D + 2 * r, &b3->d, 2);
+}
+
+static void unpack_sb_k2(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
+{
+	struct nx_block_q2_k *b2 = (struct nx_block_q2_k *)x;
+	struct nx_block_q3_k *b3 = (struct nx_block_q3_k *)x;
+	uint8_t *qs = t == NX_Q2_K ? b2->qs : b3->qs;
+	memset(qs, 0, QK_K / 4);
+	if (t == NX_Q3_K)
+		memset(b3->hmask, 0, sizeof(b3->hmask));
+	for (int e = 0; e < QK_K; e++) {
+		int sh;
+		const int q = o[k2_byte(e, r, &sh)] >> sh & 3;
+		qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << 2 * (e % 128 / 32));
+		if (t == NX_Q3_K)
+			b3->hmask[e % 32] |= (uint8_t)((o[k3_hbyte(e, r)] >> (e % 32 / 4) & 1) << (e / 32));
+	}
+	if (t == NX_Q2_K) {
+		for (int g = 0; g < 16; g++)
+			b2->scales[g] = o[PK_Q2_K_SC + 16 * g + r];
+		memcpy(&b2->d, o + PK_Q2_K_D + 2 * r, 2);
+		memcpy(&b2->dmin, o + PK_Q2_K_DMIN + 2 * r, 2);
+		return;
+	}
+	uint8_t sc[16];
+	for (int g = 0; g < 16; g++)
+		sc[g] = (uint8_t)k3_lane(o, g, r);
+	k3_encode(sc, b3->scales);
+	memcpy(&b3->d, o + PK_Q3_K_D + 2 * r, 2);
 }
 
 /* One plain super-block x of row r into group super-block o. */
 static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 {
+	if (t == NX_Q2_K || t == NX_Q3_K) {
+		pack_sb_k2(t, x, r, o);
+		return;
+	}
 	if (t == NX_IQ4_XS) {
 		const struct nx_block_iq4_xs *b = (const struct nx_block_iq4_xs *)x;
 		for (int j = 0; j < 8; j++)
@@ -135,6 +261,10 @@ static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 
 static void unpack_sb(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
 {
+	if (t == NX_Q2_K || t == NX_Q3_K) {
+		unpack_sb_k2(t, o, r, x);
+		return;
+	}
 	if (t == NX_IQ4_XS) {
 		struct nx_block_iq4_xs *b = (struct nx_block_iq4_xs *)x;
 		for (int j = 0; j < 8; j++)
@@ -220,7 +350,15 @@ void nx_pack_act_prep_c16(const void *hi, const void *lo, int64_t n_in, int32_t 
  *       f = fma(d * sc1, (float)i1, (d * sc0) * (float)i0); acc = fma(f, d_a, acc)
  *   iq4_xs: isum = that of sub-block b's codes grid[q] + 128 with block b, less
  *       c_a; acc = fma(d * (ls - 32), (float)isum * d_a, acc)
- * and the result is acc. d * sc and dmin * m are exact in float (11 x 8 bits at
+ *   q2_k: i0, i1 = those of the levels q (0..3) with halves 0 and 1 of block b
+ *       (scales sc0, sc1, mins m0, m1; c0, c1 the halves' c16 = -32 x their sums);
+ *       f = fma(d * sc1, (float)i1, (d * sc0) * (float)i0);
+ *       f = fma(dmin / 32 * m0, (float)c0, f); f = fma(dmin / 32 * m1, (float)c1, f);
+ *       acc = fma(f, d_a, acc)
+ *   q3_k: i0, i1 = those of the codes q + 4 * third bit (0..7) with the halves,
+ *       plus c0 / 8, c1 / 8 (the -4 offset); then as q6_k with sc - 32
+ * and the result is acc. dmin / 32 * m is exact as well, and so is (float)c16
+ * (|c16| < 2^24). d * sc and dmin * m are exact in float (11 x 8 bits at
  * most), so it does not matter how a kernel forms them. The SIMD kernels do
  * exactly these steps per lane; a combined integer dot stays below 2^25 in
  * magnitude. */
@@ -335,7 +473,75 @@ static void ref_iq4_xs(const void *group, const struct nx_pack_act *a, int n_act
 		}
 }
 
+/* q2_k (q3 false) and q3_k. */
+static void ref_k2(bool q3, const void *group, const struct nx_pack_act *a, int n_act, float *out, int64_t n_in)
+{
+	const int64_t nb = n_in / 32;
+	const size_t sbb = q3 ? PK_Q3_K_SB : PK_Q2_K_SB;
+	for (int i = 0; i < n_act; i++)
+		for (int r = 0; r < NX_PACK_ROWS; r++) {
+			float acc = 0;
+			for (int64_t b = 0; b < nb; b++) {
+				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * sbb;
+				const int j = (int)(b % 8);
+				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
+				int32_t is[2][2] = {{0, 0}, {0, 0}}; /* [part][half] */
+				for (int part = 0; part < 2; part++) {
+					const int8_t *y = nx_pack_act_qs(a, i, part, b);
+					for (int k = 0; k < 32; k++) {
+						const int e = 32 * j + k;
+						int sh;
+						int q = o[k2_byte(e, r, &sh)] >> sh & 3;
+						if (q3)
+							q |= (o[k3_hbyte(e, r)] >> (k / 4) & 1) << 2;
+						is[part][k / 16] += q * y[k];
+					}
+				}
+				int32_t i0 = 128 * is[0][0] + is[1][0], i1 = 128 * is[0][1] + is[1][1];
+				nx_f16 dh;
+				float f;
+				if (q3) {
+					i0 += c16[0] / 8;
+					i1 += c16[1] / 8;
+					memcpy(&dh, o + PK_Q3_K_D + 2 * r, 2);
+					const float d = nx_f16_to_f32(dh);
+					const int sc0 = k3_lane(o, 2 * j, r) - 32, sc1 = k3_lane(o, 2 * j + 1, r) - 32;
+					f = fmaf(d * (float)sc1, (float)i1, (d * (float)sc0) * (float)i0);
+				} else {
+					nx_f16 mh;
+					memcpy(&dh, o + PK_Q2_K_D + 2 * r, 2);
+					memcpy(&mh, o + PK_Q2_K_DMIN + 2 * r, 2);
+					const float d = nx_f16_to_f32(dh), dmin32 = nx_f16_to_f32(mh) / 32;
+					const int s0 = o[PK_Q2_K_SC + 16 * (2 * j) + r], s1 = o[PK_Q2_K_SC + 16 * (2 * j + 1) + r];
+					f = fmaf(d * (float)(s1 & 15), (float)i1, (d * (float)(s0 & 15)) * (float)i0);
+					f = fmaf(dmin32 * (float)(s0 >> 4), (float)c16[0], f);
+					f = fmaf(dmin32 * (float)(s1 >> 4), (float)c16[1], f);
+				}
+				acc = fmaf(f, a->d[i * nb + b], acc);
+			}
+			out[i * NX_PACK_ROWS + r] = acc;
+		}
+}
+
+static void ref_q2_k(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n)
+{
+	ref_k2(false, g, a, n_act, out, n);
+}
+
+static void ref_q3_k(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n)
+{
+	ref_k2(true, g, a, n_act, out, n);
+}
+
 nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t)
 {
-	return t == NX_Q4_K ? ref_q4_k : t == NX_Q5_K ? ref_q5_k : t == NX_Q6_K ? ref_q6_k : t == NX_IQ4_XS ? ref_iq4_xs : NULL;
+	switch (t) {
+	case NX_Q2_K: return ref_q2_k;
+	case NX_Q3_K: return ref_q3_k;
+	case NX_Q4_K: return ref_q4_k;
+	case NX_Q5_K: return ref_q5_k;
+	case NX_Q6_K: return ref_q6_k;
+	case NX_IQ4_XS: return ref_iq4_xs;
+	default: return NULL;
+	}
 }

@@ -1,10 +1,10 @@
-/* pack_k.h - the super-block types' packed layouts (q4_k, q5_k, q6_k, iq4_xs: kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
+/* pack_k.h - the super-block types' packed layouts (q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs: kern/pack_k.c, kern/pack_k_avx512.c), reached through kern/pack.c. */
 #ifndef NX_PACK_K_H
 #define NX_PACK_K_H
 
 #include "kern/pack.h"
 
-/* True for the super-block types with a packed layout: q4_k, q5_k, q6_k, iq4_xs. */
+/* True for the super-block types with a packed layout: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs. */
 bool nx_pack_k_type(enum nx_type t);
 void nx_pack_k_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in);
 void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in);
@@ -31,5 +31,15 @@ nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t);
 #define PK_XS_SH 2112       /* sh[16] u16: scales_h */
 #define PK_XS_D 2144        /* d[16] f16 */
 #define PK_IQ4_XS_SB 2176   /* 16 x 136 */
+#define PK_K2_QS 0          /* q2_k, q3_k: 16 vectors of 2-bit levels */
+#define PK_Q2_K_SC 1024     /* q2_k: sc[16][16], ggml's scale | min << 4 */
+#define PK_Q2_K_D 1280      /* d[16] f16 */
+#define PK_Q2_K_DMIN 1312   /* dmin[16] f16 */
+#define PK_Q2_K_SB 1344     /* 16 x 84 */
+#define PK_Q3_K_HM 1024     /* q3_k: 8 vectors of third bits */
+#define PK_Q3_K_SL 1536     /* sl[8][16]: low 4 bits of scales 2j, 2j + 1 */
+#define PK_Q3_K_SH 1664     /* sh[4][16]: top 2 bits of scales 4c .. 4c + 3 */
+#define PK_Q3_K_D 1728      /* d[16] f16 */
+#define PK_Q3_K_SB 1760     /* 16 x 110 */
 
 #endif

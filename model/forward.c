@@ -473,7 +473,7 @@ struct act {
 	 * nx_pack_act_prep), token t's at t * n_in / 32; NULL: not at hand */
 	const float *pd, *ps;
 	const int32_t *pc;
-	const int32_t *pc16; /* q6_k's per-16 offsets (kern/pack.h c16), token t's at 2 * t * n_in / 32; NULL: not needed */
+	const int32_t *pc16; /* the per-16 sums of q6_k, q2_k, q3_k (kern/pack.h c16), token t's at 2 * t * n_in / 32; NULL: not needed */
 	bool lo_zero;        /* one-part activations: every lo row is zeros */
 };
 
@@ -567,7 +567,7 @@ static struct act prep_act(struct nx_scratch *sc, const float *src, int n, int n
 {
 	prof_to(sc, NX_PROF_QUANT);
 	struct act a = prep_act_q(sc, src, n, n_in, act_type(w), toks, only_logits);
-	if (a.pd && w->packed && w->type == NX_Q6_K) { /* the one tile kernel with a side value per 16 */
+	if (a.pd && w->packed && nx_pack_needs_c16(w->type)) { /* the tile kernels with a side value per 16 */
 		const int64_t nb = n_in / 32;
 		if (!sc->xq_c16_ok)
 			for (int t = 0; t < n; t++) {
@@ -612,7 +612,7 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 {
 	const size_t rs = (size_t)nx_row_size(NX_Q8_0, w->n_in);
 	const int64_t nb = w->n_in / 32;
-	if (!w->packed || !a.pd || (w->type == NX_Q6_K && !a.pc16) || a.lo != rs || a.stride != 2 * rs ||
+	if (!w->packed || !a.pd || (nx_pack_needs_c16(w->type) && !a.pc16) || a.lo != rs || a.stride != 2 * rs ||
 	    r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
 		return false;
 	const nx_pack_fn kern = nx_pack_kernel(w->type);

@@ -2,11 +2,14 @@
  * decode step's layer matrices: how fast the kernels stream the weights from DRAM
  * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
  *
- *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl] [-s steps]
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T TYPE] [-s steps]
  *
  * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
  * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
- * forward pass reads them (61 MB in Q4_1: more than the L3), and times steps in
+ * forward pass reads them (61 MB in Q4_1: more than the L3); for the
+ * super-block types (-T q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs: rows of a multiple
+ * of 256, which 576 is not) 30 layers of docs/bench.md's dim-1024 llama
+ * (1024/512/512/1024/2816/2816/1024 rows of 1024 or 2816). It times steps in
  * which each of the threads dots its share of every matrix's row groups (thread b
  * takes groups [b * n / t, (b + 1) * n / t), as fixed bands would) with the
  * two-part activations of -a tokens; -b adds a spinning barrier after every
@@ -38,14 +41,18 @@
 #define N_OPS 7
 #define MAX_THREADS 16
 
-static const int op_rows[N_OPS] = {576, 192, 192, 576, 1536, 1536, 576};
-static const int op_in[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
+static const int rows_32[N_OPS] = {576, 192, 192, 576, 1536, 1536, 576};
+static const int in_32[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
+static const int rows_256[N_OPS] = {1024, 512, 512, 1024, 2816, 2816, 1024};
+static const int in_256[N_OPS] = {1024, 1024, 1024, 1024, 1024, 1024, 2816};
+#define MAX_IN 2816
+static const int *op_rows = rows_32, *op_in = in_32;
 
 static enum nx_type wtype = NX_Q4_1;
 static int n_threads = 2, n_tok = 1, n_steps = 50;
 static bool use_barrier, in_cache, one_part;
 static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
-static uint8_t *act;                  /* n_tok tokens' hi and lo rows of 1536 elements */
+static uint8_t *act;                  /* n_tok tokens' hi and lo rows of MAX_IN elements */
 static _Atomic unsigned arrived, round_no;
 static double thread_ms[MAX_THREADS];
 
@@ -72,8 +79,8 @@ static void *run(void *arg)
 {
 	const int b = (int)(intptr_t)arg;
 	const nx_pack_fn kern = nx_pack_kernel(wtype);
-	float d[NX_PACK_ACT_MAX * 48], s[NX_PACK_ACT_MAX * 48], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
-	int32_t c[NX_PACK_ACT_MAX * 48];
+	float d[NX_PACK_ACT_MAX * MAX_IN / 32], s[NX_PACK_ACT_MAX * MAX_IN / 32], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
+	int32_t c[NX_PACK_ACT_MAX * MAX_IN / 32], c16[NX_PACK_ACT_MAX * MAX_IN / 16];
 	double total = 0;
 	for (int step = -3; step < n_steps; step++) {
 		barrier();
@@ -82,10 +89,13 @@ static void *run(void *arg)
 			for (int o = 0; o < N_OPS; o++) {
 				const size_t rs = (size_t)nx_row_size(NX_Q8_0, op_in[o]), gb = NX_PACK_ROWS * (size_t)nx_row_size(wtype, op_in[o]);
 				const int64_t nb = op_in[o] / 32;
-				for (int t = 0; t < n_tok; t++) /* the side values, as prep_act makes them once per input */
+				for (int t = 0; t < n_tok; t++) { /* the side values, as prep_act makes them once per input */
 					nx_pack_act_prep(act + 2 * t * rs, act + 2 * t * rs + rs, op_in[o], d + t * nb, s + t * nb,
 							 c + t * nb);
-				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, NULL, one_part};
+					if (nx_pack_needs_c16(wtype))
+						nx_pack_act_prep_c16(act + 2 * t * rs, act + 2 * t * rs + rs, op_in[o], c16 + 2 * t * nb);
+				}
+				const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, c16, one_part};
 				const int ng = op_rows[o] / NX_PACK_ROWS;
 				for (int g = b * ng / n_threads; g < (b + 1) * ng / n_threads; g++)
 					kern((in_cache ? mats[0][0] : mats[l][o]) + (size_t)g * gb, &a, n_tok, out, op_in[o]);
@@ -127,18 +137,23 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] [-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl] "
-			"[-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] "
+			"[-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs] [-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
 	exit(2);
 }
 
-/* The 32-element types only: the k-quants need rows of multiples of 256, and 576 is not. */
+/* A type with a packed layout; the super-block ones take the dim-1024 shapes. */
 static bool parse_type(const char *name)
 {
-	static const enum nx_type ok[] = {NX_Q4_1, NX_Q4_0, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL};
+	static const enum nx_type ok[] = {NX_Q4_1, NX_Q4_0, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL,
+					  NX_Q2_K, NX_Q3_K, NX_Q4_K, NX_Q5_K, NX_Q6_K, NX_IQ4_XS};
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!strcmp(name, nx_type_name(ok[i]))) {
 			wtype = ok[i];
+			if (nx_type_ref(wtype)->blck == QK_K) {
+				op_rows = rows_256;
+				op_in = in_256;
+			}
 			return true;
 		}
 	return false;
@@ -181,16 +196,16 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	madvise(mem, total, MADV_HUGEPAGE); /* as the daemon's weights */
-	float *x = malloc(sizeof(float) * 1536 * NX_PACK_ROWS);
-	uint8_t *rows = malloc(NX_PACK_ROWS * (size_t)nx_row_size(wtype, 1536));
-	size_t qr = (size_t)nx_row_size(NX_Q8_0, 1536);
+	float *x = malloc(sizeof(float) * MAX_IN * NX_PACK_ROWS);
+	uint8_t *rows = malloc(NX_PACK_ROWS * (size_t)nx_row_size(wtype, MAX_IN));
+	size_t qr = (size_t)nx_row_size(NX_Q8_0, MAX_IN);
 	act = malloc(2 * qr * NX_PACK_ACT_MAX);
 	if (!x || !rows || !act) {
 		fprintf(stderr, "nx-packbench: out of memory\n");
 		return 1;
 	}
 	unsigned seed = 1;
-	for (int i = 0; i < 1536 * NX_PACK_ROWS; i++)
+	for (int i = 0; i < MAX_IN * NX_PACK_ROWS; i++)
 		x[i] = (float)((int)(rand_r(&seed) % 2001) - 1000) / 1000.0f;
 	uint8_t *p = mem;
 	for (int l = 0; l < N_LAYER; l++)
@@ -203,7 +218,7 @@ int main(int argc, char **argv)
 			}
 		}
 	for (int t = 0; t < NX_PACK_ACT_MAX; t++) { /* two-part activations, whatever op reads them */
-		nx_type_get(NX_Q8_0)->quant2(x + t * 1536, act + 2 * t * qr, act + 2 * t * qr + qr, 1536);
+		nx_type_get(NX_Q8_0)->quant2(x + t * MAX_IN, act + 2 * t * qr, act + 2 * t * qr + qr, MAX_IN);
 		if (one_part)
 			memset(act + 2 * t * qr + qr, 0, qr);
 	}

@@ -1,4 +1,4 @@
-/* test_pack_k.c - the k-quants' packed layouts (kern/pack.h, kern/pack_k.c): pack/unpack
+/* test_pack_k.c - the k-quants' and iq4_xs's packed layouts (kern/pack.h, kern/pack_k.c): pack/unpack
  * round trip, the packed reference within a float-summation bound of the exact
  * dot of the plain rows' dequantized values with the two-part Q8_0 activations,
  * and the SIMD tile kernels bit-identical to the packed reference for every
@@ -18,8 +18,8 @@
 #include "kern/pack.h"
 #include "tests/c/pack_acts.h"
 
-static const enum nx_type types[] = {NX_Q4_K, NX_Q5_K, NX_Q6_K, NX_IQ4_XS};
-#define N_TYPES 4
+static const enum nx_type types[] = {NX_Q4_K, NX_Q5_K, NX_Q6_K, NX_IQ4_XS, NX_Q2_K, NX_Q3_K};
+#define N_TYPES 6
 
 struct mat {
 	enum nx_type t;
@@ -28,7 +28,7 @@ struct mat {
 	size_t row_bytes;
 	uint8_t *plain, *packed;
 	float *deq;  /* (n_out, n_in) dequantized plain rows */
-	float *mins; /* (n_out, n_in) q4_k/q5_k: the min each element subtracts (dmin * m), else 0 */
+	float *mins; /* (n_out, n_in) q2_k/q4_k/q5_k: the min each element subtracts (dmin * m), else 0 */
 };
 
 /* Offsets of the f16 scales in a plain super-block, which random bytes keep finite. */
@@ -37,6 +37,11 @@ static void set_scales(enum nx_type t, uint8_t *blk)
 	const nx_f16 d = nx_f32_to_f16(0.001f + 0.01f * fabsf(rng_sym())), dm = nx_f32_to_f16(0.01f * fabsf(rng_sym()));
 	if (t == NX_Q6_K) {
 		memcpy(blk + offsetof(struct nx_block_q6_k, d), &d, 2);
+	} else if (t == NX_Q3_K) {
+		memcpy(blk + offsetof(struct nx_block_q3_k, d), &d, 2);
+	} else if (t == NX_Q2_K) {
+		memcpy(blk + offsetof(struct nx_block_q2_k, d), &d, 2);
+		memcpy(blk + offsetof(struct nx_block_q2_k, dmin), &dm, 2);
 	} else if (t == NX_IQ4_XS) {
 		memcpy(blk, &d, 2);
 	} else {
@@ -82,9 +87,11 @@ static void mat_make(struct mat *m, enum nx_type t, int n_out, int64_t n_in, boo
 				memset(((struct nx_block_q5_k *)zq)[sb].qs, 0, QK_K / 2);
 				memset(((struct nx_block_q5_k *)zq)[sb].qh, 0, QK_K / 8);
 			}
+			if (t == NX_Q2_K)
+				memset(((struct nx_block_q2_k *)zq)[sb].qs, 0, QK_K / 4);
 		}
 		tr->dequant(zq, m->mins + r * n_in, n_in);
-		for (int64_t i = 0; t != NX_Q4_K && t != NX_Q5_K && i < n_in; i++)
+		for (int64_t i = 0; t != NX_Q4_K && t != NX_Q5_K && t != NX_Q2_K && i < n_in; i++)
 			m->mins[r * n_in + i] = 0;
 	}
 	free(zq);
@@ -110,8 +117,11 @@ static void test_layout(void **state)
 		assert_non_null(nx_pack_kernel_ref(types[ti]));
 		assert_non_null(nx_pack_kernel(types[ti]));
 	}
-	assert_false(nx_pack_layout(NX_Q2_K));
-	assert_false(nx_pack_layout(NX_Q3_K));
+	assert_false(nx_pack_layout(NX_F16));
+	/* the types whose kernels read the per-16 activation sums, and only they */
+	for (int ti = 0; ti < N_TYPES; ti++)
+		assert_int_equal(nx_pack_needs_c16(types[ti]),
+				 types[ti] == NX_Q6_K || types[ti] == NX_Q2_K || types[ti] == NX_Q3_K);
 }
 
 static void test_roundtrip(void **state)

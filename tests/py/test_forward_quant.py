@@ -7,15 +7,19 @@ bit-identical logits under every batching plan and 1-3 threads, within the
 two-part-activation bounds of the float64 reference (weights dequantized by
 gguf-py, never by nxd), and closer still to the reference emulating the
 engine's rounding points. IQ4_NL dots take Q8_0 activations, the others Q8_K
-(kern/quant_ref.c), and a matrix packed for the tile kernels (IQ4_NL, IQ4_XS
-with AVX-512) Q8_0.
+(kern/quant_ref.c), and a matrix packed for the tile kernels (all four with
+AVX-512) Q8_0.
 """
+import ctypes
+import os
 import zlib
 
 import numpy as np
 import pytest
 
 import make_tiny
+from conftest import build_dir
+from gguf import GGMLQuantizationType as QT
 from reference import Reference
 from test_forward import EMULATED, EMULATED_ONE, SEQ_LENS, TOL, TOL_ONE, packed_matrices, plans, run_eval
 
@@ -123,3 +127,22 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     assert frac_close >= emu_min_frac
     assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
 
+
+
+@pytest.mark.parametrize("name", [n for n in VARIANTS if "q2_k" in n or "q3_k" in n])
+def test_low_bit_k_quants_take_the_tile_kernels(tiny, name):
+    """Where the CPU has the k-quants' tile kernels (nx_pack_fast(Q4_K)), every Q2_K and Q3_K matrix
+    of whole 16-row groups is packed, so the forward tests above grade the packed kernels."""
+    if os.environ.get("NX_PACK") == "0":
+        pytest.skip("NX_PACK=0: nothing is packed")
+    so = ctypes.CDLL(str(build_dir() / "libnx.so"))
+    so.nx_pack_fast.restype = ctypes.c_bool
+    so.nx_pack_fast.argtypes = [ctypes.c_int]
+    if not so.nx_pack_fast(int(QT.Q4_K)):
+        pytest.skip("no SIMD tile kernels for the k-quants on this CPU (or NX_KERN): the plain dots run")
+    assert so.nx_pack_fast(int(QT.Q2_K)) and so.nx_pack_fast(int(QT.Q3_K))
+    ref = Reference(tiny[name])
+    low = {n for n, w in ref.t.items() if w.ndim == 2 and ref.types[n] in (QT.Q2_K, QT.Q3_K) and w.shape[0] % 16 == 0}
+    assert low, "the variant has no Q2_K / Q3_K matrix of whole 16-row groups"
+    missing = low - packed_matrices(ref)
+    assert not missing, f"not packed: {sorted(missing)}"
