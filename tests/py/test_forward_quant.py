@@ -21,7 +21,7 @@ import make_tiny
 from conftest import build_dir
 from gguf import GGMLQuantizationType as QT
 from reference import Reference
-from test_forward import EMULATED, EMULATED_ONE, SEQ_LENS, TOL, TOL_ONE, packed_matrices, plans, run_eval
+from test_forward import SEQ_LENS, grade, grade_one_part, logits_every_plan, packed_matrices
 
 FAMILY = {"F16": "float", "Q8_0": "q8_0", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k",
           "Q2_K": "q8_k", "Q3_K": "q8_k", "IQ4_NL": "q8_0", "IQ4_XS": "q8_k"}
@@ -59,10 +59,6 @@ def tiny(tmp_path_factory):
     return {name: make_tiny.build(d / f"{name}.gguf", **kw) for name, kw in VARIANTS.items()}
 
 
-def split(logits, seqs):
-    return np.split(logits, np.cumsum([len(t) for t in seqs.values()])[:-1])
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_logits_match_reference(tiny, name, report):
     model, kw = tiny[name], VARIANTS[name]
@@ -70,34 +66,9 @@ def test_logits_match_reference(tiny, name, report):
     ref = Reference(model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
 
-    runs = {(plan, th): run_eval(model, seqs, steps, th) for plan, steps in plans().items() for th in (1, 2, 3)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread) by " \
-                                            f"{np.abs(logits - base).max()}"
-    assert np.isfinite(base).all()
-
+    base = logits_every_plan(model, seqs)
     emu = Reference(model, emulate=True, packed=packed_matrices(ref))
-    errs, close, top1, n_pos = [], [], 0, 0
-    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        top1 += (got.argmax(1) == want.argmax(1)).sum()
-        n_pos += len(toks)
-    err, close = np.concatenate(errs), np.concatenate(close)
-    fam = family(kw)
-    max_tol, mean_tol = TOL[fam]
-    emu_close, emu_min_frac = EMULATED[fam]
-    frac_close = np.mean(close <= emu_close)
-    report(f"forward {name:22s} [{fam:5s}] max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"top1 {top1}/{n_pos} emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
-    assert err.max() <= max_tol, f"max |dlogit|/std {err.max():.3e} > {max_tol}"
-    assert err.mean() <= mean_tol, f"mean |dlogit|/std {err.mean():.3e} > {mean_tol}"
-    assert top1 >= 0.9 * n_pos, f"top-1 agrees at {top1} of {n_pos} positions"
-    assert frac_close >= emu_min_frac, f"only {frac_close:.2f} of positions match the emulated reference " \
-                                       f"within {emu_close:.1e}"
+    grade(f"{name:22s}", family(kw), seqs, base, ref, emu, report)
 
 
 @pytest.mark.parametrize("name", ["llama-q2_k-tied", "qwen2-iq4_nl-untied", "llama-q3_k_m-mix", "qwen2-iq4_xs-mix"])
@@ -107,26 +78,9 @@ def test_fast_activations_match_one_part_reference(tiny, name, report):
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     ref = Reference(model)
     seqs = {s: rng.integers(0, ref.n_vocab, n) for s, n in SEQ_LENS.items()}
-    fast = ("--activations", "fast")
-    runs = {(plan, th): run_eval(model, seqs, plans()[plan], th, fast) for plan in ("alone", "decode") for th in (1, 2)}
-    base = runs[("alone", 1)]
-    for key, logits in runs.items():
-        assert np.array_equal(logits, base), f"{key} differs from (alone, 1 thread)"
+    base = logits_every_plan(model, seqs, ("--activations", "fast"), ("alone", "decode"), (1, 2))
     emu = Reference(model, emulate=True, packed=packed_matrices(ref), one_part=True)
-    close, errs = [], []
-    for (s, toks), got in zip(seqs.items(), split(base, seqs)):
-        e = emu.logits(toks)
-        close.append(np.abs(got - e).max(axis=1) / e.std())
-        want = ref.logits(toks)
-        errs.append(np.abs(got - want) / want.std())
-    close, err = np.concatenate(close), np.concatenate(errs)
-    emu_close, emu_min_frac = EMULATED_ONE
-    frac_close = np.mean(close <= emu_close)
-    report(f"fast activations {name:22s} max|d|/std {err.max():.2e} mean {err.mean():.2e} "
-           f"one-part emulated: {frac_close:.2f} within {emu_close:.1e} (max {close.max():.1e})")
-    assert frac_close >= emu_min_frac
-    assert err.max() <= TOL_ONE[0] and err.mean() <= TOL_ONE[1], (err.max(), err.mean())
-
+    grade_one_part(f"{name:22s}", seqs, base, ref, emu, report)
 
 
 @pytest.mark.parametrize("name", [n for n in VARIANTS if "q2_k" in n or "q3_k" in n])
