@@ -17,7 +17,7 @@ Cases (docs/bench.md has the details and how to read the numbers):
               4 clients (both nxd modes), as above
   qwen3       a Qwen3-0.6B-shaped qwen3 model (per-head Q/K norms), random weights, Q4_K_M: decode, prefill
   llama1b     a Llama-3.2-1B-shaped llama model (RoPE frequency factors, 128k vocabulary), random weights, in
-              Q4_K_M and Q4_0: decode (with its % of the bandwidth limit; it does not fit in cache) and prefill
+              Q4_K_M, Q4_0 and Q8_0: decode (with its % of the bandwidth limit; it does not fit in cache) and prefill
   moe         a Qwen3-30B-A3B-shaped qwen3moe model (128 experts, 8 per token; 12 of its 48 layers)
               with random weights in Q4_K_M: decode (%bw of the active bytes: the 8 experts a token
               takes, not all 128) and prefill
@@ -1118,7 +1118,7 @@ def main():
         prefill_case("qwen3", "qwen3-0.6b-shape Q4_K_M(nx)", p, a.reps)
 
     if "llama1b" in cases:
-        for mode in ("q4_k_m", "q4_0"):
+        for mode in ("q4_k_m", "q4_0", "q8_0"):
             p = shaped("llama1b", models.LLAMA1B, mode, f"llama3.2-1b-shape-random.nx-{mode.upper()}.gguf")
             key = f"llama3.2-1b-shape {mode.upper()}(nx)"
             decode_case("llama1b", key, p, a.reps)
