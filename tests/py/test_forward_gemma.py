@@ -20,7 +20,7 @@ import gguf
 
 import make_tiny
 from reference import GemmaReference, hf_rope
-from test_forward import (FAMILY, LONG_LENS, ORDER, SEQ_LENS, TOL, eval_error, grade, grade_one_part, logits_every_plan,
+from test_forward import (family, LONG_LENS, SEQ_LENS, TOL, eval_error, grade, grade_one_part, logits_every_plan,
                           long_plans, packed_matrices, plans, run_eval, split)
 
 
@@ -153,11 +153,6 @@ VARIANTS["gemma3-27b-scalar"] = (gemma3_config(query_pre_attn_scalar=128 // 4),
 # Past a few layers every position has met an f16 K/V rounding flip (see above): these are held to the
 # bounds against the exact reference, not to the count of positions the emulated one matches.
 MANY_LAYERS = {"gemma2-27b-scalar", "gemma3-27b-scalar"}
-
-
-def family(kw):
-    types = [kw.get("wtype", "Q8_0"), *kw.get("types", {}).values()]
-    return max((FAMILY[t] for t in types), key=ORDER.index)
 
 
 @pytest.fixture(scope="session")

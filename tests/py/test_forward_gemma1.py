@@ -18,7 +18,7 @@ import gguf
 
 import make_tiny
 from reference import GemmaReference
-from test_forward import (FAMILY, ORDER, SEQ_LENS, TOL, eval_error, grade, grade_one_part, logits_every_plan,
+from test_forward import (family, SEQ_LENS, TOL, eval_error, grade, grade_one_part, logits_every_plan,
                           packed_matrices, plans, run_eval, split)
 
 
@@ -118,11 +118,6 @@ VARIANTS["gemma-7b-shape"] = (gemma_config(), dict(wtype="Q4_K", seed=421, head_
 VARIANTS["gemma-mixed"] = (gemma_config(), dict(wtype="Q4_K", seed=422, n_head=4, n_head_kv=2,
                                                 types=dict(embd="Q8_0", v="Q6_K", k="Q5_0", o="Q4_1",
                                                            down="Q6_K", up="Q5_K", gate="F16")))
-
-
-def family(kw):
-    types = [kw.get("wtype", "Q8_0"), *kw.get("types", {}).values()]
-    return max((FAMILY[t] for t in types), key=ORDER.index)
 
 
 @pytest.fixture(scope="session")
