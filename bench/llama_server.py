@@ -36,13 +36,15 @@ def pss_kib(pid):
 
 
 class Server:
-    def __init__(self, binary, model, threads=2, parallel=4, ctx_per_slot=2048, batch=512, ready_timeout=300):
+    def __init__(self, binary, model, threads=2, parallel=4, ctx_per_slot=2048, batch=512, ready_timeout=300,
+                 extra=()):
+        """extra: more llama-server options (its speculation: --spec-type, -md)."""
         self.port = free_port()
         self.log_path = os.path.join(tempfile.mkdtemp(prefix="llama-server-"), "server.log")
         self.log = open(self.log_path, "w")
         self.args = [binary, "-m", model, "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
                      "-c", str(ctx_per_slot * parallel), "-b", str(batch), "-ub", str(batch),
-                     "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup"]
+                     "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup", *extra]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # start-to-ready: spawn to the first 200 from /health (503 while loading).
@@ -78,13 +80,14 @@ class Server:
     def pss(self):
         return {self.proc.pid: pss_kib(self.proc.pid)}
 
-    def generate(self, tokens, n_predict, cache_prompt=False, on_first=None):
+    def generate(self, tokens, n_predict, cache_prompt=False, on_first=None, ignore_eos=True):
         """Streamed greedy completion; returns token arrival times and the final event's timings.
         cache_prompt: let the server reuse a slot's KV cache for a shared prefix (the chat case);
-        on_first: called when the first token arrives."""
+        on_first: called when the first token arrives; ignore_eos False: stop at the model's end of
+        generation, as a chat does."""
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
         body = json.dumps({"prompt": list(tokens), "n_predict": n_predict, "temperature": 0, "top_k": 1,
-                           "ignore_eos": True, "cache_prompt": cache_prompt, "stream": True, "return_tokens": True})
+                           "ignore_eos": ignore_eos, "cache_prompt": cache_prompt, "stream": True, "return_tokens": True})
         t_send = time.perf_counter()
         c.request("POST", "/completion", body, {"Content-Type": "application/json"})
         r = c.getresponse()

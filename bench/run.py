@@ -123,6 +123,7 @@ def prompt_ids(seed, n, lo=300, hi=20000):
     return [int(x) for x in rng.integers(lo, hi, n)]
 
 
+SMOLLM2_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 CHAT = ("<|im_start|>user\nWhat is the capital of France? Tell me about its history, briefly."
         "<|im_end|>\n<|im_start|>assistant\n")
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
@@ -880,51 +881,78 @@ def main():
         http_case("http", "smollm2-135m Q4_1", q41, a.reps)
 
     # -------------------------------------------------------- speculative decoding (nxd alone)
+    # llama.cpp's own prompt-lookup speculation (llama-server --spec-type ngram-simple), drafting as nxd
+    # does: the tokens after the latest match of the last 3, at most 8 of them.
+    LLAMA_NGRAM = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                   "--spec-ngram-simple-size-m", "8", "--spec-draft-n-max", "8"]
+
     def spec_case(case, key, path, reps):
         """Decode tok/s of each prompt = (tokens - 1) / (first token .. last token), with and without
         speculation, turn about (which goes first alternates by prompt and repetition); a set's tok/s is
-        its tokens over its decode seconds. Then a client decoding 128 tokens (free-form, ignore_eos)
-        beside a client looping over the grounded prompts, with and without speculation, turn about."""
-        if not ours.ok:
-            return
+        its tokens over its decode seconds. On both engines: nxd's prompt lookup, llama-server's ngram
+        speculation (two servers, one with it, asked turn about). Then, nxd only: a client decoding 128
+        tokens (free-form, ignore_eos) beside a client looping over the grounded prompts, with and without
+        speculation, turn about."""
         reps = max(1, min(reps, 2))
         spec = {"mode": "prompt", "k": 8}
+        sets = (("grounded", spec_prompts.GROUNDED), ("free", spec_prompts.FREE))
         log(f"bench: {case}: {len(spec_prompts.GROUNDED)} grounded + {len(spec_prompts.FREE)} free-form prompts "
             f"x {reps}, speculation on and off")
-        out = {"grounded": [], "free": [], "beside": []}
-        with ours.daemon(path) as d:
-            c = nxd_side.Conn(d.sock)
-            c.request({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0})
+
+        def turns(ask):
+            """ask(kind, i, mode) -> {"n", "s", "ids", "speculate"} for every prompt, both modes, turn about."""
+            out = {"grounded": [], "free": []}
             for r in range(reps):
-                for kind, prompts in (("grounded", spec_prompts.GROUNDED), ("free", spec_prompts.FREE)):
-                    for i, p in enumerate(prompts):
-                        req = {"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
-                               "temperature": 0}
-                        got = {}
-                        for mode in (("off", "prompt") if (i + r) % 2 == 0 else ("prompt", "off")):
-                            got_r = c.request(dict(req, speculate=dict(spec, mode=mode)), rid=f"{kind}{i}{mode}")
-                            t = got_r["times"]
-                            got[mode] = {"n": len(t), "s": t[-1] - t[0] if len(t) > 1 else 0.0, "ids": got_r["ids"],
-                                         "speculate": got_r["done"].get("speculate")}
+                for kind, prompts in sets:
+                    for i in range(len(prompts)):
+                        got = {mode: ask(kind, i, mode)
+                               for mode in (("off", "prompt") if (i + r) % 2 == 0 else ("prompt", "off"))}
                         out[kind].append({"prompt": i, "rep": r, "off": got["off"], "prompt_mode": got["prompt"],
                                           "same": got["off"]["ids"] == got["prompt"]["ids"]})
-            # the client beside: free-form, 128 tokens, while another loops over the grounded prompts
-            stop = threading.Event()
+            return out
 
-            def looper(mode):
+        def timed(times, ids, speculate):
+            return {"n": len(times), "s": times[-1] - times[0] if len(times) > 1 else 0.0, "ids": ids,
+                    "speculate": speculate}
+
+        def spec_ours():
+            with ours.daemon(path) as d:
+                c = nxd_side.Conn(d.sock)
+                c.request({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0})
+
+                def ask(kind, i, mode):
+                    p = dict(sets)[kind][i]
+                    got = c.request({"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
+                                     "temperature": 0, "speculate": dict(spec, mode=mode)}, rid=f"{kind}{i}{mode}")
+                    return timed(got["times"], got["ids"], got["done"].get("speculate"))
+
+                out = turns(ask)
+                out["beside"] = beside(d, c)
+                out["status"] = c.status().get("speculate")
+                c.close()
+            return out
+
+        def beside(d, c):
+            # The client beside: free-form, 128 tokens, while another asks one grounded prompt over and
+            # over. One prompt per round: its prefill then comes from the prompt cache, so what the
+            # client beside feels is the drafts' share of the steps, not the speculating client
+            # starting new prompts more often because it finishes sooner.
+            stop = threading.Event()
+            rows = []
+
+            def looper(mode, p):
                 cc = nxd_side.Conn(d.sock)
                 k = 0
                 while not stop.is_set():
-                    p = spec_prompts.GROUNDED[k % len(spec_prompts.GROUNDED)]
                     cc.request({"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
                                 "temperature": 0, "speculate": dict(spec, mode=mode)}, rid=f"l{k}")
                     k += 1
                 cc.close()
 
-            for r in range(2 * reps + 1):
+            for r in range(4 * reps + 1):
                 for mode in (("off", "prompt") if r % 2 == 0 else ("prompt", "off")):
                     stop.clear()
-                    th = threading.Thread(target=looper, args=(mode,))
+                    th = threading.Thread(target=looper, args=(mode, spec_prompts.GROUNDED[r % len(spec_prompts.GROUNDED)]))
                     th.start()
                     time.sleep(0.5)
                     b_r = c.request({"messages": [{"role": "user", "content": spec_prompts.FREE[r % len(spec_prompts.FREE)]}],
@@ -932,37 +960,74 @@ def main():
                                      "speculate": {"mode": "off"}}, rid=f"b{r}{mode}")
                     stop.set()
                     th.join()
-                    out["beside"].append({"rep": r, "mode": mode, "tok_s": nxd_side.decode_rates(b_r)[0]})
-            out["status"] = c.status().get("speculate")
-            c.close()
-        res["raw"][f"{case}/{key}"] = out
+                    rows.append({"rep": r, "mode": mode, "tok_s": nxd_side.decode_rates(b_r)[0]})
+            return rows
+
+        def spec_llama():
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            # The prompt as SmolLM2's template renders one user message (nxd renders the same).
+            ids = {kind: [text_ids(path, SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n")
+                          for p in prompts] for kind, prompts in sets}
+            with llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH) as off, \
+                    llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH, extra=LLAMA_NGRAM) as on:
+                for srv in (off, on):
+                    srv.generate(ids["free"][0], 8)
+
+                def ask(kind, i, mode):
+                    g = (off if mode == "off" else on).generate(ids[kind][i], DECODE_N, ignore_eos=False)
+                    tm = g["done"].get("timings") or {}
+                    sp = {"drafted": tm["draft_n"], "accepted": tm.get("draft_n_accepted", 0)} if "draft_n" in tm else None
+                    return timed(g["times"], g["ids"], sp)
+
+                return turns(ask)
+
+        o, l = both(case, spec_ours, spec_llama)
+        res["raw"][f"{case}/{key}"] = {"ours": o, "llama": l}
         with open(os.path.join(a.out, "spec-raw.json"), "w") as f:
-            json.dump(out, f)
+            json.dump(res["raw"][f"{case}/{key}"], f)
 
         def rate(rows, mode):
             n = sum(x[mode]["n"] - 1 for x in rows if x[mode]["n"] > 1)
             t = sum(x[mode]["s"] for x in rows if x[mode]["n"] > 1)
             return n / t if t > 0 else None
 
-        for kind in ("grounded", "free"):
+        def summary(out, kind):
+            """(tok/s speculating, without, per-prompt median ratio, accepted, drafted, identical, prompts)."""
+            if not out:
+                return None
             rows = out[kind]
-            on, off = rate(rows, "prompt_mode"), rate(rows, "off")
             per = [x["prompt_mode"]["n"] / x["prompt_mode"]["s"] / (x["off"]["n"] / x["off"]["s"])
                    for x in rows if x["off"]["n"] > 2 and x["prompt_mode"]["s"] > 0 and x["off"]["s"] > 0]
             dr = sum((x["prompt_mode"]["speculate"] or {}).get("drafted", 0) for x in rows)
             ac = sum((x["prompt_mode"]["speculate"] or {}).get("accepted", 0) for x in rows)
-            same = sum(x["same"] for x in rows)
+            return (rate(rows, "prompt_mode"), rate(rows, "off"), med(per) if per else None, ac, dr,
+                    sum(x["same"] for x in rows), len(rows))
+
+        def ratio(sm):
+            return sm[0] / sm[1] if sm and sm[0] and sm[1] else None
+
+        def says(who, sm):
+            if not sm or sm[2] is None:
+                return ""
+            return (f"{who}: per prompt median {sm[2]:.2f}, {sm[3]}/{sm[4]} drafts accepted, "
+                    f"output identical in {sm[5]}/{sm[6]}")
+
+        for kind, _ in sets:
+            so, sl = summary(o, kind), summary(l, kind)
             target = 2.0 if kind == "grounded" else 0.95
-            table.add(case, f"{key} {kind} tok/s, speculating", "tok/s", on, None,
-                      note=f"without: {off:.1f} tok/s" if off else "")
-            table.add(case, f"{key} {kind} speculating / not", "x", on / off if on and off else None, None,
-                      note=f"target >= {target}; per prompt median {med(per):.2f}; {ac}/{dr} drafts accepted; "
-                           f"output identical in {same}/{len(rows)}" if per else "")
-        b_on = med([x["tok_s"] for x in out["beside"] if x["mode"] == "prompt"])
-        b_off = med([x["tok_s"] for x in out["beside"] if x["mode"] == "off"])
-        table.add(case, f"{key} client beside a speculating one", "x", b_on / b_off if b_on and b_off else None, None,
-                  note=f"its tok/s {b_on:.1f} vs {b_off:.1f} beside one that does not (target >= 0.95)"
-                  if b_on and b_off else "")
+            table.add(case, f"{key} {kind} tok/s, speculating", "tok/s", so and so[0], sl and sl[0],
+                      note="; ".join(f"{w} without: {sm[1]:.1f} tok/s" for w, sm in (("nxd", so), ("llama.cpp", sl))
+                                     if sm and sm[1]) + ("; llama.cpp: llama-server --spec-type ngram-simple, n 3, m 8"
+                                                         if sl else ""))
+            table.add(case, f"{key} {kind} speculating / not", "x", ratio(so), ratio(sl),
+                      note="; ".join(x for x in (f"nxd target >= {target}", says("nxd", so), says("llama.cpp", sl)) if x))
+        if o:
+            b_on = med([x["tok_s"] for x in o["beside"] if x["mode"] == "prompt"])
+            b_off = med([x["tok_s"] for x in o["beside"] if x["mode"] == "off"])
+            table.add(case, f"{key} client beside a speculating one", "x", b_on / b_off if b_on and b_off else None,
+                      None, note=f"its tok/s {b_on:.1f} vs {b_off:.1f} beside one that does not (target >= 0.95)"
+                      if b_on and b_off else "")
 
     if "spec" in cases:
         spec_case("spec", "smollm2-135m Q4_1", q41, a.reps)
@@ -971,9 +1036,9 @@ def main():
     def draft_case(case, reps):
         """For each (target, draft) pair: one daemon with --draft-model, an untimed warm-up, then per
         repetition the same greedy request with speculate draft (k 4) and off, turn about; decode tok/s =
-        (tokens - 1) / (first token .. last token)."""
-        if not ours.ok:
-            return
+        (tokens - 1) / (first token .. last token). llama.cpp's own (llama-server -md DRAFT --spec-type
+        draft-simple, at most 4 drafts) on the same pairs: a server with the draft and one without, asked
+        turn about."""
         reps = max(2, min(reps, 3))
         base = shaped(case, models.LLAMA1B, "q4_0", "llama3.2-1b-shape-random.nx-Q4_0.gguf")
         first2 = base.replace(".gguf", ".first2.gguf")
@@ -988,39 +1053,78 @@ def main():
         prompt = [128000] + [1000 + 37 * i for i in range(32)]
         req = {"tokens": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
         out = []
-        for what, target, draft in pairs:
-            log(f"bench: {case}: {what} x {reps}")
-            row = {"what": what, "target": os.path.basename(target), "draft": os.path.basename(draft),
-                   "off": [], "draft_mode": [], "same": True, "drafted": 0, "accepted": 0,
+
+        def turns(row, ask):
+            for r in range(reps):
+                ids = {}
+                for mode in (("off", "draft") if r % 2 == 0 else ("draft", "off")):
+                    tok_s, ids[mode], sp = ask(mode, r)
+                    row["off" if mode == "off" else "draft_mode"].append(tok_s)
+                    row["drafted"] += sp.get("drafted", 0)
+                    row["accepted"] += sp.get("accepted", 0)
+                row["same"] = row["same"] and ids["off"] == ids["draft"]
+
+        def pair_ours(target, draft):
+            row = {"off": [], "draft_mode": [], "same": True, "drafted": 0, "accepted": 0,
                    "steps": {"off": [0, 0, 0], "draft": [0, 0, 0]}}  # main steps, draft steps, tokens
             with ours.daemon(target, extra=["--draft-model", draft]) as d:
                 c = nxd_side.Conn(d.sock)
                 c.request(dict(req, max_tokens=8))
-                for r in range(reps):
-                    ids = {}
-                    for mode in (("off", "draft") if r % 2 == 0 else ("draft", "off")):
-                        st0 = c.status()
-                        got = c.request(dict(req, speculate={"mode": mode, "k": 4}), rid=f"{mode}{r}")
-                        st1 = c.status()
-                        n = row["steps"][mode]
-                        n[0] += st1["steps"] - st0["steps"]
-                        n[1] += st1["speculate"]["draft_steps"] - st0["speculate"]["draft_steps"]
-                        n[2] += len(got["ids"])
-                        row["off" if mode == "off" else "draft_mode"].append(nxd_side.decode_rates(got)[0])
-                        ids[mode] = got["ids"]
-                        sp = got["done"].get("speculate") or {}
-                        row["drafted"] += sp.get("drafted", 0)
-                        row["accepted"] += sp.get("accepted", 0)
-                    row["same"] = row["same"] and ids["off"] == ids["draft"]
+
+                def ask(mode, r):
+                    st0 = c.status()
+                    got = c.request(dict(req, speculate={"mode": mode, "k": 4}), rid=f"{mode}{r}")
+                    st1 = c.status()
+                    n = row["steps"][mode]
+                    n[0] += st1["steps"] - st0["steps"]
+                    n[1] += st1["speculate"]["draft_steps"] - st0["speculate"]["draft_steps"]
+                    n[2] += len(got["ids"])
+                    return nxd_side.decode_rates(got)[0], got["ids"], got["done"].get("speculate") or {}
+
+                turns(row, ask)
                 c.close()
-            out.append(row)
-            on, off = med(row["draft_mode"]), med(row["off"])
-            acc = row["accepted"] / row["drafted"] if row["drafted"] else None
-            ms, ds, nt = row["steps"]["draft"]
-            table.add(case, f"llama3.2-1b-shape Q4_0(nx), draft: {what}", "x", on / off if on and off else None, None,
-                      note=f"{on:.1f} vs {off:.1f} tok/s; acceptance {acc:.2f} ({row['accepted']}/{row['drafted']}); "
-                           f"per token {ms / nt:.2f} main + {ds / nt:.2f} draft steps; output identical: {row['same']}"
-                      if on and off and acc is not None and nt else "")
+            return row
+
+        def pair_llama(target, draft):
+            if not srv_bin or not os.access(srv_bin, os.X_OK):
+                raise RuntimeError(f"llama-server not built ({srv_bin})")
+            row = {"off": [], "draft_mode": [], "same": True, "drafted": 0, "accepted": 0}
+            spec = ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0"]
+            with llama_server.Server(srv_bin, target, THREADS, 1, CTX, N_BATCH) as off, \
+                    llama_server.Server(srv_bin, target, THREADS, 1, CTX, N_BATCH, extra=spec) as on:
+                for srv in (off, on):
+                    srv.generate(prompt, 8)
+
+                def ask(mode, r):
+                    g = (off if mode == "off" else on).generate(prompt, req["max_tokens"])
+                    t = g["times"]
+                    tm = g["done"].get("timings") or {}
+                    return ((len(t) - 1) / (t[-1] - t[0]) if len(t) > 1 and t[-1] > t[0] else None, g["ids"],
+                            {"drafted": tm.get("draft_n", 0), "accepted": tm.get("draft_n_accepted", 0)})
+
+                turns(row, ask)
+            return row
+
+        def says(who, row):
+            on, off = med([x for x in row["draft_mode"] if x]), med([x for x in row["off"] if x])
+            if not (on and off):
+                return None, ""
+            acc = row["accepted"] / row["drafted"] if row["drafted"] else 0.0
+            return on / off, (f"{who} {on:.1f} vs {off:.1f} tok/s, acceptance {acc:.2f} "
+                              f"({row['accepted']}/{row['drafted']}), output identical: {row['same']}")
+
+        for what, target, draft in pairs:
+            log(f"bench: {case}: {what} x {reps}")
+            o, l = both(case, lambda: pair_ours(target, draft), lambda: pair_llama(target, draft))
+            out.append({"what": what, "target": os.path.basename(target), "draft": os.path.basename(draft),
+                        "ours": o, "llama": l})
+            ro, no = says("nxd", o) if o else (None, "")
+            rl, nl = says("llama.cpp", l) if l else (None, "")
+            if o and no:
+                ms, ds, nt = o["steps"]["draft"]
+                no += f", per token {ms / nt:.2f} main + {ds / nt:.2f} draft steps" if nt else ""
+            table.add(case, f"llama3.2-1b-shape Q4_0(nx), draft: {what}", "x", ro, rl,
+                      note="; ".join(x for x in (no, nl) if x))
         res["raw"][case] = out
 
     # -------------------------------------------------------- memory and start-up

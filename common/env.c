@@ -34,6 +34,7 @@ void nx_env_read(struct nx_env *e)
 		.test_worker_scribble = value("NXD_TEST_WORKER_SCRIBBLE"),
 		.journal = getenv("JOURNAL_STREAM") != NULL,
 		.test_spec_shared = value("NXD_TEST_SPEC_SHARED") != NULL,
+		.test_spec_fit = value("NXD_TEST_SPEC_FIT"),
 	};
 }
 

@@ -238,6 +238,8 @@ struct nxd_req {
 	int n_calls_sent;         /* streamed: tool_call events sent so far */
 };
 
+#define NXD_SPEC_NGRAM 3 /* longest suffix prompt lookup looks up (spec.c) */
+
 /* A slot's speculation (spec.c): the drafts of the running step and how
  * many the next may carry. */
 struct nxd_spec_slot {
@@ -248,6 +250,11 @@ struct nxd_spec_slot {
 	int misses;               /* steps in a row whose drafts were all rejected */
 	int skip;                 /* decode steps left without drafting (back-off) */
 	int backoff;              /* the next back-off's length */
+	/* By the length of the n-gram matched (1 .. NXD_SPEC_NGRAM; [0]: the draft model's drafts): */
+	double acc_w[NXD_SPEC_NGRAM + 1], seen_w[NXD_SPEC_NGRAM + 1]; /* drafts accepted / looked at, decayed: p */
+	int probe_wait[NXD_SPEC_NGRAM + 1]; /* matches to pass over before drafting one whose drafts do not pay */
+	int probe_gap[NXD_SPEC_NGRAM + 1];  /* the next such wait */
+	int order;                /* the n-gram length of the running drafts */
 	/* The draft model (draft.c). Its K/V cache of this slot holds
 	 * hist[0 .. dpos) (positions are absolute, as in the model's); a round of
 	 * draft steps before a main step catches it up to n_hist and then feeds
@@ -585,9 +592,10 @@ int nxd_sched_slots_used(const struct nxd *d);
 /* A request admitted into s (its k, 0 for off). */
 void nxd_spec_admit(struct nxd_slot *s, int k);
 /* Drafts for s's next step, at most max: the continuation of the latest
- * earlier occurrence of hist's last n tokens (n = 3, 2, 1), or none while s
- * backs off. Returns how many were written to s->spec.draft. */
-int nxd_spec_draft(struct nxd_slot *s, int max);
+ * earlier occurrence of hist's last n tokens (n = 3, 2, 1), as many of them
+ * as are expected to pay in a step of n tokens and rows logits rows so far,
+ * or none while s backs off. Returns how many were written to s->spec.draft. */
+int nxd_spec_draft(const struct nxd *d, struct nxd_slot *s, int max, int n, int rows);
 /* The step's verdict on s's drafts: seen of them were compared with the
  * tokens drawn (fewer than n_draft when the request ended first), accepted
  * of those kept. s->req is NULL when the request ended. */

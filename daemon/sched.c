@@ -643,7 +643,7 @@ static int plan(struct nxd *d, int *n_rows)
 		 * draft past the last token max_tokens lets the request emit */
 		max = max < d->o.n_ctx - 1 - s->n_past ? max : d->o.n_ctx - 1 - s->n_past;
 		max = max < r->max_tokens - r->n_gen - 1 ? max : r->max_tokens - r->n_gen - 1;
-		if (max <= 0 || (by_draft ? nxd_draft_take(s, max) : nxd_spec_draft(s, max)) == 0)
+		if (max <= 0 || (by_draft ? nxd_draft_take(s, max) : nxd_spec_draft(d, s, max, n, rows)) == 0)
 			continue;
 		s->spec.draft_row = rows;
 		for (int j = 0; j < s->spec.n_draft; j++)

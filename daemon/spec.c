@@ -29,22 +29,39 @@
  * sequence's tokens (they are planned last), and in a step shared with other
  * sequences they may add at most NXD_SPEC_SHARED_COST of its time, by the
  * step-time fit t = a + b n + c r (tokens n, logits rows r) over recent
- * steps. */
+ * steps. The same fit says how many drafts pay: with p the sequence's recent
+ * rate of accepted drafts from matches of that length, m drafts are expected
+ * to emit 1 + p + .. + p^m tokens in a step longer by m (b + c); a step
+ * carries the m that emits the most tokens per second. Where a step's fixed
+ * part a is small against a token's b + c (a model that computes rather than
+ * waits on memory: its weights in cache) that takes a high p; where reading
+ * the weights is most of a step (a DRAM-bound model) nearly any p pays. A
+ * match whose drafts do not pay is passed over (a shorter one may), and one
+ * draft of it is tried after 1, 2, 4 .. NXD_SPEC_MAX_BACKOFF such matches, to
+ * see whether its p has changed. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-#define NXD_SPEC_NGRAM 3            /* longest suffix looked up */
 #define NXD_SPEC_MISSES 2           /* fully rejected drafts in a row before a back-off */
 #define NXD_SPEC_MAX_BACKOFF 16     /* decode steps */
 #define NXD_SPEC_SHARED_COST 0.05   /* of a shared step's time */
 #define NXD_SPEC_FIT_DECAY 0.98     /* per step: the fit follows the last ~50 steps */
+#define NXD_SPEC_P_DECAY 0.9        /* per verified step: p follows the last ~10 */
+
+static bool fit_solve(const struct nxd_spec_fit *f, double coef[3]);
 
 void nxd_spec_admit(struct nxd_slot *s, int k)
 {
 	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1, .drow = -1 };
+	for (int o = 0; o <= NXD_SPEC_NGRAM; o++) {
+		s->spec.acc_w[o] = 1; /* p starts at 1/2 */
+		s->spec.seen_w[o] = 2;
+		s->spec.probe_gap[o] = 1;
+	}
 }
 
 /* The latest i < n_hist - n with hist[i .. i + n) == hist[n_hist - n ..), -1: none. */
@@ -57,7 +74,31 @@ static int lookup(const int32_t *hist, int n_hist, int n)
 	return -1;
 }
 
-int nxd_spec_draft(struct nxd_slot *s, int max)
+/* Of m drafts at hand, how many to carry in a step of n tokens and rows rows
+ * so far: the count with the most expected tokens per second of step (0:
+ * drafting does not pay); m while the step times do not tell. */
+static int paying(const struct nxd *d, double p, int m, int n, int rows)
+{
+	double k[3];
+	if (!fit_solve(&d->stats.spec_fit, k))
+		return m;
+	const double t0 = k[0] + k[1] * n + k[2] * rows, per = k[1] + k[2];
+	if (!(t0 > 0) || !(per > 0))
+		return m;
+	double gain = 1, pj = 1, best_rate = 1 / t0;
+	int best = 0;
+	for (int j = 1; j <= m; j++) {
+		pj *= p;
+		gain += pj;
+		if (gain / (t0 + per * j) > best_rate) {
+			best_rate = gain / (t0 + per * j);
+			best = j;
+		}
+	}
+	return best;
+}
+
+int nxd_spec_draft(const struct nxd *d, struct nxd_slot *s, int max, int n_step, int rows)
 {
 	struct nxd_spec_slot *sp = &s->spec;
 	sp->n_draft = 0;
@@ -77,6 +118,19 @@ int nxd_spec_draft(struct nxd_slot *s, int max)
 			continue;
 		int m = s->n_hist - (i + n);
 		m = m < max ? m : max;
+		const int pay = paying(d, sp->acc_w[n] / sp->seen_w[n], m, n_step, rows);
+		if (pay > 0) {
+			sp->probe_gap[n] = 1;
+			m = pay;
+		} else if (sp->probe_wait[n] > 0) {
+			sp->probe_wait[n]--;
+			continue;
+		} else {
+			sp->probe_wait[n] = sp->probe_gap[n];
+			sp->probe_gap[n] = 2 * sp->probe_gap[n] < NXD_SPEC_MAX_BACKOFF ? 2 * sp->probe_gap[n] : NXD_SPEC_MAX_BACKOFF;
+			m = 1;
+		}
+		sp->order = n;
 		memcpy(sp->draft, s->hist + i + n, (size_t)m * sizeof(*sp->draft));
 		sp->n_draft = m;
 		break;
@@ -91,6 +145,9 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	d->stats.spec_accepted += (uint64_t)accepted;
 	d->stats.spec_mode_drafted[sp->by_draft] += (uint64_t)seen;
 	d->stats.spec_mode_accepted[sp->by_draft] += (uint64_t)accepted;
+	const int o = sp->by_draft ? 0 : sp->order;
+	sp->acc_w[o] = NXD_SPEC_P_DECAY * sp->acc_w[o] + accepted;
+	sp->seen_w[o] = NXD_SPEC_P_DECAY * sp->seen_w[o] + seen;
 	if (s->req) {
 		const int k = s->req->spec_k;
 		if (accepted == sp->n_draft)
@@ -144,6 +201,9 @@ static double det3(const double m[3][3])
  * alone (c = 0). */
 static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
 {
+	const char *pin = nx_env()->test_spec_fit;
+	if (pin)
+		return sscanf(pin, "%lf,%lf,%lf", &coef[0], &coef[1], &coef[2]) == 3;
 	const double w = f->xx[0][0], det = det3(f->xx);
 	if (w < 8)
 		return false;

@@ -88,6 +88,33 @@ def test_greedy_identical_with_speculation(nxd2, plain):
         assert st["speculate"]["accepted"] >= accepted and st["speculate"]["drafted"] >= st["speculate"]["accepted"]
 
 
+def test_drafts_carried_as_far_as_they_pay(model_path, tmp_path, plain):
+    """How many drafts a step carries follows the step-time fit (pinned by NXD_TEST_SPEC_FIT): where a
+    step's fixed part is most of it (a model waiting on memory) the grounded prompts draft runs; where
+    verifying a draft costs what decoding its token would (a = 0) no run pays, and only a probe of one
+    draft now and then is tried, to see whether p has changed. The output is the same either way."""
+    got = {}
+    for name, fit in (("memory-bound", "1e-3,1e-6,0"), ("compute-bound", "0,1e-3,0")):
+        (tmp_path / name).mkdir()
+        with Daemon(model_path, tmp_path / name, workers=2, args=ARGS, env={"NXD_TEST_SPEC_FIT": fit}) as d, \
+                Client(d.sock) as c:
+            dr = ac = n = 0
+            steps0 = c.request({"op": "status", "id": "st0"})["steps"]
+            for i, p in enumerate(PROMPTS[:3]):
+                r = run(c, f"{name}{i}", p, spec={"mode": "prompt", "k": 8}, max_tokens=96)
+                assert_same(r, plain[p], f"{name}, prompt {i}")
+                dr += r[3]["speculate"]["drafted"]
+                ac += r[3]["speculate"]["accepted"]
+                n += len(r[0])
+            got[name] = {"drafted": dr, "accepted": ac, "tokens": n,
+                         "steps": c.request({"op": "status", "id": "st1"})["steps"] - steps0}
+    mem, cpu = got["memory-bound"], got["compute-bound"]
+    assert mem["accepted"] > mem["tokens"] // 2 and mem["steps"] < 0.6 * mem["tokens"], got
+    # probes only: a third as many drafts, and many more steps for the same tokens
+    assert 0 < cpu["drafted"] and 3 * cpu["drafted"] < mem["drafted"], got
+    assert cpu["steps"] > 1.5 * mem["steps"], got
+
+
 def test_greedy_identical_across_worker_counts(model_path, tmp_path, plain):
     """One worker speculating by default (--speculate) gives what two give without."""
     with Daemon(model_path, tmp_path, workers=1, args=ARGS + ["--speculate", "prompt:6"]) as d:
