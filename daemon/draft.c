@@ -212,7 +212,7 @@ static void round_begin(struct nxd *d)
 		 * the last token max_tokens lets the request emit */
 		max = max < d->o.n_ctx - 1 - s->n_past ? max : d->o.n_ctx - 1 - s->n_past;
 		max = max < r->max_tokens - r->n_gen - 1 ? max : r->max_tokens - r->n_gen - 1;
-		if (max <= 0)
+		if (max <= 0 || (max = nxd_spec_worth(d, s, 0, max, n, rows)) == 0)
 			continue;
 		if (others) {
 			if (!costed)

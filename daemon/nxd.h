@@ -596,6 +596,12 @@ void nxd_spec_admit(struct nxd_slot *s, int k);
  * as are expected to pay in a step of n tokens and rows logits rows so far,
  * or none while s backs off. Returns how many were written to s->spec.draft. */
 int nxd_spec_draft(const struct nxd *d, struct nxd_slot *s, int max, int n, int rows);
+/* Of m drafts s has at hand (order: the n-gram length they came from, 0 for
+ * the draft model's), how many a main step of n tokens and rows rows so far
+ * should carry: the count expected to emit the most tokens per second by the
+ * step-time fits and s's recent acceptance; 0 when none pays, but 1 now and
+ * then (a probe: has the acceptance changed?); m until the fits tell. */
+int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, int n, int rows);
 /* The step's verdict on s's drafts: seen of them were compared with the
  * tokens drawn (fewer than n_draft when the request ended first), accepted
  * of those kept. s->req is NULL when the request ended. */

@@ -37,8 +37,11 @@
  * waits on memory: its weights in cache) that takes a high p; where reading
  * the weights is most of a step (a DRAM-bound model) nearly any p pays. A
  * match whose drafts do not pay is passed over (a shorter one may), and one
- * draft of it is tried after 1, 2, 4 .. NXD_SPEC_MAX_BACKOFF such matches, to
- * see whether its p has changed. */
+ * draft of it is tried after 1, 2, 4 .. such matches, to see whether its p
+ * has changed; the waits grow to NXD_SPEC_MAX_BACKOFF, or further, to where
+ * a probe costs NXD_SPEC_PROBE_COST of the steps between two (a draft-model
+ * probe is a draft step and its catch-up). The draft model's drafts go by
+ * the same rule (draft.c), a draft costing its draft step as well. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
@@ -51,6 +54,8 @@
 #define NXD_SPEC_SHARED_COST 0.05   /* of a shared step's time */
 #define NXD_SPEC_FIT_DECAY 0.98     /* per step: the fit follows the last ~50 steps */
 #define NXD_SPEC_P_DECAY 0.9        /* per verified step: p follows the last ~10 */
+#define NXD_SPEC_PROBE_COST 0.02    /* of the steps between two probes, at the longest waits */
+#define NXD_SPEC_MAX_PROBE_GAP 256  /* matches or rounds */
 
 static bool fit_solve(const struct nxd_spec_fit *f, double coef[3]);
 
@@ -74,17 +79,25 @@ static int lookup(const int32_t *hist, int n_hist, int n)
 	return -1;
 }
 
-/* Of m drafts at hand, how many to carry in a step of n tokens and rows rows
- * so far: the count with the most expected tokens per second of step (0:
- * drafting does not pay); m while the step times do not tell. */
-static int paying(const struct nxd *d, double p, int m, int n, int rows)
+int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, int n, int rows)
 {
-	double k[3];
+	struct nxd_spec_slot *sp = &s->spec;
+	double k[3], q[3];
 	if (!fit_solve(&d->stats.spec_fit, k))
 		return m;
-	const double t0 = k[0] + k[1] * n + k[2] * rows, per = k[1] + k[2];
+	/* the step without these drafts, and what each adds: its verification,
+	 * and for the draft model's a draft step of its own (the first also
+	 * catching the draft's cache up on the tokens it has not seen) */
+	double t0 = k[0] + k[1] * n + k[2] * rows, per = k[1] + k[2];
+	if (order == 0) {
+		if (!fit_solve(&d->stats.draft_fit, q))
+			return m;
+		t0 += q[1] * (s->n_hist - sp->dpos);
+		per += q[0] + q[1] + q[2];
+	}
 	if (!(t0 > 0) || !(per > 0))
 		return m;
+	const double p = sp->acc_w[order] / sp->seen_w[order];
 	double gain = 1, pj = 1, best_rate = 1 / t0;
 	int best = 0;
 	for (int j = 1; j <= m; j++) {
@@ -95,7 +108,20 @@ static int paying(const struct nxd *d, double p, int m, int n, int rows)
 			best = j;
 		}
 	}
-	return best;
+	if (best > 0) {
+		sp->probe_gap[order] = 1;
+		return best;
+	}
+	if (sp->probe_wait[order] > 0) {
+		sp->probe_wait[order]--;
+		return 0;
+	}
+	/* the waits double up to where a probe costs NXD_SPEC_PROBE_COST of the steps between */
+	double cap = per / (NXD_SPEC_PROBE_COST * t0);
+	cap = cap < NXD_SPEC_MAX_BACKOFF ? NXD_SPEC_MAX_BACKOFF : cap > NXD_SPEC_MAX_PROBE_GAP ? NXD_SPEC_MAX_PROBE_GAP : cap;
+	sp->probe_wait[order] = sp->probe_gap[order];
+	sp->probe_gap[order] = 2 * sp->probe_gap[order] < cap ? 2 * sp->probe_gap[order] : (int)cap;
+	return 1;
 }
 
 int nxd_spec_draft(const struct nxd *d, struct nxd_slot *s, int max, int n_step, int rows)
@@ -118,18 +144,8 @@ int nxd_spec_draft(const struct nxd *d, struct nxd_slot *s, int max, int n_step,
 			continue;
 		int m = s->n_hist - (i + n);
 		m = m < max ? m : max;
-		const int pay = paying(d, sp->acc_w[n] / sp->seen_w[n], m, n_step, rows);
-		if (pay > 0) {
-			sp->probe_gap[n] = 1;
-			m = pay;
-		} else if (sp->probe_wait[n] > 0) {
-			sp->probe_wait[n]--;
+		if ((m = nxd_spec_worth(d, s, n, m, n_step, rows)) == 0)
 			continue;
-		} else {
-			sp->probe_wait[n] = sp->probe_gap[n];
-			sp->probe_gap[n] = 2 * sp->probe_gap[n] < NXD_SPEC_MAX_BACKOFF ? 2 * sp->probe_gap[n] : NXD_SPEC_MAX_BACKOFF;
-			m = 1;
-		}
 		sp->order = n;
 		memcpy(sp->draft, s->hist + i + n, (size_t)m * sizeof(*sp->draft));
 		sp->n_draft = m;
