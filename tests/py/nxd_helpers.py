@@ -175,6 +175,20 @@ class Client:
             else:
                 return toks, "".join(text), ev
 
+    def generate_logprobs(self, rid, req):
+        """Runs a streamed generate that asks for logprobs to its end; returns (tokens, [(logprob,
+        [(token, logprob) of the top ones])] per token, done event)."""
+        self.send(dict(req, id=rid))
+        toks, lps, done = [], [], None
+        for ev in self.events(rid):
+            if ev["event"] == "token":
+                toks.append(ev["token"])
+                lps.append((ev["logprob"], [(a["token"], a["logprob"]) for a in ev["logprobs"]]))
+            else:
+                done = ev
+        assert done["event"] == "done", done
+        return toks, lps, done
+
     def close(self):
         self.s.close()
 

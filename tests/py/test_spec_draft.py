@@ -38,16 +38,7 @@ PROMPTS = [prompt(), prompt(60, 3), [1, N_VOCAB - 5, 270], prompt(150, 8)]
 
 def run(c, rid, req):
     """(tokens, logprobs, done) of one generate, streamed."""
-    c.send(dict(req, id=rid))
-    toks, lps, done = [], [], None
-    for ev in c.events(rid):
-        if ev["event"] == "token":
-            toks.append(ev["token"])
-            lps.append((ev["logprob"], [(a["token"], a["logprob"]) for a in ev["logprobs"]]))
-        else:
-            done = ev
-    assert done["event"] == "done", done
-    return toks, lps, done
+    return c.generate_logprobs(rid, req)
 
 
 def greedy(toks, **kw):

@@ -277,16 +277,7 @@ def test_tiny_context_end_and_back_off(tiny_models, tmp_path):
 
 
 def run_tokens(c, rid, req):
-    c.send(dict(req, id=rid))
-    toks, lps, done = [], [], None
-    for ev in c.events(rid):
-        if ev["event"] == "token":
-            toks.append(ev["token"])
-            lps.append((ev["logprob"], [(a["token"], a["logprob"]) for a in ev["logprobs"]]))
-        else:
-            done = ev
-    assert done["event"] == "done", done
-    return toks, lps, done
+    return c.generate_logprobs(rid, req)
 
 
 def chi2_sf_bound(df, alpha):
