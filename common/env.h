@@ -24,8 +24,9 @@
  *   NXD_TEST_WORKER_SCRIBBLE  test_worker_scribble  "F1,F2,...[:STEP]": worker 0 scribbles on a field and hangs
  *   NXD_TEST_SPEC_SHARED      test_spec_shared      set (any value): drafts beside other sequences are not held
  *                                                   to NXD_SPEC_SHARED_COST (test hook: mixed steps)
- *   NXD_TEST_SPEC_FIT         test_spec_fit         "A,B,C": the step-time fit t = A + B n + C r (seconds) that
- *                                                   speculation's cost rules use, instead of the measured one
+ *   NXD_TEST_SPEC_FIT         test_spec_fit         "A,B,C[/A',B',C']": the step-time fit t = A + B n + C r
+ *                                                   (seconds) that speculation's cost rules use instead of the
+ *                                                   measured one; after "/" the draft model's (else the same)
  *                                                   (test hook: a compute- or a bandwidth-bound host)
  *   JOURNAL_STREAM            journal               set by systemd: log lines carry <priority> prefixes
  *

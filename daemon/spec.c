@@ -57,7 +57,7 @@
 #define NXD_SPEC_PROBE_COST 0.02    /* of the steps between two probes, at the longest waits */
 #define NXD_SPEC_MAX_PROBE_GAP 256  /* matches or rounds */
 
-static bool fit_solve(const struct nxd_spec_fit *f, double coef[3]);
+static bool fit_solve(const struct nxd_spec_fit *f, bool draft, double coef[3]);
 
 void nxd_spec_admit(struct nxd_slot *s, int k)
 {
@@ -83,16 +83,17 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 {
 	struct nxd_spec_slot *sp = &s->spec;
 	double k[3], q[3];
-	if (!fit_solve(&d->stats.spec_fit, k))
+	if (!fit_solve(&d->stats.spec_fit, false, k))
 		return m;
 	/* the step without these drafts, and what each adds: its verification,
-	 * and for the draft model's a draft step of its own (the first also
-	 * catching the draft's cache up on the tokens it has not seen) */
-	double t0 = k[0] + k[1] * n + k[2] * rows, per = k[1] + k[2];
+	 * and for the draft model's a draft step of its own; drafting at all
+	 * first catches the draft's cache up on the tokens it has not seen */
+	const double t0 = k[0] + k[1] * n + k[2] * rows;
+	double per = k[1] + k[2], fixed = 0;
 	if (order == 0) {
-		if (!fit_solve(&d->stats.draft_fit, q))
+		if (!fit_solve(&d->stats.draft_fit, true, q))
 			return m;
-		t0 += q[1] * (s->n_hist - sp->dpos);
+		fixed = q[1] * (s->n_hist - sp->dpos);
 		per += q[0] + q[1] + q[2];
 	}
 	if (!(t0 > 0) || !(per > 0))
@@ -103,8 +104,8 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 	for (int j = 1; j <= m; j++) {
 		pj *= p;
 		gain += pj;
-		if (gain / (t0 + per * j) > best_rate) {
-			best_rate = gain / (t0 + per * j);
+		if (gain / (t0 + fixed + per * j) > best_rate) {
+			best_rate = gain / (t0 + fixed + per * j);
 			best = j;
 		}
 	}
@@ -215,11 +216,13 @@ static double det3(const double m[3][3])
  * every step had a row per token (decoders only), n and r cannot be told
  * apart, and need not: a draft adds one of each, so t = a + b n is solved
  * alone (c = 0). */
-static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
+static bool fit_solve(const struct nxd_spec_fit *f, bool draft, double coef[3])
 {
 	const char *pin = nx_env()->test_spec_fit;
-	if (pin)
-		return sscanf(pin, "%lf,%lf,%lf", &coef[0], &coef[1], &coef[2]) == 3;
+	if (pin) { /* "A,B,C" (both fits) or "A,B,C/A',B',C'" (the model's / the draft model's) */
+		const char *two = strchr(pin, '/');
+		return sscanf(draft && two ? two + 1 : pin, "%lf,%lf,%lf", &coef[0], &coef[1], &coef[2]) == 3;
+	}
 	const double w = f->xx[0][0], det = det3(f->xx);
 	if (w < 8)
 		return false;
@@ -246,7 +249,7 @@ static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
 int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 {
 	double k[3];
-	if (!fit_solve(&d->stats.spec_fit, k))
+	if (!fit_solve(&d->stats.spec_fit, false, k))
 		return 0;
 	const double step = k[0] + k[1] * n + k[2] * rows, draft = k[1] + k[2];
 	if (!(step > 0) || !(draft > 0))
@@ -262,7 +265,7 @@ int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 bool nxd_spec_draft_costs(const struct nxd *d, int n, int rows, double *allow, double *per_draft, double *per_token)
 {
 	double k[3], q[3];
-	if (!fit_solve(&d->stats.spec_fit, k) || !fit_solve(&d->stats.draft_fit, q))
+	if (!fit_solve(&d->stats.spec_fit, false, k) || !fit_solve(&d->stats.draft_fit, true, q))
 		return false;
 	const double step = k[0] + k[1] * n + k[2] * rows;
 	*allow = NXD_SPEC_SHARED_COST * step;

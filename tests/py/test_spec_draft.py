@@ -36,6 +36,12 @@ def prompt(n=40, period=7):
 PROMPTS = [prompt(), prompt(60, 3), [1, N_VOCAB - 5, 270], prompt(150, 8)]
 
 
+# The drafts here come from the target itself (or a model as big as it): by their measured cost such a
+# draft never pays (a draft step costs a target step), and nxd would draft only now and then (spec.c). Most
+# daemons here are told a draft step costs a hundredth of a target step, as for a small draft and its target.
+CHEAP = {"NXD_TEST_SPEC_FIT": "1e-2,1e-4,0/1e-4,1e-6,0"}
+
+
 def run(c, rid, req):
     """(tokens, logprobs, done) of one generate, streamed."""
     return c.generate_logprobs(rid, req)
@@ -63,7 +69,7 @@ def drafted(dn):
 def test_draft_is_the_model_itself(models, plain, tmp_path, workers):
     """The model drafting for itself: nearly every draft is accepted, and the answer is the plain one."""
     with Daemon(models["main"], tmp_path, workers=workers, args=ARGS + ["--draft-model", str(models["main"])],
-                name="self") as d:
+                name="self", env=CHEAP) as d:
         with Client(d.sock) as c:
             n_d = n_a = 0
             for j, p in enumerate(PROMPTS):
@@ -86,7 +92,7 @@ def test_unrelated_draft(models, plain, tmp_path):
     """A random draft of the same vocabulary (another family, another type, Q4_0): few drafts accepted, the answer
     unchanged; the back-off keeps it from drafting at every step."""
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["other"])],
-                name="other") as d:
+                name="other", env=CHEAP) as d:
         with Client(d.sock) as c:
             n_d = n_a = 0
             for j, p in enumerate(PROMPTS):
@@ -102,7 +108,7 @@ def test_default_speculate_draft_and_prompt_cache(models, plain, tmp_path):
     """--speculate draft:K makes it every request's default; a request that reuses a slot's K/V (the same
     prompt again, or a longer one) has the draft catch up on what its cache lacks."""
     args = ARGS + ["--draft-model", str(models["main"]), "--speculate", "draft:5"]
-    with Daemon(models["main"], tmp_path, workers=2, args=args, name="dflt") as d:
+    with Daemon(models["main"], tmp_path, workers=2, args=args, name="dflt", env=CHEAP) as d:
         with Client(d.sock) as c:
             st = c.request({"op": "status", "id": "st"})["speculate"]
             assert st["default"] == "draft" and st["k"] == 5, st
@@ -125,7 +131,7 @@ def test_stops_and_context_end(models, tmp_path):
     """max_tokens inside a run of accepted drafts and the end of the context end the answer where they do
     without speculation."""
     args = ["--ctx", "256", "--slots", "2", "--draft-model", str(models["main"])]
-    with Daemon(models["main"], tmp_path, workers=2, args=args, name="end") as d:
+    with Daemon(models["main"], tmp_path, workers=2, args=args, name="end", env=CHEAP) as d:
         with Client(d.sock) as c:
             base = greedy(prompt(200, 7), max_tokens=200)
             want = run(c, "w", base)
@@ -154,7 +160,7 @@ def test_beside_clients_that_do_not_speculate(models, plain, tmp_path, mixed):
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
-    env = {"NXD_TEST_SPEC_SHARED": "1"} if mixed else {}
+    env = dict(CHEAP, **({"NXD_TEST_SPEC_SHARED": "1"} if mixed else {}))
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
                 name="mix", env=env) as d:
         specs = [{"mode": "draft", "k": 8}, None, {"mode": "draft", "k": 3}, {"mode": "off"}, {"mode": "prompt"},
@@ -214,7 +220,7 @@ def test_seeded_sampling_identical(models, tmp_path):
     one at a time, and a draft (the draft's argmax, a point mass) is kept only when it is the token drawn."""
     for draft in ("main", "other"):
         args = ARGS + ["--draft-model", str(models[draft])]
-        with Daemon(models["main"], tmp_path, workers=2, args=args, name=f"seed-{draft}") as d:
+        with Daemon(models["main"], tmp_path, workers=2, args=args, name=f"seed-{draft}", env=CHEAP) as d:
             with Client(d.sock) as c:
                 n_a = 0
                 for seed in range(6):
@@ -232,7 +238,7 @@ def test_another_model_and_type(models, tmp_path):
     """A qwen2 Q4_K model with a llama Q8_0 draft (and itself): the answer is its own."""
     for draft in ("main", "main2"):
         args = ARGS + ["--draft-model", str(models[draft])]
-        with Daemon(models["main2"], tmp_path, workers=2, args=args, name=f"m2-{draft}") as d:
+        with Daemon(models["main2"], tmp_path, workers=2, args=args, name=f"m2-{draft}", env=CHEAP) as d:
             with Client(d.sock) as c:
                 for j, p in enumerate(PROMPTS[:2]):
                     want = run(c, f"w{j}", greedy(p))
@@ -248,7 +254,7 @@ def test_options_apply_to_the_draft_too(models, tmp_path, extra):
     """The draft model is mapped like the model with --mmap, its K/V stored as --kv-type says, one slot is
     enough: the answer is the one of the same options without speculation."""
     args = ["--ctx", "512", "--slots", "4"] + extra + ["--draft-model", str(models["other"])]
-    with Daemon(models["main"], tmp_path, workers=2, args=args, name="opt") as d:
+    with Daemon(models["main"], tmp_path, workers=2, args=args, name="opt", env=CHEAP) as d:
         with Client(d.sock) as c:
             for j, p in enumerate(PROMPTS[:2]):
                 want = run(c, f"w{j}", greedy(p))
@@ -263,7 +269,7 @@ def test_worker_killed_while_drafting(models, plain, tmp_path):
     """kill -9 a worker while a request drafts (draft steps and verification steps alternate): the step is run
     again from the unchanged slots, and the answer is the plain one."""
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
-                name="kill") as d:
+                name="kill", env=CHEAP) as d:
         for kill_at in (3, 20, 41):
             pids = d.worker_pids()
             with Client(d.sock) as c:
@@ -290,7 +296,7 @@ def test_worker_scribbling_on_the_draft_models_state(models, plain, tmp_path):
     scribbles = [("step_model", "the step's model word is 32767"),
                  ("draft_state", "the workers' draft-model state struct changed"),
                  ("draft_scratch", "worker 0's draft-model scratch struct changed")]
-    env = {"NXD_TEST_WORKER_SCRIBBLE": ",".join(f for f, _ in scribbles) + ":25"}
+    env = dict(CHEAP, NXD_TEST_WORKER_SCRIBBLE=",".join(f for f, _ in scribbles) + ":25")
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
                 name="scribble", env=env) as d:
         for k, (field, msg) in enumerate(scribbles):
@@ -311,7 +317,7 @@ def test_real_model_drafting_for_itself(model_path, tmp_path):
     prompts = ["Repeat this list exactly:\n1. apples\n2. bananas\n3. cherries\n4. dates\n\nHere is the list again:",
                "Once upon a time"]
     with Daemon(model_path, tmp_path, workers=2, args=["--ctx", "1024", "--slots", "2", "--draft-model",
-                                                       str(model_path)], name="real") as d:
+                                                       str(model_path)], name="real", env=CHEAP) as d:
         with Client(d.sock) as c:
             for j, p in enumerate(prompts):
                 for extra in ({}, {"stop": ["3."]}):
@@ -418,7 +424,7 @@ def test_http_metrics_count_the_draft_models_drafts(models, tmp_path):
         return float(m.group(1)) if m else None
 
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
-                name="http") as d:
+                name="http", env=CHEAP) as d:
         with Client(d.sock) as c:
             got = run(c, "g", greedy(PROMPTS[0], speculate={"mode": "draft", "k": 4}))
             n_d, n_a = drafted(got[2])
