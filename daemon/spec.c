@@ -38,7 +38,8 @@
  * the weights is most of a step (a DRAM-bound model) nearly any p pays. A
  * match whose drafts do not pay is passed over (a shorter one may), and one
  * draft of it is tried after 1, 2, 4 .. such matches, to see whether its p
- * has changed; the waits grow to NXD_SPEC_MAX_BACKOFF, or further, to where
+ * has changed (and to give the fit steps of that shape: a fit wrong about
+ * drafts would otherwise never see one); the waits grow to NXD_SPEC_MAX_BACKOFF, or further, to where
  * a probe costs NXD_SPEC_PROBE_COST of the steps between two (a draft-model
  * probe is a draft step and its catch-up). The draft model's drafts go by
  * the same rule (draft.c), a draft costing its draft step as well. */
@@ -118,7 +119,7 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 		return 0;
 	}
 	/* the waits double up to where a probe costs NXD_SPEC_PROBE_COST of the steps between */
-	double cap = per / (NXD_SPEC_PROBE_COST * t0);
+	double cap = (fixed + per) / (NXD_SPEC_PROBE_COST * t0);
 	cap = cap < NXD_SPEC_MAX_BACKOFF ? NXD_SPEC_MAX_BACKOFF : cap > NXD_SPEC_MAX_PROBE_GAP ? NXD_SPEC_MAX_PROBE_GAP : cap;
 	sp->probe_wait[order] = sp->probe_gap[order];
 	sp->probe_gap[order] = 2 * sp->probe_gap[order] < cap ? 2 * sp->probe_gap[order] : (int)cap;
