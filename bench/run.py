@@ -1069,7 +1069,8 @@ def main():
                    "steps": {"off": [0, 0, 0], "draft": [0, 0, 0]}}  # main steps, draft steps, tokens
             with ours.daemon(target, extra=["--draft-model", draft]) as d:
                 c = nxd_side.Conn(d.sock)
-                c.request(dict(req, max_tokens=8))
+                # untimed, drafting: the step-time fits of both models learnt, as in a daemon that has run
+                c.request(dict(req, max_tokens=32, speculate={"mode": "draft", "k": 4}))
 
                 def ask(mode, r):
                     st0 = c.status()
