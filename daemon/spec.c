@@ -123,6 +123,8 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 	cap = cap < NXD_SPEC_MAX_BACKOFF ? NXD_SPEC_MAX_BACKOFF : cap > NXD_SPEC_MAX_PROBE_GAP ? NXD_SPEC_MAX_PROBE_GAP : cap;
 	sp->probe_wait[order] = sp->probe_gap[order];
 	sp->probe_gap[order] = 2 * sp->probe_gap[order] < cap ? 2 * sp->probe_gap[order] : (int)cap;
+	if (fixed + per > t0) /* a probe dearer than a whole step: the longest wait at once */
+		sp->probe_wait[order] = sp->probe_gap[order] = (int)cap;
 	return 1;
 }
 
