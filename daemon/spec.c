@@ -35,14 +35,17 @@
  * carries the m that emits the most tokens per second. Where a step's fixed
  * part a is small against a token's b + c (a model that computes rather than
  * waits on memory: its weights in cache) that takes a high p; where reading
- * the weights is most of a step (a DRAM-bound model) nearly any p pays. A
- * match whose drafts do not pay is passed over (a shorter one may), and one
- * draft of it is tried after 1, 2, 4 .. such matches, to see whether its p
- * has changed (and to give the fit steps of that shape: a fit wrong about
- * drafts would otherwise never see one); the waits grow to NXD_SPEC_MAX_BACKOFF, or further, to where
- * a probe costs NXD_SPEC_PROBE_COST of the steps between two (a draft-model
- * probe is a draft step and its catch-up). The draft model's drafts go by
- * the same rule (draft.c), a draft costing its draft step as well. */
+ * the weights is most of a step (a DRAM-bound model) nearly any p pays. The
+ * draft model's drafts go by the same rule (draft.c), a draft costing its
+ * draft step as well, and drafting at all the catch-up of the draft's cache.
+ *
+ * Probes. A match whose drafts do not pay is passed over (a shorter one
+ * may), and one draft of it is tried after 1, 2, 4 .. such matches: to see
+ * whether p has changed, and to give the fit steps of that shape (a fit
+ * wrong about drafts would otherwise never see one). The waits grow to
+ * NXD_SPEC_MAX_BACKOFF, or further, to where a probe costs
+ * NXD_SPEC_PROBE_COST of the steps between two; a probe dearer than a whole
+ * step (a draft model as big as its target) waits the longest at once. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
