@@ -32,11 +32,13 @@ Cases (docs/bench.md has the details and how to read the numbers):
               against llama-server -np 64: aggregate tok/s and p50 / p99 time per token while every client
               decodes (bench/curve.py; the whole burst's rate beside it), plotted in
               DIR/clients.png
-  spec        speculative decoding by prompt lookup (nxd only): one client, greedy chat answers of up to 128
+  spec        speculative decoding by prompt lookup: one client, greedy chat answers of up to 128
               tokens to ~20 input-grounded prompts (edit this code, continue this list, quote this passage) and
               5 free-form ones, decode tok/s with speculation against without on the same daemon (turn about);
-              and a client decoding beside one that speculates: its tok/s against beside one that does not
-  draft       speculative decoding with a draft model (nxd only) on the Llama-3.2-1B shape (Q4_0): one client,
+              llama.cpp: llama-server --spec-type ngram-simple against one without, turn about; and (nxd only)
+              a client decoding beside one that speculates: its tok/s against beside one that does not
+  draft       speculative decoding with a draft model (llama.cpp: llama-server -md, --spec-type draft-simple)
+              on the Llama-3.2-1B shape (Q4_0): one client,
               greedy, 64 tokens after a 33-token prompt, speculate draft k 4 against off (turn about), for drafts
               of known relation to the target: the target itself (acceptance 1: the overhead's ceiling), its
               first 2 layers and head (random weights: accepts ~nothing), and that draft for targets whose later
