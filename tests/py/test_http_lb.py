@@ -481,9 +481,11 @@ def test_two_nodes_behind_nginx(model_path, tmp_path):
         # ---- kill node A's nxd in the middle of its long stream
         with open(f"/proc/{A['d'].pid}/comm") as f:  # ip netns exec and taskset exec: the pid is nxd's
             assert f.read().strip() == "nxd"
+        # t_kill .. t_dead: the kill on its way; a request sent in between may still be answered by A
         t_kill = time.time()
         A["d"].proc.kill()
         A["d"].proc.wait(10)
+        t_dead = time.time()
         wait_until(lambda: request(A["g"], "GET", "/health", timeout=5)[0] == 503, timeout=5,
                    what="node A's /health 503")
         st, body = request(A["g"], "GET", "/health", timeout=5)[::2]
@@ -531,10 +533,10 @@ def test_two_nodes_behind_nginx(model_path, tmp_path):
         for r, _ in by["cut"]:
             lg = log[r["id"]]
             assert r["stream"] and lg["upstreams"] == [A["up"]], (r["id"], lg["line"])
-            # Sent before the kill and begun (its first token may reach the client just after the kill: it was
-            # on its way), ended by the kill.
-            assert r["t0"] < t_kill and r["t_first"] is not None and t_kill < r["t1"] < t_kill + 10, \
-                (r["id"], r["t0"], r["t_first"], r["t1"], t_kill)
+            # Sent before A's nxd was gone and begun (its first token may reach the client after the kill: it
+            # was on its way), ended by the kill.
+            assert r["t0"] < t_dead and r["t_first"] is not None and t_kill < r["t1"] < t_kill + 10, \
+                (r["id"], r["t0"], r["t_first"], r["t1"], t_kill, t_dead)
             err = [e for e in r["events"] if isinstance(e, dict) and "error" in e]
             assert len(err) == 1 and r["events"][-1] is err[0], r["events"][-3:]
         cut_ids = {r["id"] for r, _ in by["cut"]}
@@ -552,7 +554,7 @@ def test_two_nodes_behind_nginx(model_path, tmp_path):
         assert min(pre_a, pre_b) >= 0.25 * len(pre), (pre_a, pre_b)
 
         # While A's nxd was down every request went to B; those nginx tried on A first were resent.
-        down = [r for r in records if t_kill < r["t0"] and r["t1"] < t_ready]
+        down = [r for r in records if t_dead < r["t0"] and r["t1"] < t_ready]
         assert len(down) >= 5, "the survivor served too few requests while the other node was down"
         assert all(log[r["id"]]["upstreams"][-1] == B["up"] for r in down), \
             [log[r["id"]]["line"] for r in down if log[r["id"]]["upstreams"][-1] != B["up"]]
