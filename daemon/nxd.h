@@ -306,6 +306,9 @@ enum nxd_round { NXD_ROUND_NONE, NXD_ROUND_DRAFTING, NXD_ROUND_READY };
  * x x^T and x t, x = (1, n, r). */
 struct nxd_spec_fit {
 	double xx[3][3], xt[3];
+	double coef[3]; /* a, b, c solved from them after each step (spec.c) */
+	bool solved;    /* false while the steps seen do not tell a, b, c apart */
+	bool pinned;    /* coef set by NXD_TEST_SPEC_FIT, not by the steps */
 };
 
 struct nxd_stats {
@@ -589,6 +592,8 @@ int nxd_sched_slots_used(const struct nxd *d);
  * and logits rows leave once every other sequence's tokens are placed; the
  * step's rows are sampled in order and a draft is kept while it equals the
  * token drawn (sched.c: nxd_sched_step_done). */
+/* At start: the step-time fits NXD_TEST_SPEC_FIT pins, or -1 naming it when it cannot be read. */
+int nxd_spec_init(struct nxd *d, struct nx_err *err);
 /* A request admitted into s (its k, 0 for off). */
 void nxd_spec_admit(struct nxd_slot *s, int k);
 /* Drafts for s's next step, at most max: the continuation of the latest

@@ -83,7 +83,7 @@ int nxd_sched_init(struct nxd *d, struct nx_err *err)
 	d->lp = calloc(NX_SAMPLE_MAX_LOGPROBS + 1, sizeof(*d->lp)); /* + the chosen token */
 	if (!d->piece || !d->released || !d->line || !d->top || !d->lp)
 		return nx_errf(err, "sched: out of memory");
-	return 0;
+	return nxd_spec_init(d, err);
 }
 
 void nxd_sched_free(struct nxd *d)

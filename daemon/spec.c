@@ -61,7 +61,30 @@
 #define NXD_SPEC_PROBE_COST 0.02    /* of the steps between two probes, at the longest waits */
 #define NXD_SPEC_MAX_PROBE_GAP 256  /* matches or rounds */
 
-static bool fit_solve(const struct nxd_spec_fit *f, bool draft, double coef[3]);
+/* coef: the fit's a, b, c; false while the steps do not tell them. */
+static bool fit_coef(const struct nxd_spec_fit *f, double coef[3])
+{
+	if (f->solved)
+		memcpy(coef, f->coef, sizeof(f->coef));
+	return f->solved;
+}
+
+int nxd_spec_init(struct nxd *d, struct nx_err *err)
+{
+	const char *pin = nx_env()->test_spec_fit;
+	if (!pin)
+		return 0;
+	/* "A,B,C" (both fits) or "A,B,C/A',B',C'" (the model's / the draft model's) */
+	struct nxd_spec_fit *fits[2] = { &d->stats.spec_fit, &d->stats.draft_fit };
+	const char *two = strchr(pin, '/');
+	for (int i = 0; i < 2; i++) {
+		double *c = fits[i]->coef;
+		if (sscanf(i && two ? two + 1 : pin, "%lf,%lf,%lf", &c[0], &c[1], &c[2]) != 3)
+			return nx_errf(err, "NXD_TEST_SPEC_FIT '%s': not A,B,C[/A,B,C]", pin);
+		fits[i]->solved = fits[i]->pinned = true;
+	}
+	return 0;
+}
 
 void nxd_spec_admit(struct nxd_slot *s, int k)
 {
@@ -87,7 +110,7 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 {
 	struct nxd_spec_slot *sp = &s->spec;
 	double k[3], q[3];
-	if (!fit_solve(&d->stats.spec_fit, false, k))
+	if (!fit_coef(&d->stats.spec_fit, k))
 		return m;
 	/* the step without these drafts, and what each adds: its verification,
 	 * and for the draft model's a draft step of its own; drafting at all
@@ -95,7 +118,7 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 	const double t0 = k[0] + k[1] * n + k[2] * rows;
 	double per = k[1] + k[2], fixed = 0;
 	if (order == 0) {
-		if (!fit_solve(&d->stats.draft_fit, true, q))
+		if (!fit_coef(&d->stats.draft_fit, q))
 			return m;
 		fixed = q[1] * (s->n_hist - sp->dpos);
 		per += q[0] + q[1] + q[2];
@@ -192,6 +215,9 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 /* The fit t = a + b n + c r of step seconds against its tokens n and its
  * logits rows r (a row costs the output head besides its token): decayed
  * least squares, the normal equations solved by Cramer's rule. */
+static bool fit_solve(const struct nxd_spec_fit *f, double coef[3]);
+
+/* One step into the fit, and a, b, c solved again (once a step, not at each use). */
 static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 {
 	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
@@ -200,6 +226,8 @@ static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
 		f->xt[i] = c * f->xt[i] + x[i] * dt;
 	}
+	if (!f->pinned)
+		f->solved = fit_solve(f, f->coef);
 }
 
 void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)
@@ -222,13 +250,8 @@ static double det3(const double m[3][3])
  * every step had a row per token (decoders only), n and r cannot be told
  * apart, and need not: a draft adds one of each, so t = a + b n is solved
  * alone (c = 0). */
-static bool fit_solve(const struct nxd_spec_fit *f, bool draft, double coef[3])
+static bool fit_solve(const struct nxd_spec_fit *f, double coef[3])
 {
-	const char *pin = nx_env()->test_spec_fit;
-	if (pin) { /* "A,B,C" (both fits) or "A,B,C/A',B',C'" (the model's / the draft model's) */
-		const char *two = strchr(pin, '/');
-		return sscanf(draft && two ? two + 1 : pin, "%lf,%lf,%lf", &coef[0], &coef[1], &coef[2]) == 3;
-	}
 	const double w = f->xx[0][0], det = det3(f->xx);
 	if (w < 8)
 		return false;
@@ -255,7 +278,7 @@ static bool fit_solve(const struct nxd_spec_fit *f, bool draft, double coef[3])
 int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 {
 	double k[3];
-	if (!fit_solve(&d->stats.spec_fit, false, k))
+	if (!fit_coef(&d->stats.spec_fit, k))
 		return 0;
 	const double step = k[0] + k[1] * n + k[2] * rows, draft = k[1] + k[2];
 	if (!(step > 0) || !(draft > 0))
@@ -271,7 +294,7 @@ int nxd_spec_shared_budget(const struct nxd *d, int n, int rows)
 bool nxd_spec_draft_costs(const struct nxd *d, int n, int rows, double *allow, double *per_draft, double *per_token)
 {
 	double k[3], q[3];
-	if (!fit_solve(&d->stats.spec_fit, false, k) || !fit_solve(&d->stats.draft_fit, true, q))
+	if (!fit_coef(&d->stats.spec_fit, k) || !fit_coef(&d->stats.draft_fit, q))
 		return false;
 	const double step = k[0] + k[1] * n + k[2] * rows;
 	*allow = NXD_SPEC_SHARED_COST * step;
