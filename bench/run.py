@@ -893,11 +893,11 @@ def main():
         speculation, turn about (which goes first alternates by prompt and repetition); a set's tok/s is
         its tokens over its decode seconds. On both engines: nxd's prompt lookup, llama-server's ngram
         speculation (two servers, one with it, asked turn about). Then, nxd only: a client decoding 128
-        tokens (free-form, ignore_eos) beside a client looping over the grounded prompts, with and without
-        speculation, turn about."""
+        tokens (free-form, ignore_eos) beside a client asking one grounded prompt over and over (another
+        each round), with and without speculation, turn about."""
         reps = max(1, min(reps, 2))
         spec = {"mode": "prompt", "k": 8}
-        sets = (("grounded", spec_prompts.GROUNDED), ("free", spec_prompts.FREE))
+        sets = {"grounded": spec_prompts.GROUNDED, "free": spec_prompts.FREE}
         log(f"bench: {case}: {len(spec_prompts.GROUNDED)} grounded + {len(spec_prompts.FREE)} free-form prompts "
             f"x {reps}, speculation on and off")
 
@@ -905,7 +905,7 @@ def main():
             """ask(kind, i, mode) -> {"n", "s", "ids", "speculate"} for every prompt, both modes, turn about."""
             out = {"grounded": [], "free": []}
             for r in range(reps):
-                for kind, prompts in sets:
+                for kind, prompts in sets.items():
                     for i in range(len(prompts)):
                         got = {mode: ask(kind, i, mode)
                                for mode in (("off", "prompt") if (i + r) % 2 == 0 else ("prompt", "off"))}
@@ -923,7 +923,7 @@ def main():
                 c.request({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "temperature": 0})
 
                 def ask(kind, i, mode):
-                    p = dict(sets)[kind][i]
+                    p = sets[kind][i]
                     got = c.request({"messages": [{"role": "user", "content": p}], "max_tokens": DECODE_N,
                                      "temperature": 0, "speculate": dict(spec, mode=mode)}, rid=f"{kind}{i}{mode}")
                     return timed(got["times"], got["ids"], got["done"].get("speculate"))
@@ -970,7 +970,7 @@ def main():
                 raise RuntimeError(f"llama-server not built ({srv_bin})")
             # The prompt as SmolLM2's template renders one user message (nxd renders the same).
             ids = {kind: [text_ids(path, SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n")
-                          for p in prompts] for kind, prompts in sets}
+                          for p in prompts] for kind, prompts in sets.items()}
             with llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH) as off, \
                     llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH, extra=LLAMA_NGRAM) as on:
                 for srv in (off, on):
@@ -1015,12 +1015,12 @@ def main():
             return (f"{who}: per prompt median {sm[2]:.2f}, {sm[3]}/{sm[4]} drafts accepted, "
                     f"output identical in {sm[5]}/{sm[6]}")
 
-        for kind, _ in sets:
+        for kind in sets:
             so, sl = summary(o, kind), summary(l, kind)
             target = 2.0 if kind == "grounded" else 0.95
             table.add(case, f"{key} {kind} tok/s, speculating", "tok/s", so and so[0], sl and sl[0],
                       note="; ".join(f"{w} without: {sm[1]:.1f} tok/s" for w, sm in (("nxd", so), ("llama.cpp", sl))
-                                     if sm and sm[1]) + ("; llama.cpp: llama-server --spec-type ngram-simple, n 3, m 8"
+                                     if sm and sm[1]) + (f"; llama.cpp: llama-server {' '.join(LLAMA_NGRAM)}"
                                                          if sl else ""))
             table.add(case, f"{key} {kind} speculating / not", "x", ratio(so), ratio(sl),
                       note="; ".join(x for x in (f"nxd target >= {target}", says("nxd", so), says("llama.cpp", sl)) if x))
