@@ -46,7 +46,7 @@ def children(pid):
 
 class Daemon:
     def __init__(self, nxd, model, workers=2, slots=4, ctx=2048, batch=None, extra=(), log_path=None,
-                 ready_timeout=300):
+                 ready_timeout=300, env=None):
         self.dir = tempfile.mkdtemp(prefix="nxd-bench-")
         self.sock = os.path.join(self.dir, "nxd.sock")
         notify = os.path.join(self.dir, "notify")
@@ -60,7 +60,7 @@ class Daemon:
         self.args = args
         self.log_path = log_path or os.path.join(self.dir, "nxd.log")
         self.log = open(self.log_path, "w")
-        env = dict(os.environ, NOTIFY_SOCKET=notify)
+        env = dict(os.environ, **(env or {}), NOTIFY_SOCKET=notify)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      stdin=subprocess.DEVNULL)

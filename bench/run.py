@@ -1,7 +1,7 @@
 """run.py - `make bench`: nxd side by side with llama.cpp on the same model files, threads and requests.
 
     .venv-bench/bin/python bench/run.py [--build B] [--cases decode,prefill,concurrent,memory,qwen,qwen3,llama1b,
-                                                             moe,chat,http,clients,spec,draft,structured]
+                                                             moe,chat,http,clients,spec,draft,structured,depth,amx]
                                         [--reps N] [--out DIR] [--engines ours,llama]
 
 Cases (docs/bench.md has the details and how to read the numbers):
@@ -47,6 +47,9 @@ Cases (docs/bench.md has the details and how to read the numbers):
   structured  constrained decoding's cost: one client's decode tok/s under a typical JSON schema against the same
               daemon free (sampled, seeded, turn about), on SmolLM2 (49152 tokens) and the Qwen2.5-0.5B-shaped
               model (151936 tokens); nxd only (the bar: >= 0.90)
+  amx         where the CPU has AMX-INT8: nxd's prefill (128, 512) and decode with the AMX kernels against
+              the same daemon with NX_KERN=avx512, SmolLM2 Q4_1 and the 1B shape Q4_K_M; nxd only (the
+              llama.cpp column holds the AVX-512 run). Elsewhere the header says "AMX: not available"
 Medians of --reps repetitions after an untimed warm-up. Writes DIR/results.json and DIR/results.png.
 """
 import argparse
@@ -75,7 +78,7 @@ import spec_prompts  # noqa: E402
 import llama_server  # noqa: E402
 
 ALL_CASES = ["decode", "prefill", "concurrent", "memory", "qwen", "qwen3", "llama1b", "moe", "chat", "http",
-             "clients", "spec", "draft", "structured", "depth"]
+             "clients", "spec", "draft", "structured", "depth", "amx"]
 THREADS = 2
 CTX = 2048        # per sequence, both engines
 N_BATCH = 512     # llama.cpp n_batch = n_ubatch; nxd --batch for the prefill cases
@@ -185,8 +188,9 @@ class Ours:
         self.ok = os.access(self.nxd, os.X_OK)
         self.why = None if self.ok else f"{self.nxd} is not built"
 
-    def daemon(self, model, batch=None, slots=SLOTS, extra=(), ctx=CTX):
-        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=ctx, batch=batch, extra=extra)
+    def daemon(self, model, batch=None, slots=SLOTS, extra=(), ctx=CTX, env=None):
+        return nxd_side.Daemon(self.nxd, model, workers=THREADS, slots=slots, ctx=ctx, batch=batch, extra=extra,
+                               env=env)
 
     def depth(self, model, prefix, news, reps, kv_type, ctx):
         """The prefix once (untimed), then per repetition prefix + new tokens on the same slot: the prompt
@@ -206,9 +210,9 @@ class Ours:
             return {"prefill_tok_s": pre, "decode_tok_s": dec, "prompt_tokens_cached": cached,
                     "kv_type": st.get("kv_type"), "kv_bytes": st.get("kv_bytes")}
 
-    def decode(self, model, prompt, reps, probe=None):
+    def decode(self, model, prompt, reps, probe=None, env=None):
         """probe: a bandwidth probe's command line, run before each repetition and after the last."""
-        with self.daemon(model) as d:
+        with self.daemon(model, env=env) as d:
             c = nxd_side.Conn(d.sock)
             c.generate(prompt, 16)  # warm-up
             server, probes = [], []
@@ -231,10 +235,10 @@ class Ours:
                 out["probes_gbs"] = probes
             return out
 
-    def prefill(self, model, lengths, reps):
+    def prefill(self, model, lengths, reps, env=None):
         out = {}
         # Whole prompts, as llama.cpp's side computes them (its KV cache cleared).
-        with self.daemon(model, batch=N_BATCH, extra=["--no-prompt-cache"]) as d:
+        with self.daemon(model, batch=N_BATCH, extra=["--no-prompt-cache"], env=env) as d:
             c = nxd_side.Conn(d.sock)
             c.generate(prompt_ids(1000, min(lengths)), 1)  # warm-up
             for n in lengths:
@@ -1234,6 +1238,32 @@ def main():
     if "draft" in cases:  # after shaped(): it makes the 1B-shaped target
         draft_case("draft", a.reps)
 
+    # -------------------------------------------------------- amx: the AMX kernels on and off
+    # nxd against itself with NX_KERN=avx512 (the "llama.cpp" column), not against llama.cpp.
+    if "amx" in cases:
+        if not {"amx_tile", "amx_int8"} <= set(res["machine"].get("cpu_simd", [])):
+            log("bench: amx: AMX: not available on this CPU; case skipped")
+            res["amx"] = "not available"
+        elif not ours.ok:
+            log(f"bench: amx: nxd {ours.why}; case skipped")
+        else:
+            off = {"NX_KERN": "avx512"}
+            p1b = shaped("amx", models.LLAMA1B, "q4_k_m", "llama3.2-1b-shape-random.nx-Q4_K_M.gguf")
+            for key, path in (("smollm2-135m Q4_1", q41), ("llama3.2-1b-shape Q4_K_M(nx)", p1b)):
+                log(f"bench: amx: {key}: prefill and decode, AMX on and off")
+                on_p, off_p = ours.prefill(path, (128, 512), a.reps), ours.prefill(path, (128, 512), a.reps, env=off)
+                dprompt = prompt_ids(11, 64)
+                on_d, off_d = ours.decode(path, dprompt, a.reps), ours.decode(path, dprompt, a.reps, env=off)
+                res["raw"][f"amx/{key}"] = {"on": {"prefill": on_p, "decode": on_d},
+                                            "off": {"prefill": off_p, "decode": off_d}}
+                for n in (128, 512):
+                    table.add("amx", f"{key} prefill {n}", "tok/s", med(on_p[str(n)]["tok_s"]),
+                              med(off_p[str(n)]["tok_s"]), note="nxd AMX on / off (NX_KERN=avx512)")
+                table.add("amx", f"{key} decode", "tok/s", med(on_d["tok_s"]), med(off_d["tok_s"]),
+                          note="nxd AMX on / off (NX_KERN=avx512)")
+                if on_d["ids"] != off_d["ids"]:
+                    log(f"bench: amx: {key}: the answers differ with AMX on and off")
+
     # -------------------------------------------------------- clients: 1 .. 64 at once
     if "clients" in cases:
         reps = MIN_REPS
@@ -1357,7 +1387,8 @@ def main():
           "; %bw = tok/s x weight bytes per token / the best probe before or after the case"
           "; paired: each decode repetition against the probes just before and after it")
     amx = [x for x in res["machine"].get("cpu_simd", []) if x.startswith("amx")]
-    print(f"CPU: {res['machine'].get('cpu')}; " + (f"AMX: {' '.join(amx)} (nxd has no AMX path yet: not used)" if amx
+    print(f"CPU: {res['machine'].get('cpu')}; " + (f"AMX: {' '.join(amx)} (nxd's prefill and steps of many tokens "
+                                                   "take it; the amx case compares NX_KERN=avx512)" if amx
                                                    else "AMX: not available"))
     print(f"llama.cpp: llama-cpp-python {llama_info.get('llama_cpp_python')}; "
           f"llama-server {llama_info.get('llama_server_version', '?').splitlines()[0] if llama_info.get('llama_server_version') else '?'}")

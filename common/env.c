@@ -35,6 +35,7 @@ void nx_env_read(struct nx_env *e)
 		.journal = getenv("JOURNAL_STREAM") != NULL,
 		.test_spec_shared = value("NXD_TEST_SPEC_SHARED") != NULL,
 		.test_spec_fit = value("NXD_TEST_SPEC_FIT"),
+		.test_amx_emulate = value("NXD_TEST_AMX_EMULATE") != NULL,
 	};
 }
 

@@ -9,7 +9,7 @@
  * and systemd's own (LISTEN_FDS, NOTIFY_SOCKET: libsystemd):
  *
  *   variable                  field                 meaning
- *   NX_KERN                   kern                  the strongest kernel set to use: ref, avx2 or avx512
+ *   NX_KERN                   kern                  the strongest kernel set to use: ref, avx2, avx512 or amx
  *                                                   (kern/cpu.h applies it); unset: the strongest the CPU runs
  *   NX_HUGE                   huge                  "0": the weights on 4 KiB pages; else 2 MiB ones
  *   NX_PACK                   pack                  "0": no tile-kernel layout (model/repack.h); else packed
@@ -28,6 +28,9 @@
  *                                                   (seconds) that speculation's cost rules use instead of the
  *                                                   measured one; after "/" the draft model's (else the same)
  *                                                   (test hook: a compute- or a bandwidth-bound host)
+ *   NXD_TEST_AMX_EMULATE      test_amx_emulate      set (any value): where the pack family runs avx512 (no
+ *                                                   AMX), steps of many tokens take the AMX kernels with each
+ *                                                   tile instruction emulated (test hook: kern/pack_amx.c)
  *   JOURNAL_STREAM            journal               set by systemd: log lines carry <priority> prefixes
  *
  * The strings are getenv's; NULL when unset or empty. */
@@ -44,6 +47,7 @@ struct nx_env {
 	bool journal;
 	bool test_spec_shared;
 	const char *test_spec_fit;
+	bool test_amx_emulate;
 };
 
 /* The process's, read before main (a constructor): the same in every thread,

@@ -178,6 +178,24 @@ static void pick_type(struct nxd_model *mo)
 		*p = (char)toupper((unsigned char)*p);
 }
 
+/* The tile state asked of Linux before any kernel is chosen, the fork and the
+ * seccomp filter (kern/cpu.h); said once, for the model and not its draft. */
+static void kern_amx_at_start(void)
+{
+	static bool said;
+	const uint32_t need = NX_CPU_AMX_TILE | NX_CPU_AMX_INT8;
+	const bool has = (nx_cpu_features() & need) == need, got = nx_cpu_amx_request();
+	if (said || !has)
+		return;
+	said = true;
+	if (!got)
+		nxd_warn("kernels: the CPU has AMX-INT8 but Linux refused the tile state (arch_prctl "
+			 "ARCH_REQ_XCOMP_PERM): steps run the AVX-512 kernels");
+	else
+		nxd_info("kernels: AMX-INT8 tiles for steps of many tokens%s",
+			 nx_kern_set(NX_KFAM_PACK) == NX_KSET_AMX ? "" : " not used (NX_KERN below amx)");
+}
+
 /* The file at path into mo: read (or mapped), parsed, bound, packed and
  * made read-only. The model and the draft model (draft.c) both come this
  * way, so every rule of the loader applies to both. */
@@ -188,6 +206,7 @@ int nxd_model_load_weights(struct nxd *d, struct nxd_model *mo, const char *path
 	struct nx_err kerr = {{0}};
 	if (nx_kern_env_check(&kerr) < 0)
 		nxd_warn("%s", kerr.msg);
+	kern_amx_at_start();
 	int fd = open_model(path, &size, err);
 	if (fd < 0)
 		return -1;

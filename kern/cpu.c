@@ -6,6 +6,8 @@
 #include <cpuid.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- detection */
 
@@ -70,6 +72,31 @@ static uint32_t detect(void)
 	return f;
 }
 
+/* NX_CPU_AMX_PERM once Linux has given the tile state (nx_cpu_amx_request). */
+static _Atomic uint32_t amx_perm;
+/* Each family's set + 1 once chosen (nx_kern_set); lock-free for the reason features is. */
+static _Atomic uint8_t chosen[NX_KFAM_N];
+
+/* arch/x86/include/uapi/asm/prctl.h, and the tile data's XSTATE component */
+#define ARCH_GET_XCOMP_PERM 0x1022
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+bool nx_cpu_amx_request(void)
+{
+	const uint32_t need = NX_CPU_AMX_TILE | NX_CPU_AMX_INT8;
+	if ((nx_cpu_features() & need) != need)
+		return false;
+	uint64_t perm = 0;
+	if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0 ||
+	    syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) != 0 || !(perm & (1ull << XFEATURE_XTILEDATA)))
+		return false;
+	if (!atomic_exchange(&amx_perm, NX_CPU_AMX_PERM))
+		for (int f = 0; f < NX_KFAM_N; f++) /* a choice made before the permission is made again */
+			atomic_store(&chosen[f], 0);
+	return true;
+}
+
 /* Features | KNOWN once detected. Without pthread_once: it would end with a
  * private futex wake, which the worker sandbox does not allow; every caller
  * computes the same value. */
@@ -83,12 +110,12 @@ uint32_t nx_cpu_features(void)
 		f = detect() | KNOWN;
 		atomic_store_explicit(&features, f, memory_order_relaxed);
 	}
-	return f & ~KNOWN;
+	return (f & ~KNOWN) | atomic_load_explicit(&amx_perm, memory_order_relaxed);
 }
 
 /* ---------------------------------------------------------------- the table */
 
-static const char *const kset_names[NX_KSET_N] = { "ref", "avx2", "avx512" };
+static const char *const kset_names[NX_KSET_N] = { "ref", "avx2", "avx512", "amx" };
 
 const char *nx_kset_name(enum nx_kset k)
 {
@@ -107,6 +134,7 @@ int nx_kset_parse(const char *name)
 #define AVX2_SET (NX_CPU_AVX2 | NX_CPU_FMA | NX_CPU_F16C)
 #define AVX512_CORE (NX_CPU_AVX512F | NX_CPU_AVX512BW | NX_CPU_AVX512VL)
 #define AVX512_SET (AVX2_SET | AVX512_CORE | NX_CPU_AVX512DQ | NX_CPU_AVX512VNNI)
+#define AMX_SET (AVX512_SET | NX_CPU_AMX_TILE | NX_CPU_AMX_INT8 | NX_CPU_AMX_PERM)
 #define NONE (1u << 31) /* the family has no kernel in that set */
 
 /* What family f's kernel in set k needs. The reference needs nothing. A
@@ -116,14 +144,15 @@ static const struct {
 	const char *name;
 	uint32_t need[NX_KSET_N];
 } families[NX_KFAM_N] = {
-	[NX_KFAM_DOT] = { "dot", { 0, AVX2_SET, AVX512_SET } },
+	[NX_KFAM_DOT] = { "dot", { 0, AVX2_SET, AVX512_SET, NONE } },
 	/* rmsnorm and the side values need less, but go with the dot kernels' sets */
-	[NX_KFAM_NORM] = { "norm", { 0, AVX2_SET, AVX512_SET } },
-	[NX_KFAM_PACK] = { "pack", { 0, NONE, AVX512_SET } },
-	[NX_KFAM_PACK_ACT] = { "pack_act", { 0, AVX2_SET, NONE } },
-	[NX_KFAM_ATTN] = { "attn", { 0, NONE, AVX2_SET | AVX512_CORE | NX_CPU_AVX512DQ } },
+	[NX_KFAM_NORM] = { "norm", { 0, AVX2_SET, AVX512_SET, NONE } },
+	/* amx: the AVX-512 kernels, and the AMX ones for steps of many tokens (kern/pack.h) */
+	[NX_KFAM_PACK] = { "pack", { 0, NONE, AVX512_SET, AMX_SET } },
+	[NX_KFAM_PACK_ACT] = { "pack_act", { 0, AVX2_SET, NONE, NONE } },
+	[NX_KFAM_ATTN] = { "attn", { 0, NONE, AVX2_SET | AVX512_CORE | NX_CPU_AVX512DQ, NONE } },
 	/* the reference is plain vectors of eight floats (lora/delta.c) */
-	[NX_KFAM_LORA] = { "lora", { 0, NONE, AVX512_CORE | NX_CPU_F16C } },
+	[NX_KFAM_LORA] = { "lora", { 0, NONE, AVX512_CORE | NX_CPU_F16C, NONE } },
 };
 
 const char *nx_kfamily_name(enum nx_kfamily f)
@@ -160,12 +189,9 @@ int nx_kern_env_check(struct nx_err *err)
 {
 	const char *want = nx_env()->kern;
 	if (want && nx_kset_parse(want) < 0)
-		return nx_errf(err, "NX_KERN=%s is not a kernel set (ref, avx2, avx512): ignored", want);
+		return nx_errf(err, "NX_KERN=%s is not a kernel set (ref, avx2, avx512, amx): ignored", want);
 	return 0;
 }
-
-/* Each family's set + 1 once chosen; lock-free for the reason features is. */
-static _Atomic uint8_t chosen[NX_KFAM_N];
 
 enum nx_kset nx_kern_set(enum nx_kfamily f)
 {

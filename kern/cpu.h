@@ -21,19 +21,25 @@ enum nx_cpu_feature {
 	NX_CPU_AVX512VNNI = 1u << 7,
 	NX_CPU_AVX512BF16 = 1u << 8,
 	NX_CPU_AVX512FP16 = 1u << 9,
-	/* Linux also wants arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
-	 * before the first tile instruction (which is fatal without it): the
-	 * supervisor's request, before the fork, holds for the workers too, and
-	 * it must come before the seccomp filter. Nothing uses AMX yet. */
 	NX_CPU_AMX_TILE = 1u << 10,
 	NX_CPU_AMX_INT8 = 1u << 11,
 	NX_CPU_AMX_BF16 = 1u << 12,
+	/* Linux gave this process the tile data state (nx_cpu_amx_request): a
+	 * tile instruction without it is fatal. Not a CPUID bit. */
+	NX_CPU_AMX_PERM = 1u << 13,
 };
-#define NX_CPU_ALL ((1u << 13) - 1)
+#define NX_CPU_ALL ((1u << 14) - 1)
 
 /* This CPU's features (enum nx_cpu_feature bits): detected on the first call,
  * without locks or syscalls (a worker in its sandbox may be the first). */
 uint32_t nx_cpu_features(void);
+
+/* Asks Linux for the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA)) where the CPU has AMX and the OS saves its state, so
+ * that NX_CPU_AMX_PERM is set; true when it is. Call it at start, before any
+ * kernel is chosen and before the seccomp filter: the permission and the
+ * choice then hold for the forked workers. Idempotent. */
+bool nx_cpu_amx_request(void);
 
 /* Kernel sets, weakest first. A set may only swap kernels for faster ones
  * computing the same thing: layouts and results are the reference's. */
@@ -41,10 +47,11 @@ enum nx_kset {
 	NX_KSET_REF,    /* the scalar references, or plain vectors */
 	NX_KSET_AVX2,
 	NX_KSET_AVX512,
+	NX_KSET_AMX,    /* AVX-512 with AMX-INT8 tiles for steps of many tokens (the pack family only) */
 	NX_KSET_N,
 };
 
-/* "ref", "avx2", "avx512". */
+/* "ref", "avx2", "avx512", "amx". */
 const char *nx_kset_name(enum nx_kset k);
 /* The set of that name, or -1. */
 int nx_kset_parse(const char *name);

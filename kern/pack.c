@@ -1,6 +1,7 @@
 /* pack.c - packed layouts (kern/pack.h): packing, unpacking, activation side values, the reference kernels and the choice of kernel. */
 #include "kern/pack.h"
 
+#include "common/env.h"
 #include "kern/cpu.h"
 #include "kern/pack_k.h"
 
@@ -287,13 +288,21 @@ static _Atomic int use_simd;
 bool nx_pack_fast(enum nx_type t)
 {
 	if (!use_simd)
-		use_simd = nx_kern_set(NX_KFAM_PACK) == NX_KSET_AVX512 ? 2 : 1;
+		use_simd = nx_kern_set(NX_KFAM_PACK) >= NX_KSET_AVX512 ? 2 : 1; /* amx: the AVX-512 kernels too */
 	return use_simd == 2 && nx_pack_layout(t) && (nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t));
 }
 
 nx_pack_epi_fn nx_pack_epilogue(void)
 {
 	return nx_pack_fast(NX_Q8_0) ? nx_pack_avx512_epilogue() : epi_ref;
+}
+
+nx_pack_fn nx_pack_kernel_amx(enum nx_type t)
+{
+	const enum nx_kset k = nx_kern_set(NX_KFAM_PACK);
+	if (k == NX_KSET_AMX)
+		return nx_pack_amx_kernel(t, false);
+	return k == NX_KSET_AVX512 && nx_env()->test_amx_emulate ? nx_pack_amx_kernel(t, true) : NULL;
 }
 
 nx_pack_fn nx_pack_kernel(enum nx_type t)

@@ -83,6 +83,7 @@
 
 #define NX_PACK_ROWS 16
 #define NX_PACK_ACT_MAX 4 /* tokens per kernel call */
+#define NX_PACK_AMX_MAX 16 /* tokens per AMX kernel call */
 
 /* True when type t has a packed layout (whatever the CPU): q4_0, q4_1, q5_0,
  * q5_1, q8_0, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs. */
@@ -91,7 +92,7 @@ bool nx_pack_layout(enum nx_type t);
 bool nx_pack_needs_c16(enum nx_type t);
 /* True when this CPU has a SIMD kernel for t's packed layout: only then is
  * packing worth it (the reference kernel is for tests). False unless kern/cpu.c
- * picks avx512 for the pack family (so with NX_KERN=ref or avx2). */
+ * picks avx512 or amx for the pack family (so with NX_KERN=ref or avx2). */
 bool nx_pack_fast(enum nx_type t);
 
 /* Packs 16 plain rows (row r at rows + r * row_bytes, n_in elements each) into
@@ -147,5 +148,18 @@ nx_pack_epi_fn nx_pack_epilogue_ref(void);
 nx_pack_fn nx_pack_kernel(enum nx_type t);
 /* The scalar reference kernel; NULL without a layout. */
 nx_pack_fn nx_pack_kernel_ref(enum nx_type t);
+
+/* The AMX-INT8 kernels (kern/pack_amx.c): as nx_pack_fn but for n_act up to
+ * NX_PACK_AMX_MAX, each result bit-identical to the AVX-512 kernel's and the
+ * reference's. For q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k and q5_k; NULL
+ * for the other types. The engine's: where kern/cpu.c picks amx for the pack
+ * family (the CPU has AMX-INT8, Linux gave the tile state, NX_KERN allows
+ * amx), else NULL; but with NXD_TEST_AMX_EMULATE, where the pack family runs
+ * avx512, the emulated kernels. */
+nx_pack_fn nx_pack_kernel_amx(enum nx_type t);
+/* The kernels themselves: emulated, every tile instruction done in scalar code
+ * as the ISA defines it (for tests; needs what the AVX-512 kernels need), or
+ * not (call only where nx_kern_set(NX_KFAM_PACK) is NX_KSET_AMX). */
+nx_pack_fn nx_pack_amx_kernel(enum nx_type t, bool emulated);
 
 #endif

@@ -9,7 +9,7 @@
  * tokens and vectors are unrolled by pragma: at -O2 GCC leaves them
  * rolled, keeps the accumulators in stack arrays and the kernel runs at half
  * speed (store-forwarding chains). Built without
- * -m flags (target attributes), used only where kern/cpu.c picks avx512 for the pack family. */
+ * -m flags (target attributes), used only where kern/cpu.c picks avx512 or amx for the pack family. */
 #include "kern/pack.h"
 #include "kern/pack_tile_avx512.h"
 #include "kern/vexp_avx512.h"
@@ -25,10 +25,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		  const int GB, const int M, const int H, const int QS, const int SHIFT, const bool GRID, const bool LO)
 {
 	const int64_t nb = n_in / 32;
-	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-	const __m512i grid = GRID ? _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl)),
-						    _mm512_set1_epi8((char)0x80))
-				  : _mm512_setzero_si512();
+	const __m512i grid = nib_grid(GRID);
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
 	#pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
@@ -39,23 +36,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		__m512i lo[4], hi[4];
-		#pragma GCC unroll 4
-		for (int c = 0; c < 4; c++) {
-			const __m512i v = _mm512_loadu_si512((const void *)(o + QS + 64 * c));
-			lo[c] = _mm512_and_si512(v, m4);
-			hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-			if (GRID) {
-				lo[c] = _mm512_shuffle_epi8(grid, lo[c]);
-				hi[c] = _mm512_shuffle_epi8(grid, hi[c]);
-			}
-			if (H >= 0) { /* the fifth bits: one mask bit per byte of the vector */
-				uint64_t hl, hh;
-				memcpy(&hl, o + H + 8 * c, 8);
-				memcpy(&hh, o + H + 8 * (4 + c), 8);
-				lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(hl), lo[c], bit4);
-				hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(hh), hi[c], bit4);
-			}
-		}
+		nib_decode(o, H, QS, GRID, grid, lo, hi);
 		#pragma GCC unroll 4
 		for (int i = 0; i < NA; i++) {
 			/* four chains: the hi part (h*) and the lo part (l*), low and high nibbles */

@@ -9,7 +9,7 @@ bool nx_pack_k_type(enum nx_type t);
 void nx_pack_k_group(enum nx_type t, const void *rows, size_t row_bytes, void *dst, int64_t n_in);
 void nx_unpack_k_row(enum nx_type t, const void *group, int r, void *dst, int64_t n_in);
 nx_pack_fn nx_pack_k_kernel_ref(enum nx_type t);
-/* The AVX-512 VNNI kernels (kern/pack_k_avx512.c); call only where kern/cpu.c picks avx512 for the pack family. */
+/* The AVX-512 VNNI kernels (kern/pack_k_avx512.c); call only where kern/cpu.c picks avx512 or amx for the pack family. */
 nx_pack_fn nx_pack_k_avx512_kernel(enum nx_type t);
 
 /* Offsets inside one super-block of a group (kern/pack.h describes the layouts). */

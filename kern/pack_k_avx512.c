@@ -8,31 +8,9 @@
  * and 4-7 float ops. q6_k's -32 offset (q3_k's -4) comes in as the starting value of the
  * lo part's integer sums (nx_pack_act.c16), and q2_k's mins against c16 as floats. Every lane follows
  * kern/pack_k.c's reference arithmetic exactly. Built without -m flags (target
- * attributes), used only where kern/cpu.c picks avx512 for the pack family. */
+ * attributes), used only where kern/cpu.c picks avx512 or amx for the pack family. */
 #include "kern/pack_k.h"
 #include "kern/pack_tile_avx512.h"
-
-/* 16 bytes (one per row) widened to 16 int32 lanes. */
-INL __m512i lanes_u8(const uint8_t *p)
-{
-	return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-}
-
-INL __m512i lanes_i8(const uint8_t *p)
-{
-	return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-}
-
-INL __m512i load(const uint8_t *p)
-{
-	return _mm512_loadu_si512((const void *)p);
-}
-
-/* a | (b & c), bitwise */
-INL __m512i or_and(__m512i a, __m512i b, __m512i c)
-{
-	return _mm512_ternarylogic_epi32(a, b, c, 0xf8);
-}
 
 /* q4_k (q5 false) and q5_k; NA tokens (a compile-time constant in each
  * instance: with the loops unrolled the accumulators and decoded weights live
@@ -42,8 +20,6 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 {
 	const int64_t nb = n_in / 32;
 	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
-	const __m512i m4 = _mm512_set1_epi8(0x0f), m63 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30),
-		      bit4 = _mm512_set1_epi8(0x10);
 	__m512 acc[NX_PACK_ACT_MAX];
 #pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
@@ -51,35 +27,15 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 	const uint8_t *o = group;
 	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += sbb) {
 		const uint8_t *hdr = o + PK_K4_HDR(q5);
-		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_D)));
-		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-			_mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_DMIN)))),
-			_mm512_set1_epi32((int)0x80000000)));
+		__m512 d, ndmin;
+		k4_super(hdr, &d, &ndmin);
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
 			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), NA);
-			const __m512i s0 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c)), s1 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c + 1));
-			const __m512i ml = lanes_u8(hdr + PK_K4_MLO + 16 * c);
-			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d);
-			const __m512 dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s1, m63)), d);
-			const __m512i mn0 = or_and(_mm512_and_si512(ml, _mm512_set1_epi32(15)), _mm512_srli_epi32(s0, 2), m30);
-			const __m512i mn1 = or_and(_mm512_srli_epi32(ml, 4), _mm512_srli_epi32(s1, 2), m30);
-			const __m512 nm0 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn0), ndmin);
-			const __m512 nm1 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn1), ndmin);
+			__m512 dsc0, dsc1, nm0, nm1;
+			k4_scales(hdr, c, d, ndmin, &dsc0, &dsc1, &nm0, &nm1);
 			__m512i lo[8], hi[8];
-#pragma GCC unroll 8
-			for (int w = 0; w < 8; w++) {
-				const __m512i v = load(o + PK_K4_QS + 64 * (8 * c + w));
-				lo[w] = _mm512_and_si512(v, m4);
-				hi[w] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-				if (q5) { /* bit 2c of qh to bit 4 of the low, bit 2c + 1 to bit 4 of the high nibbles */
-					const __m512i h = load(o + PK_K5_QH + 64 * w);
-					const __m512i h0 = c < 2 ? _mm512_slli_epi16(h, 4 - 2 * c) : c == 2 ? h : _mm512_srli_epi16(h, 2);
-					const __m512i h1 = c < 2 ? _mm512_slli_epi16(h, 3 - 2 * c) : _mm512_srli_epi16(h, 2 * c - 3);
-					lo[w] = or_and(lo[w], h0, bit4);
-					hi[w] = or_and(hi[w], h1, bit4);
-				}
-			}
+			k4_decode(o, c, q5, lo, hi);
 			const int64_t b = b0 + 2 * c;
 #pragma GCC unroll 4
 			for (int i = 0; i < NA; i++) {

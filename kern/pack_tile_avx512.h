@@ -1,5 +1,5 @@
-/* pack_tile_avx512.h - what the AVX-512 tile kernel files (pack_avx512.c, pack_k_avx512.c) share:
- * their target attributes, the broadcast of an activation word, and the
+/* pack_tile_avx512.h - what the AVX-512 and AMX tile kernel files (pack_avx512.c, pack_k_avx512.c, pack_amx.c) share:
+ * their target attributes, the broadcast of an activation word, the weight decoders and the
  * per-NA instancing of a kernel. Include only from those files. */
 #ifndef NX_PACK_TILE_AVX512_H
 #define NX_PACK_TILE_AVX512_H
@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kern/pack.h"
+#include "kern/pack_k.h"
 
 #define TGT_STR "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
 #define TGT __attribute__((target(TGT_STR)))
@@ -77,6 +78,107 @@ INL void pf_ahead(const uint8_t *o, const int bytes, const int NA)
 INL __m512i comb(__m512i hi, __m512i lo)
 {
 	return _mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo);
+}
+
+/* 16 bytes (one per row) widened to 16 int32 lanes. */
+INL __m512i lanes_u8(const uint8_t *p)
+{
+	return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+INL __m512i lanes_i8(const uint8_t *p)
+{
+	return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+INL __m512i load(const uint8_t *p)
+{
+	return _mm512_loadu_si512((const void *)p);
+}
+
+/* a | (b & c), bitwise */
+INL __m512i or_and(__m512i a, __m512i b, __m512i c)
+{
+	return _mm512_ternarylogic_epi32(a, b, c, 0xf8);
+}
+
+/* q4_k's and q5_k's super-block scales d and -dmin, one lane per row (hdr: PK_K4_HDR). */
+INL void k4_super(const uint8_t *hdr, __m512 *d, __m512 *ndmin)
+{
+	*d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_D)));
+	*ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+		_mm512_castps_si512(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(hdr + PK_K4_DMIN)))),
+		_mm512_set1_epi32((int)0x80000000)));
+}
+
+/* Sub-blocks 2c and 2c + 1 of a q4_k / q5_k super-block: d * scale (dsc*) and -dmin * min (nm*) per row. */
+INL void k4_scales(const uint8_t *hdr, int c, __m512 d, __m512 ndmin, __m512 *dsc0, __m512 *dsc1, __m512 *nm0,
+		   __m512 *nm1)
+{
+	const __m512i m63 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30);
+	const __m512i s0 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c)), s1 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c + 1));
+	const __m512i ml = lanes_u8(hdr + PK_K4_MLO + 16 * c);
+	*dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d);
+	*dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s1, m63)), d);
+	const __m512i mn0 = or_and(_mm512_and_si512(ml, _mm512_set1_epi32(15)), _mm512_srli_epi32(s0, 2), m30);
+	const __m512i mn1 = or_and(_mm512_srli_epi32(ml, 4), _mm512_srli_epi32(s1, 2), m30);
+	*nm0 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn0), ndmin);
+	*nm1 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn1), ndmin);
+}
+
+/* The weight bytes of sub-blocks 2c (lo[w]) and 2c + 1 (hi[w]) of a q4_k / q5_k
+ * super-block o, lane r = elements 4w .. 4w+3 of row r, q5: the fifth bits merged in. */
+INL void k4_decode(const uint8_t *o, const int c, const bool q5, __m512i lo[8], __m512i hi[8])
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+#pragma GCC unroll 8
+	for (int w = 0; w < 8; w++) {
+		const __m512i v = load(o + PK_K4_QS + 64 * (8 * c + w));
+		lo[w] = _mm512_and_si512(v, m4);
+		hi[w] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+		if (q5) { /* bit 2c of qh to bit 4 of the low, bit 2c + 1 to bit 4 of the high nibbles */
+			const __m512i h = load(o + PK_K5_QH + 64 * w);
+			const __m512i h0 = c < 2 ? _mm512_slli_epi16(h, 4 - 2 * c) : c == 2 ? h : _mm512_srli_epi16(h, 2);
+			const __m512i h1 = c < 2 ? _mm512_slli_epi16(h, 3 - 2 * c) : _mm512_srli_epi16(h, 2 * c - 3);
+			lo[w] = or_and(lo[w], h0, bit4);
+			hi[w] = or_and(hi[w], h1, bit4);
+		}
+	}
+}
+
+/* iq4_nl's grid + 128 in every 128-bit lane (GRID), for nib_decode's lookups; else zeros. */
+INL __m512i nib_grid(const bool GRID)
+{
+	return GRID ? _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl)),
+				      _mm512_set1_epi8((char)0x80))
+		    : _mm512_setzero_si512();
+}
+
+/* The weight bytes of one group block o of a 4-bit type (kern/pack.h): lo[c]
+ * lane r = elements 4c .. 4c+3 of row r, hi[c] = elements 16+4c .. 16+4c+3,
+ * each an unsigned code: the nibble, looked up in grid (GRID), with the fifth
+ * bits from the masks at H added (H >= 0). Nibble vectors at QS. */
+INL void nib_decode(const uint8_t *o, const int H, const int QS, const bool GRID, __m512i grid, __m512i lo[4],
+		    __m512i hi[4])
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+	#pragma GCC unroll 4
+	for (int c = 0; c < 4; c++) {
+		const __m512i v = _mm512_loadu_si512((const void *)(o + QS + 64 * c));
+		lo[c] = _mm512_and_si512(v, m4);
+		hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+		if (GRID) {
+			lo[c] = _mm512_shuffle_epi8(grid, lo[c]);
+			hi[c] = _mm512_shuffle_epi8(grid, hi[c]);
+		}
+		if (H >= 0) { /* the fifth bits: one mask bit per byte of the vector */
+			uint64_t hl, hh;
+			memcpy(&hl, o + H + 8 * c, 8);
+			memcpy(&hh, o + H + 8 * (4 + c), 8);
+			lo[c] = _mm512_mask_add_epi8(lo[c], _cvtu64_mask64(hl), lo[c], bit4);
+			hi[c] = _mm512_mask_add_epi8(hi[c], _cvtu64_mask64(hh), hi[c], bit4);
+		}
+	}
 }
 
 /* NAME_tile for n_act tokens (1..4), NA a compile-time constant per case. */

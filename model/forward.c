@@ -599,9 +599,15 @@ static inline float gelu_tanh(float x)
 /* Tokens per dot_rows call: up to 2 * TOK_CHUNK activation rows against one weight row. */
 #define TOK_CHUNK 8
 
+/* Runs of at least this many tokens take the AMX kernels where there are
+ * some (a guess until measured on an AMX host: their tile work per block is
+ * fixed, the AVX-512 kernels' grows with the tokens). */
+#define AMX_MIN_TOKENS 8
+
 /* The packed path of matmul and matmul_logits (kern/pack.h): a tile kernel dots
  * 16 weight rows with the two-part activations of up to NX_PACK_ACT_MAX tokens
- * per call, each weight block unpacked once for all of them. With toks, only
+ * per call (NX_PACK_AMX_MAX for the AMX kernels), each weight block unpacked
+ * once for all of them. With toks, only
  * tokens that want logits, written to row toks[t].logits_row of y. Each (row,
  * token) result does not depend on the chunk it was computed in, as in matmul.
  * Returns false, having done nothing, when it does not apply: no packed copy,
@@ -615,18 +621,24 @@ static bool matmul_packed(const struct nx_wt *w, struct act a, int n, int r0, in
 	if (!w->packed || !a.pd || (nx_pack_needs_c16(w->type) && !a.pc16) || a.lo != rs || a.stride != 2 * rs ||
 	    r0 % NX_PACK_ROWS || r1 % NX_PACK_ROWS)
 		return false;
-	const nx_pack_fn kern = nx_pack_kernel(w->type);
+	const nx_pack_fn tile = nx_pack_kernel(w->type), amx = n >= AMX_MIN_TOKENS ? nx_pack_kernel_amx(w->type) : NULL;
 	const nx_pack_epi_fn epi = nx_pack_epilogue();
 	const size_t gbytes = NX_PACK_ROWS * w->row_bytes;
-	float out[NX_PACK_ACT_MAX * NX_PACK_ROWS], *yt[NX_PACK_ACT_MAX];
+	const int max = amx ? NX_PACK_AMX_MAX : NX_PACK_ACT_MAX;
+	float out[NX_PACK_AMX_MAX * NX_PACK_ROWS], *yt[NX_PACK_AMX_MAX];
 	for (int t0 = 0; t0 < n;) {
 		if (toks && toks[t0].logits_row < 0) {
 			t0++;
 			continue;
 		}
 		int cnt = 1; /* a run of tokens: their activation rows are evenly spaced */
-		while (cnt < NX_PACK_ACT_MAX && t0 + cnt < n && (!toks || toks[t0 + cnt].logits_row >= 0))
+		while (cnt < max && t0 + cnt < n && (!toks || toks[t0 + cnt].logits_row >= 0))
 			cnt++;
+		nx_pack_fn kern = tile;
+		if (amx && cnt >= AMX_MIN_TOKENS)
+			kern = amx;
+		else if (cnt > NX_PACK_ACT_MAX)
+			cnt = NX_PACK_ACT_MAX;
 		const size_t i0 = (size_t)t0 * nb;
 		const struct nx_pack_act pa = {a.data + (size_t)t0 * a.stride, a.stride, a.lo, a.pd + i0, a.ps + i0,
 					       a.pc + i0, nb, a.pc16 ? a.pc16 + 2 * i0 : NULL, a.lo_zero};

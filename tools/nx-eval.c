@@ -487,6 +487,7 @@ int main(int argc, char **argv)
 	struct nx_err err = {{0}};
 	if (nx_kern_env_check(&err) < 0)
 		fprintf(stderr, "nx-eval: warning: %s\n", err.msg);
+	nx_cpu_amx_request(); /* before the kernels are chosen (kern/cpu.h) */
 	if (gguf_open(&gm, path, &err))
 		die("%s", err.msg);
 	if (n_gen >= 0) {

@@ -50,7 +50,7 @@ static const int *op_rows = rows_32, *op_in = in_32;
 
 static enum nx_type wtype = NX_Q4_1;
 static int n_threads = 2, n_tok = 1, n_steps = 50;
-static bool use_barrier, in_cache, one_part;
+static bool use_barrier, in_cache, one_part, use_amx;
 static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
 static uint8_t *act;                  /* n_tok tokens' hi and lo rows of MAX_IN elements */
 static _Atomic unsigned arrived, round_no;
@@ -78,9 +78,9 @@ static void barrier(void)
 static void *run(void *arg)
 {
 	const int b = (int)(intptr_t)arg;
-	const nx_pack_fn kern = nx_pack_kernel(wtype);
-	float d[NX_PACK_ACT_MAX * MAX_IN / 32], s[NX_PACK_ACT_MAX * MAX_IN / 32], out[NX_PACK_ACT_MAX * NX_PACK_ROWS];
-	int32_t c[NX_PACK_ACT_MAX * MAX_IN / 32], c16[NX_PACK_ACT_MAX * MAX_IN / 16];
+	const nx_pack_fn kern = use_amx ? nx_pack_kernel_amx(wtype) : nx_pack_kernel(wtype);
+	float d[NX_PACK_AMX_MAX * MAX_IN / 32], s[NX_PACK_AMX_MAX * MAX_IN / 32], out[NX_PACK_AMX_MAX * NX_PACK_ROWS];
+	int32_t c[NX_PACK_AMX_MAX * MAX_IN / 32], c16[NX_PACK_AMX_MAX * MAX_IN / 16];
 	double total = 0;
 	for (int step = -3; step < n_steps; step++) {
 		barrier();
@@ -137,8 +137,10 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d)] [-b] [-c] [-1] "
-			"[-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs] [-s steps]\n", MAX_THREADS, NX_PACK_ACT_MAX);
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d; -A: 1..%d)] [-b] [-c] [-1] [-A] "
+			"[-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs] [-s steps]\n"
+			"  -A: the AMX kernels (kern/pack_amx.c), where the CPU has AMX-INT8\n",
+		MAX_THREADS, NX_PACK_ACT_MAX, NX_PACK_AMX_MAX);
 	exit(2);
 }
 
@@ -162,12 +164,13 @@ static bool parse_type(const char *name)
 int main(int argc, char **argv)
 {
 	int opt;
-	while ((opt = getopt(argc, argv, "t:a:bc1T:s:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:a:bc1AT:s:")) != -1) {
 		switch (opt) {
 		case 't': n_threads = atoi(optarg); break;
 		case 'a': n_tok = atoi(optarg); break;
 		case 'b': use_barrier = true; break;
 		case 'c': in_cache = true; break;
+		case 'A': use_amx = true; break;
 		case '1': one_part = true; break;
 		case 's': n_steps = atoi(optarg); break;
 		case 'T':
@@ -177,9 +180,15 @@ int main(int argc, char **argv)
 		default: usage();
 		}
 	}
-	if (optind < argc || n_threads < 1 || n_threads > MAX_THREADS || n_tok < 1 || n_tok > NX_PACK_ACT_MAX ||
+	if (optind < argc || n_threads < 1 || n_threads > MAX_THREADS || n_tok < 1 || n_tok > (use_amx ? NX_PACK_AMX_MAX : NX_PACK_ACT_MAX) ||
 	    n_steps < 1)
 		usage();
+	nx_cpu_amx_request();
+	if (use_amx && !nx_pack_kernel_amx(wtype)) {
+		fprintf(stderr, "nx-packbench: AMX: not available for %s (%s)\n", nx_type_name(wtype),
+			nx_kern_set(NX_KFAM_PACK) == NX_KSET_AMX ? "no AMX kernel for the type" : "the pack family does not run amx here");
+		return 1;
+	}
 	if (!nx_pack_fast(wtype))
 		fprintf(stderr, "nx-packbench: no SIMD tile kernel for %s on this CPU: timing the reference\n",
 			nx_type_name(wtype));
@@ -199,7 +208,7 @@ int main(int argc, char **argv)
 	float *x = malloc(sizeof(float) * MAX_IN * NX_PACK_ROWS);
 	uint8_t *rows = malloc(NX_PACK_ROWS * (size_t)nx_row_size(wtype, MAX_IN));
 	size_t qr = (size_t)nx_row_size(NX_Q8_0, MAX_IN);
-	act = malloc(2 * qr * NX_PACK_ACT_MAX);
+	act = malloc(2 * qr * NX_PACK_AMX_MAX);
 	if (!x || !rows || !act) {
 		fprintf(stderr, "nx-packbench: out of memory\n");
 		return 1;
@@ -217,7 +226,7 @@ int main(int argc, char **argv)
 				nx_pack_group(wtype, rows, rb, p, op_in[o]);
 			}
 		}
-	for (int t = 0; t < NX_PACK_ACT_MAX; t++) { /* two-part activations, whatever op reads them */
+	for (int t = 0; t < NX_PACK_AMX_MAX; t++) { /* two-part activations, whatever op reads them */
 		nx_type_get(NX_Q8_0)->quant2(x + t * MAX_IN, act + 2 * t * qr, act + 2 * t * qr + qr, MAX_IN);
 		if (one_part)
 			memset(act + 2 * t * qr + qr, 0, qr);

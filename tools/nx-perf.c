@@ -371,6 +371,7 @@ int main(int argc, char **argv)
 	struct nx_err kerr = {{0}};
 	if (nx_kern_env_check(&kerr) < 0)
 		fprintf(stderr, "nx-perf: warning: %s\n", kerr.msg);
+	nx_cpu_amx_request(); /* before the kernels are chosen (kern/cpu.h) */
 
 	if (clk != CLOCK_MONOTONIC)
 		cpu_scale = n_threads;

@@ -24,6 +24,7 @@ void nx_kern_avx512_install(struct nx_type_traits *tab, size_t n);
 #define REF NX_KSET_REF
 #define AVX2 NX_KSET_AVX2
 #define AVX512 NX_KSET_AVX512
+#define AMX NX_KSET_AMX
 
 #define F_AVX2 (NX_CPU_AVX2 | NX_CPU_FMA | NX_CPU_F16C)
 #define F_SKX (F_AVX2 | NX_CPU_AVX512F | NX_CPU_AVX512BW | NX_CPU_AVX512VL | NX_CPU_AVX512DQ)
@@ -45,6 +46,14 @@ static const struct {
 	{ "Ice Lake / Zen 4", F_ICX, AVX512, { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
 	{ "Sapphire Rapids", F_SPR, AVX512, { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
 	{ "every bit", ~0u, AVX512, { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
+	/* the tiles only with Linux's permission, and only for the pack family */
+	{ "Sapphire Rapids, tiles permitted", F_SPR | NX_CPU_AMX_PERM, AMX, { AVX512, AVX512, AMX, AVX2, AVX512, AVX512 } },
+	{ "Sapphire Rapids, no permission", F_SPR, AMX, { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
+	{ "tiles permitted, no AMX-INT8", (F_SPR & ~NX_CPU_AMX_INT8) | NX_CPU_AMX_PERM, AMX,
+	  { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
+	{ "AMX without VNNI", (F_SKX | NX_CPU_AMX_TILE | NX_CPU_AMX_INT8 | NX_CPU_AMX_PERM), AMX,
+	  { AVX2, AVX2, REF, AVX2, AVX512, AVX512 } },
+	{ "every bit, uncapped", ~0u, AMX, { AVX512, AVX512, AMX, AVX2, AVX512, AVX512 } },
 	/* what each family needs, taken one at a time */
 	{ "Ice Lake, no DQ", F_ICX & ~NX_CPU_AVX512DQ, AVX512, { AVX2, AVX2, REF, AVX2, REF, AVX512 } },
 	{ "Ice Lake, no F16C", F_ICX & ~NX_CPU_F16C, AVX512, { REF, REF, REF, REF, REF, REF } },
@@ -53,6 +62,8 @@ static const struct {
 	  { REF, REF, REF, REF, REF, AVX512 } },
 	{ "AMX alone", NX_CPU_AMX_TILE | NX_CPU_AMX_INT8 | NX_CPU_AMX_BF16, AVX512, { REF, REF, REF, REF, REF, REF } },
 	/* NX_KERN caps every family */
+	{ "Sapphire Rapids, NX_KERN=avx512", F_SPR | NX_CPU_AMX_PERM, AVX512,
+	  { AVX512, AVX512, AVX512, AVX2, AVX512, AVX512 } },
 	{ "Sapphire Rapids, NX_KERN=avx2", F_SPR, AVX2, { AVX2, AVX2, REF, AVX2, REF, REF } },
 	{ "Sapphire Rapids, NX_KERN=ref", F_SPR, REF, { REF, REF, REF, REF, REF, REF } },
 	{ "Skylake-X, NX_KERN=avx2", F_SKX, AVX2, { AVX2, AVX2, REF, AVX2, REF, REF } },
@@ -99,6 +110,7 @@ static void test_names(void **state)
 	assert_string_equal(nx_kset_name(REF), "ref");
 	assert_string_equal(nx_kset_name(AVX2), "avx2");
 	assert_string_equal(nx_kset_name(AVX512), "avx512");
+	assert_string_equal(nx_kset_name(AMX), "amx");
 	assert_int_equal(nx_kset_parse("AVX2"), -1);
 	assert_int_equal(nx_kset_parse("avx512f"), -1);
 	assert_int_equal(nx_kset_parse(""), -1);
@@ -126,6 +138,7 @@ static void test_detect(void **state)
 		{ NX_CPU_AMX_TILE, __builtin_cpu_supports("amx-tile") },
 		{ NX_CPU_AMX_INT8, __builtin_cpu_supports("amx-int8") },
 		{ NX_CPU_AMX_BF16, __builtin_cpu_supports("amx-bf16") },
+		{ NX_CPU_AMX_PERM, 0 }, /* not a CPUID bit: only once asked for (test_amx_request) */
 	};
 	uint32_t all = 0;
 	for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++) {
@@ -215,13 +228,35 @@ static void run_child(const char *value, enum nx_kset cap, bool bad_name)
 
 static void test_nx_kern(void **state)
 {
-	run_child(NULL, AVX512, false);
-	run_child("", AVX512, false);
+	run_child(NULL, AMX, false); /* no cap: the strongest the CPU runs */
+	run_child("", AMX, false);
+	run_child("amx", AMX, false);
 	run_child("avx512", AVX512, false);
 	run_child("avx2", AVX2, false);
 	run_child("ref", REF, false);
-	run_child("avx-512", AVX512, true); /* ignored, and reported */
-	run_child("REF", AVX512, true);
+	run_child("avx-512", AMX, true); /* ignored, and reported */
+	run_child("REF", AMX, true);
+}
+
+/* Linux's permission for the tile state: asked for only where the CPU has
+ * AMX-INT8, and once given, the pack family's choice is made again with it. */
+static void test_amx_request(void **state)
+{
+	const uint32_t need = NX_CPU_AMX_TILE | NX_CPU_AMX_INT8;
+	const bool has = (nx_cpu_features() & need) == need;
+	(void)nx_kern_set(NX_KFAM_PACK); /* a choice made before the request */
+	const bool got = nx_cpu_amx_request();
+	assert_int_equal(!!(nx_cpu_features() & NX_CPU_AMX_PERM), got);
+	assert_int_equal(nx_kern_set(NX_KFAM_PACK), nx_kern_pick(NX_KFAM_PACK, nx_cpu_features(), nx_kern_cap()));
+	if (!has) {
+		assert_false(got);
+		print_message("AMX: not available on this CPU (the tile state is not asked for; the pack family runs %s)\n",
+			      nx_kset_name(nx_kern_set(NX_KFAM_PACK)));
+		return;
+	}
+	assert_true(got); /* Linux 5.16 and later give it */
+	assert_true(nx_cpu_amx_request());
+	print_message("AMX: the tile state given; the pack family runs %s\n", nx_kset_name(nx_kern_set(NX_KFAM_PACK)));
 }
 
 int main(int argc, char **argv)
@@ -239,6 +274,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_detect),
 		cmocka_unit_test(test_nx_kern),
+		cmocka_unit_test(test_amx_request),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

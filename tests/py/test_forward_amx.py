@@ -1,0 +1,103 @@
+"""The AMX route through the forward pass (kern/pack_amx.c, model/forward.c: matmul_packed): steps of
+many tokens take the AMX kernels, in calls of up to 16 tokens, and every logit stays bit-identical to
+the AVX-512 kernels' under every batching plan and thread count, with two-part and one-part activations.
+
+On a CPU without AMX the kernels run with each tile instruction emulated (NXD_TEST_AMX_EMULATE), which
+tests the route and the data flow; where the CPU has AMX-INT8 the engine takes the tiles by itself,
+and the comparison is with NX_KERN=avx512 (AMX off). tests/c/test_pack_amx.c holds the kernels to the
+scalar reference bit for bit."""
+import ctypes
+import os
+import subprocess
+import zlib
+
+import numpy as np
+import pytest
+
+import make_tiny
+from conftest import build_dir, tool
+from test_forward import SEQ_LENS, logits_every_plan
+
+# The types the AMX kernels cover, each in a model of its own, and the mixes (qwen2-mixed, llama-mixed:
+# their Q6_K / F16 / BF16 / F32 matrices stay on their own kernels beside them).
+NAMES = [n for n, kw in make_tiny.VARIANTS
+         if kw["wtype"] in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K") and "rope" not in n
+         and "yarn" not in n and "hd" not in n]
+KW = dict(make_tiny.VARIANTS)
+
+
+def amx_on_cpu():
+    """Whether this CPU's engine picks amx for the pack family by itself (asked through libnx.so)."""
+    so = ctypes.CDLL(str(build_dir() / "libnx.so"))
+    so.nx_cpu_amx_request.restype = ctypes.c_bool
+    so.nx_kern_set.restype = ctypes.c_int
+    so.nx_kern_set.argtypes = [ctypes.c_int]
+    so.nx_cpu_amx_request()
+    return so.nx_kern_set(2) == 3  # NX_KFAM_PACK, NX_KSET_AMX (kern/cpu.h)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("amx")
+    return {name: make_tiny.build(d / f"{name}.gguf", **KW[name]) for name in NAMES}
+
+
+def seqs_for(name):
+    n_vocab = KW[name].get("n_vocab", 300)  # make_tiny.build's default
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return {s: rng.integers(0, n_vocab, n) for s, n in SEQ_LENS.items()}
+
+
+def with_amx(monkeypatch, on):
+    """AMX on: the tiles where the CPU has them, else the emulated ones; off: the AVX-512 kernels alone."""
+    monkeypatch.delenv("NXD_TEST_AMX_EMULATE", raising=False)
+    monkeypatch.delenv("NX_KERN", raising=False)
+    if amx_on_cpu():
+        if not on:
+            monkeypatch.setenv("NX_KERN", "avx512")
+    elif on:
+        monkeypatch.setenv("NXD_TEST_AMX_EMULATE", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def needs_avx512_tiles():
+    if os.environ.get("NX_PACK") == "0" or os.environ.get("NX_KERN") in ("ref", "avx2"):
+        pytest.skip("no packed AVX-512 tile kernels in this run (NX_PACK / NX_KERN): the AMX route is theirs")
+    out = subprocess.run(["grep", "-qw", "avx512_vnni", "/proc/cpuinfo"])
+    if out.returncode != 0:
+        pytest.skip("no AVX-512 VNNI on this CPU: no tile kernels, so no AMX route")
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("acts", ["two-part", "one-part"])
+def test_amx_route_is_bit_identical(models, name, acts, monkeypatch):
+    model = models[name]
+    args = ("--activations", "fast") if acts == "one-part" else ()
+    seqs = seqs_for(name)
+    with_amx(monkeypatch, False)
+    off = logits_every_plan(model, seqs, args, ("batched", "decode"), (1, 2))
+    # "batched" puts 27 tokens in one step (AMX calls of 16 and 11), "alone" 12, 9 and 6 (the last on
+    # the AVX-512 kernels), "chunked" mixes both; all must equal the decode plan's one-token steps.
+    with_amx(monkeypatch, True)
+    on = logits_every_plan(model, seqs, args, ("batched", "alone", "chunked", "decode"), (1, 2, 3))
+    assert np.array_equal(on, off), f"AMX route differs from the AVX-512 kernels by {np.abs(on - off).max()}"
+
+
+def test_default_model_prefill(model_path, monkeypatch):
+    """The default model's 64-token prefill (Q4_1 matrices: AMX calls of 16 tokens) as 4 sequences."""
+    rng = np.random.default_rng(7)
+    seqs = {s: rng.integers(0, 49152, 16 + 8 * s) for s in range(4)}
+    steps = ["step " + " ".join(f"{s}:0:{len(t)}" for s, t in seqs.items())]
+    text = "".join(f"seq {s} {' '.join(map(str, t))}\n" for s, t in seqs.items()) + "\n".join(steps) + "\n"
+
+    def run():
+        p = subprocess.run([str(tool("nx-eval")), str(model_path), "--threads", "2"], input=text.encode(),
+                           capture_output=True, timeout=300)
+        assert p.returncode == 0, p.stderr.decode()
+        return np.frombuffer(p.stdout, np.float32)
+
+    with_amx(monkeypatch, False)
+    off = run()
+    with_amx(monkeypatch, True)
+    on = run()
+    assert np.isfinite(off).all() and np.array_equal(on, off)
