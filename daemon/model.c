@@ -3,6 +3,7 @@
 #include "daemon/nxd.h"
 
 #include "kern/cpu.h"
+#include "kern/pack.h"
 #include "model/repack.h"
 
 #include <ctype.h>
@@ -179,19 +180,23 @@ static void pick_type(struct nxd_model *mo)
 }
 
 /* The tile state asked of Linux before any kernel is chosen, the fork and the
- * seccomp filter (kern/cpu.h); said once, for the model and not its draft. */
+ * seccomp filter (kern/cpu.h), and the AMX kernels checked against the
+ * AVX-512 ones (kern/pack.h); once, for the model and not its draft. */
 static void kern_amx_at_start(void)
 {
-	static bool said;
+	static bool done;
+	if (done)
+		return;
+	done = true;
 	const uint32_t need = NX_CPU_AMX_TILE | NX_CPU_AMX_INT8;
 	const bool has = (nx_cpu_features() & need) == need, got = nx_cpu_amx_request();
-	if (said || !has)
-		return;
-	said = true;
-	if (!got)
+	struct nx_err err = {{0}};
+	if (nx_pack_kernel_amx(NX_Q8_0) && nx_pack_amx_check(&err) < 0)
+		nxd_err("kernels: %s", err.msg);
+	else if (has && !got)
 		nxd_warn("kernels: the CPU has AMX-INT8 but Linux refused the tile state (arch_prctl "
 			 "ARCH_REQ_XCOMP_PERM): steps run the AVX-512 kernels");
-	else
+	else if (has)
 		nxd_info("kernels: AMX-INT8 tiles for steps of many tokens%s",
 			 nx_kern_set(NX_KFAM_PACK) == NX_KSET_AMX ? "" : " not used (NX_KERN below amx)");
 }

@@ -2,6 +2,7 @@
 #include "kern/pack.h"
 
 #include "common/env.h"
+#include "common/splitmix.h"
 #include "kern/cpu.h"
 #include "kern/pack_k.h"
 
@@ -297,8 +298,13 @@ nx_pack_epi_fn nx_pack_epilogue(void)
 	return nx_pack_fast(NX_Q8_0) ? nx_pack_avx512_epilogue() : epi_ref;
 }
 
+/* Set by a failed nx_pack_amx_check: no AMX kernel is offered. */
+static _Atomic bool amx_off;
+
 nx_pack_fn nx_pack_kernel_amx(enum nx_type t)
 {
+	if (atomic_load_explicit(&amx_off, memory_order_relaxed))
+		return NULL;
 	const enum nx_kset k = nx_kern_set(NX_KFAM_PACK);
 	if (k == NX_KSET_AMX)
 		return nx_pack_amx_kernel(t, false);
@@ -310,4 +316,57 @@ nx_pack_fn nx_pack_kernel(enum nx_type t)
 	if (nx_pack_fast(t))
 		return nx_pack_k_type(t) ? nx_pack_k_avx512_kernel(t) : nx_pack_avx512_kernel(t);
 	return nx_pack_kernel_ref(t);
+}
+
+/* One group of 16 rows of 256 elements against 16 tokens, through the engine's
+ * AMX kernel in one call and its AVX-512 kernel in calls of up to 4. */
+#define CHECK_IN 256
+static bool amx_agrees(enum nx_type t, nx_pack_fn amx, uint64_t *seed)
+{
+	const struct nx_type_traits *tr = nx_type_ref(t), *q8 = nx_type_ref(NX_Q8_0);
+	const size_t rb = (size_t)nx_row_size(t, CHECK_IN), rs = (size_t)nx_row_size(NX_Q8_0, CHECK_IN);
+	const int64_t nb = CHECK_IN / 32;
+	enum { N = NX_PACK_AMX_MAX };
+	static uint8_t plain[NX_PACK_ROWS * 512], group[NX_PACK_ROWS * 512], act[N * 2 * 512];
+	static float x[CHECK_IN], d[N * CHECK_IN / 32], s[N * CHECK_IN / 32], got[N * NX_PACK_ROWS],
+		want[N * NX_PACK_ROWS];
+	static int32_t c[N * CHECK_IN / 32], c16[N * CHECK_IN / 16];
+	for (int r = 0; r < NX_PACK_ROWS; r++) {
+		for (int k = 0; k < CHECK_IN; k++)
+			x[k] = (float)((int64_t)(nx_splitmix64(seed) >> 40) - (1 << 23)) / (1 << 28);
+		tr->quant(x, plain + r * rb, CHECK_IN);
+	}
+	nx_pack_group(t, plain, rb, group, CHECK_IN);
+	for (int i = 0; i < N; i++) {
+		uint8_t *hi = act + (size_t)i * 2 * rs;
+		for (int k = 0; k < CHECK_IN; k++)
+			x[k] = (float)((int64_t)(nx_splitmix64(seed) >> 40) - (1 << 23)) / (1 << 23);
+		q8->quant2(x, hi, hi + rs, CHECK_IN);
+		nx_pack_act_prep(hi, hi + rs, CHECK_IN, d + i * nb, s + i * nb, c + i * nb);
+		nx_pack_act_prep_c16(hi, hi + rs, CHECK_IN, c16 + 2 * i * nb);
+	}
+	const struct nx_pack_act a = {act, 2 * rs, rs, d, s, c, nb, c16, false};
+	amx(group, &a, N, got, CHECK_IN);
+	for (int i0 = 0; i0 < N; i0 += NX_PACK_ACT_MAX) {
+		const struct nx_pack_act ai = {act + (size_t)i0 * 2 * rs, 2 * rs, rs, d + i0 * nb, s + i0 * nb,
+					       c + i0 * nb, nb, c16 + 2 * i0 * nb, false};
+		nx_pack_kernel(t)(group, &ai, NX_PACK_ACT_MAX, want + i0 * NX_PACK_ROWS, CHECK_IN);
+	}
+	return !memcmp(got, want, sizeof(got));
+}
+
+int nx_pack_amx_check(struct nx_err *err)
+{
+	static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0,
+					     NX_IQ4_NL, NX_Q4_K, NX_Q5_K, NX_Q6_K};
+	uint64_t seed = 0x6a09e667f3bcc909ull;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		const nx_pack_fn amx = nx_pack_kernel_amx(types[i]);
+		if (amx && nx_pack_fast(types[i]) && !amx_agrees(types[i], amx, &seed)) {
+			atomic_store(&amx_off, true);
+			return nx_errf(err, "the AMX kernel for %s disagrees with the AVX-512 one: the AMX kernels are off",
+				       nx_type_name(types[i]));
+		}
+	}
+	return 0;
 }

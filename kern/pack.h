@@ -79,6 +79,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "kern/quant.h"
 
 #define NX_PACK_ROWS 16
@@ -151,7 +152,7 @@ nx_pack_fn nx_pack_kernel_ref(enum nx_type t);
 
 /* The AMX-INT8 kernels (kern/pack_amx.c): as nx_pack_fn but for n_act up to
  * NX_PACK_AMX_MAX, each result bit-identical to the AVX-512 kernel's and the
- * reference's. For q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k and q5_k; NULL
+ * reference's. For q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q4_k, q5_k and q6_k; NULL
  * for the other types. The engine's: where kern/cpu.c picks amx for the pack
  * family (the CPU has AMX-INT8, Linux gave the tile state, NX_KERN allows
  * amx), else NULL; but with NXD_TEST_AMX_EMULATE, where the pack family runs
@@ -161,5 +162,11 @@ nx_pack_fn nx_pack_kernel_amx(enum nx_type t);
  * as the ISA defines it (for tests; needs what the AVX-512 kernels need), or
  * not (call only where nx_kern_set(NX_KFAM_PACK) is NX_KSET_AMX). */
 nx_pack_fn nx_pack_amx_kernel(enum nx_type t, bool emulated);
+/* Runs each of the engine's AMX kernels (nx_pack_kernel_amx) once on fixed
+ * pseudo-random weights and 16 tokens against its AVX-512 kernel: where one
+ * differs by a bit, -1 naming the type, and no AMX kernel is offered from
+ * then on. At start, before the fork, so that a CPU whose tiles compute
+ * otherwise than kern/pack_amx.c expects cannot change a result. */
+int nx_pack_amx_check(struct nx_err *err);
 
 #endif

@@ -2,7 +2,7 @@
  *
  * Per block, the group's weights are decoded to bytes once (as the AVX-512
  * kernels decode them) into the B tile's VNNI layout, which is the packed
- * layout itself: row k/4 of B holds bytes 4k/4 .. +3 of each of the 16 rows.
+ * layout itself: row j of B holds bytes 4j .. 4j+3 of each of the 16 rows.
  * One TDPBSUD per part then takes the exact integer dots of all the tokens'
  * Q8_0 blocks (the A tile, one token per row, read in place with the
  * activation stride) with the 16 rows; an integer dot is the same whichever
@@ -13,7 +13,9 @@
  * blocks' scales differ, so their dots cannot share an accumulator.
  *
  * Tiles: 0 and 1 the hi and lo dots (NA rows x 16 int32), 2 and 3 the hi and
- * lo activation blocks (NA rows x 32 bytes), 4 the weights (8 rows x 64).
+ * lo activation blocks (NA rows x 32 bytes), 4 the weights (8 rows x 64); for
+ * q6_k's halves (a scale per 16 elements) 4 holds the first half's weights and
+ * zeros, 7 zeros and the second half's, and 5 and 6 take the second half's dots.
  * The tile instructions are written as inline asm with a "memory" clobber:
  * GCC 12's intrinsics name no memory operand for tileloadd, so stores that
  * fill the weight buffer could be moved past it.
@@ -54,11 +56,11 @@ INL void tiles_begin(const int NA, const bool EMU)
 	struct tilecfg cfg;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.palette = 1;
-	for (int t = 0; t < 2; t++)
-		cfg.rows[t] = (uint8_t)NA, cfg.colsb[t] = 64;
-	for (int t = 2; t < 4; t++)
-		cfg.rows[t] = (uint8_t)NA, cfg.colsb[t] = 32;
-	cfg.rows[4] = 8, cfg.colsb[4] = 64;
+	static const int kind[8] = {'C', 'C', 'A', 'A', 'B', 'C', 'C', 'B'};
+	for (int t = 0; t < 8; t++) {
+		cfg.rows[t] = kind[t] == 'B' ? 8 : (uint8_t)NA;
+		cfg.colsb[t] = kind[t] == 'A' ? 32 : 64;
+	}
 	__asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
@@ -102,6 +104,40 @@ INL void block_dots(const struct nx_pack_act *a, const int NA, int64_t b, const 
 		T_ZERO(1);
 		T_DPBSUD(1, 3, 4);
 		T_STORE(1, dt->lo, 64);
+	}
+}
+
+/* block_dots with two weight tiles, w0 (into d0) and w1 (into d1), against the same activations. */
+INL void block_dots2(const struct nx_pack_act *a, const int NA, int64_t b, const uint8_t *w0, const uint8_t *w1,
+		     struct dots *d0, struct dots *d1, const bool LO, const bool EMU)
+{
+	const int8_t *ah = nx_pack_act_qs(a, 0, 0, b), *al = nx_pack_act_qs(a, 0, 1, b);
+	if (EMU) {
+		emu_dpbsud(NA, ah, a->stride, w0, d0->hi);
+		emu_dpbsud(NA, ah, a->stride, w1, d1->hi);
+		if (LO) {
+			emu_dpbsud(NA, al, a->stride, w0, d0->lo);
+			emu_dpbsud(NA, al, a->stride, w1, d1->lo);
+		}
+		return;
+	}
+	T_LOAD(4, w0, 64);
+	T_LOAD(7, w1, 64);
+	T_LOAD(2, ah, a->stride);
+	T_ZERO(0);
+	T_ZERO(5);
+	T_DPBSUD(0, 2, 4);
+	T_DPBSUD(5, 2, 7);
+	T_STORE(0, d0->hi, 64);
+	T_STORE(5, d1->hi, 64);
+	if (LO) {
+		T_LOAD(3, al, a->stride);
+		T_ZERO(1);
+		T_ZERO(6);
+		T_DPBSUD(1, 3, 4);
+		T_DPBSUD(6, 3, 7);
+		T_STORE(1, d0->lo, 64);
+		T_STORE(6, d1->lo, 64);
 	}
 }
 
@@ -201,6 +237,46 @@ INL void k4_amx(const void *group, const struct nx_pack_act *a, int NA, float *o
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
 
+/* q6_k, in q6_k_tile's order (kern/pack_k_avx512.c): the halves' offsets -32 (c16) start the lo sums. */
+INL void q6_k_amx(const void *group, const struct nx_pack_act *a, int NA, float *out, int64_t n_in, const bool LO,
+		  const bool EMU)
+{
+	const int64_t nb = n_in / 32;
+	uint8_t w[2][8 * 64] __attribute__((aligned(64)));
+	memset(w, 0, sizeof(w)); /* the other half's rows of each stay zeros */
+	struct dots dt[2];
+	__m512 acc[NX_PACK_AMX_MAX];
+	for (int i = 0; i < NA; i++)
+		acc[i] = _mm512_setzero_ps();
+	tiles_begin(NA, EMU);
+	const uint8_t *o = group;
+	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += PK_Q6_K_SB) {
+		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + PK_Q6_K_D)));
+		for (int blk = 0; blk < 8; blk++) {
+			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8, 2);
+			__m512i q[8];
+			q6_decode(o, blk, q);
+			__m512 dsc0, dsc1;
+			q6_scales(o, blk, d, &dsc0, &dsc1);
+			for (int v = 0; v < 4; v++) {
+				_mm512_store_si512((void *)(w[0] + 64 * v), q[v]);
+				_mm512_store_si512((void *)(w[1] + 64 * (4 + v)), q[4 + v]);
+			}
+			const int64_t b = b0 + blk;
+			block_dots2(a, NA, b, w[0], w[1], &dt[0], &dt[1], LO, EMU);
+			for (int i = 0; i < NA; i++) {
+				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
+				const __m512i s0 = combined(&dt[0], i, -c16[0], LO), s1 = combined(&dt[1], i, -c16[1], LO);
+				const __m512 f = _mm512_fmadd_ps(dsc1, _mm512_cvtepi32_ps(s1), _mm512_mul_ps(dsc0, _mm512_cvtepi32_ps(s0)));
+				acc[i] = _mm512_fmadd_ps(f, _mm512_set1_ps(a->d[i * nb + b]), acc[i]);
+			}
+		}
+	}
+	tiles_end(EMU);
+	for (int i = 0; i < NA; i++)
+		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
+}
+
 /* Block bytes and offsets: kern/pack.h, as pack_avx512.c's. */
 #define NIB_AMX(name, GB, M, H, QS, SHIFT, GRID, Q8)                                                           \
 	INL void name##_amx(const void *g, const struct nx_pack_act *a, int n_act, float *out, int64_t n,      \
@@ -251,6 +327,7 @@ AMX_FN(q8_0)
 AMX_FN(iq4_nl)
 AMX_FN(q4_k)
 AMX_FN(q5_k)
+AMX_FN(q6_k)
 
 nx_pack_fn nx_pack_amx_kernel(enum nx_type t, bool emulated)
 {
@@ -263,6 +340,7 @@ nx_pack_fn nx_pack_amx_kernel(enum nx_type t, bool emulated)
 	case NX_IQ4_NL: return emulated ? pe_iq4_nl : pa_iq4_nl;
 	case NX_Q4_K: return emulated ? pe_q4_k : pa_q4_k;
 	case NX_Q5_K: return emulated ? pe_q5_k : pa_q5_k;
+	case NX_Q6_K: return emulated ? pe_q6_k : pa_q6_k;
 	default: return NULL;
 	}
 }

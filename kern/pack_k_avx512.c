@@ -78,8 +78,6 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		   const bool LO)
 {
 	const int64_t nb = n_in / 32;
-	const __m512i m63 = _mm512_set1_epi8(0x3f), mc0 = _mm512_set1_epi8((char)0xc0), m03 = _mm512_set1_epi8(0x03),
-		      m0c = _mm512_set1_epi8(0x0c);
 	__m512 acc[NX_PACK_ACT_MAX];
 #pragma GCC unroll 4
 	for (int i = 0; i < NA; i++)
@@ -91,20 +89,9 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		for (int blk = 0; blk < 8; blk++) {
 			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8, NA);
 			__m512i q[8];
-#pragma GCC unroll 2
-			for (int half = 0; half < 2; half++) { /* words 4 half .. + 3 from X, Y, Z */
-				const uint8_t *v = o + PK_Q6_K_Q + 64 * (6 * blk + 3 * half);
-				const __m512i x = load(v), y = load(v + 64), z = load(v + 128);
-				q[4 * half] = _mm512_and_si512(x, m63);
-				q[4 * half + 1] = _mm512_and_si512(y, m63);
-				q[4 * half + 2] = _mm512_and_si512(z, m63);
-				/* top 2 bits of z, y, x to bits 4-5, 2-3, 0-1 (shifting a masked z
-				 * brings no bits in from the byte above) */
-				const __m512i zy = or_and(_mm512_srli_epi16(_mm512_and_si512(z, mc0), 2), _mm512_srli_epi16(y, 4), m0c);
-				q[4 * half + 3] = or_and(zy, _mm512_srli_epi16(x, 6), m03);
-			}
-			const __m512 dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk))), d);
-			const __m512 dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk + 1))), d);
+			q6_decode(o, blk, q);
+			__m512 dsc0, dsc1;
+			q6_scales(o, blk, d, &dsc0, &dsc1);
 			const int64_t b = b0 + blk;
 #pragma GCC unroll 4
 			for (int i = 0; i < NA; i++) {

@@ -146,6 +146,32 @@ INL void k4_decode(const uint8_t *o, const int c, const bool q5, __m512i lo[8], 
 	}
 }
 
+/* The 6-bit codes of block blk of a q6_k super-block o: q[w] lane r = elements 4w .. 4w+3 of row r. */
+INL void q6_decode(const uint8_t *o, int blk, __m512i q[8])
+{
+	const __m512i m63 = _mm512_set1_epi8(0x3f), mc0 = _mm512_set1_epi8((char)0xc0), m03 = _mm512_set1_epi8(0x03),
+		      m0c = _mm512_set1_epi8(0x0c);
+#pragma GCC unroll 2
+	for (int half = 0; half < 2; half++) { /* words 4 half .. + 3 from X, Y, Z */
+		const uint8_t *v = o + PK_Q6_K_Q + 64 * (6 * blk + 3 * half);
+		const __m512i x = load(v), y = load(v + 64), z = load(v + 128);
+		q[4 * half] = _mm512_and_si512(x, m63);
+		q[4 * half + 1] = _mm512_and_si512(y, m63);
+		q[4 * half + 2] = _mm512_and_si512(z, m63);
+		/* top 2 bits of z, y, x to bits 4-5, 2-3, 0-1 (shifting a masked z
+		 * brings no bits in from the byte above) */
+		const __m512i zy = or_and(_mm512_srli_epi16(_mm512_and_si512(z, mc0), 2), _mm512_srli_epi16(y, 4), m0c);
+		q[4 * half + 3] = or_and(zy, _mm512_srli_epi16(x, 6), m03);
+	}
+}
+
+/* d * the scales of block blk's halves (dsc0: elements 0..15, dsc1: 16..31), one lane per row; d: the super-block's. */
+INL void q6_scales(const uint8_t *o, int blk, __m512 d, __m512 *dsc0, __m512 *dsc1)
+{
+	*dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk))), d);
+	*dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(lanes_i8(o + PK_Q6_K_SC + 16 * (2 * blk + 1))), d);
+}
+
 /* iq4_nl's grid + 128 in every 128-bit lane (GRID), for nib_decode's lookups; else zeros. */
 INL __m512i nib_grid(const bool GRID)
 {

@@ -39,6 +39,7 @@
 #include "common/env.h"
 #include "common/err.h"
 #include "kern/cpu.h"
+#include "kern/pack.h"
 #include "shm/futex.h"
 #include "lora/adapter.h"
 #include "model/forward.h"
@@ -132,6 +133,7 @@ static void *alloc64(size_t n)
 
 static void engine_init(struct engine *e, const struct gguf_file *g, int n_threads, struct nx_state_cfg cfg)
 {
+	memset(e, 0, sizeof(*e)); /* no_abort among the rest: a barrier would leave its step on a stale word */
 	struct nx_err err = {{0}};
 	if (nx_model_bind(&e->m, g, &err))
 		die("%s", err.msg);
@@ -488,6 +490,8 @@ int main(int argc, char **argv)
 	if (nx_kern_env_check(&err) < 0)
 		fprintf(stderr, "nx-eval: warning: %s\n", err.msg);
 	nx_cpu_amx_request(); /* before the kernels are chosen (kern/cpu.h) */
+	if (nx_pack_kernel_amx(NX_Q8_0) && nx_pack_amx_check(&err) < 0)
+		fprintf(stderr, "nx-eval: %s\n", err.msg);
 	if (gguf_open(&gm, path, &err))
 		die("%s", err.msg);
 	if (n_gen >= 0) {

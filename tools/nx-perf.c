@@ -32,6 +32,7 @@
 
 #include "common/err.h"
 #include "kern/cpu.h"
+#include "kern/pack.h"
 #include "model/forward.h"
 #include "model/gguf.h"
 #include "model/model.h"
@@ -372,6 +373,8 @@ int main(int argc, char **argv)
 	if (nx_kern_env_check(&kerr) < 0)
 		fprintf(stderr, "nx-perf: warning: %s\n", kerr.msg);
 	nx_cpu_amx_request(); /* before the kernels are chosen (kern/cpu.h) */
+	if (nx_pack_kernel_amx(NX_Q8_0) && nx_pack_amx_check(&kerr) < 0)
+		fprintf(stderr, "nx-perf: %s\n", kerr.msg);
 
 	if (clk != CLOCK_MONOTONIC)
 		cpu_scale = n_threads;

@@ -19,14 +19,14 @@
 #include "kern/pack.h"
 #include "tests/c/pack_acts.h"
 
-static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL, NX_Q4_K, NX_Q5_K};
-#define N_TYPES 8
+static const enum nx_type types[] = {NX_Q4_0, NX_Q4_1, NX_Q5_0, NX_Q5_1, NX_Q8_0, NX_IQ4_NL, NX_Q4_K, NX_Q5_K, NX_Q6_K};
+#define N_TYPES 9
 
-/* The f16 scales a block leads with (d, and q4_1's / q5_1's m, q4_k's / q5_k's dmin), finite and small. */
+/* The f16 scales of a block (d, and q4_1's / q5_1's m, q4_k's / q5_k's dmin), finite and small. */
 static void set_scales(enum nx_type t, uint8_t *blk)
 {
 	const nx_f16 d = nx_f32_to_f16(0.001f + 0.01f * fabsf(rng_sym())), m = nx_f32_to_f16(0.01f * rng_sym());
-	memcpy(blk, &d, 2);
+	memcpy(t == NX_Q6_K ? blk + offsetof(struct nx_block_q6_k, d) : blk, &d, 2);
 	if (t == NX_Q4_1 || t == NX_Q5_1 || t == NX_Q4_K || t == NX_Q5_K)
 		memcpy(blk + 2, &m, 2);
 }
@@ -114,7 +114,8 @@ static void test_coverage(void **state)
 		assert_non_null(nx_pack_amx_kernel(types[ti], true));
 		assert_non_null(nx_pack_amx_kernel(types[ti], false));
 	}
-	assert_null(nx_pack_amx_kernel(NX_Q6_K, true));
+	assert_null(nx_pack_amx_kernel(NX_Q2_K, true));
+	assert_null(nx_pack_amx_kernel(NX_IQ4_XS, false));
 	assert_null(nx_pack_amx_kernel(NX_F16, false));
 	if (nx_kern_set(NX_KFAM_PACK) != NX_KSET_AMX)
 		assert_null(nx_pack_kernel_amx(NX_Q4_0));
