@@ -83,61 +83,47 @@ static void emu_dpbsud(int NA, const int8_t *a, size_t stride, const uint8_t *w,
 		}
 }
 
-/* The dots of NA tokens' block b (both parts, only hi when !LO) with the 16 rows' weight bytes w (8 x 64, VNNI order). */
-INL void block_dots(const struct nx_pack_act *a, const int NA, int64_t b, const uint8_t *w, struct dots *dt,
-		    const bool LO, const bool EMU)
+/* The dots of NA tokens' block b (both parts, only hi when !LO) with the 16
+ * rows' weight bytes w0 (8 x 64, VNNI order) into d0, and where w1 is not
+ * NULL with w1 too, into d1 (tiles 7, 5, 6). */
+INL void block_dots(const struct nx_pack_act *a, const int NA, int64_t b, const uint8_t *w0, struct dots *d0,
+		    const uint8_t *w1, struct dots *d1, const bool LO, const bool EMU)
 {
 	const int8_t *ah = nx_pack_act_qs(a, 0, 0, b), *al = nx_pack_act_qs(a, 0, 1, b);
 	if (EMU) {
-		emu_dpbsud(NA, ah, a->stride, w, dt->hi);
-		if (LO)
-			emu_dpbsud(NA, al, a->stride, w, dt->lo);
-		return;
-	}
-	T_LOAD(4, w, 64);
-	T_LOAD(2, ah, a->stride);
-	T_ZERO(0);
-	T_DPBSUD(0, 2, 4);
-	T_STORE(0, dt->hi, 64);
-	if (LO) {
-		T_LOAD(3, al, a->stride);
-		T_ZERO(1);
-		T_DPBSUD(1, 3, 4);
-		T_STORE(1, dt->lo, 64);
-	}
-}
-
-/* block_dots with two weight tiles, w0 (into d0) and w1 (into d1), against the same activations. */
-INL void block_dots2(const struct nx_pack_act *a, const int NA, int64_t b, const uint8_t *w0, const uint8_t *w1,
-		     struct dots *d0, struct dots *d1, const bool LO, const bool EMU)
-{
-	const int8_t *ah = nx_pack_act_qs(a, 0, 0, b), *al = nx_pack_act_qs(a, 0, 1, b);
-	if (EMU) {
-		emu_dpbsud(NA, ah, a->stride, w0, d0->hi);
-		emu_dpbsud(NA, ah, a->stride, w1, d1->hi);
-		if (LO) {
-			emu_dpbsud(NA, al, a->stride, w0, d0->lo);
-			emu_dpbsud(NA, al, a->stride, w1, d1->lo);
+		for (int k = 0; k < 2; k++) {
+			const uint8_t *w = k ? w1 : w0;
+			struct dots *d = k ? d1 : d0;
+			if (!w)
+				continue;
+			emu_dpbsud(NA, ah, a->stride, w, d->hi);
+			if (LO)
+				emu_dpbsud(NA, al, a->stride, w, d->lo);
 		}
 		return;
 	}
 	T_LOAD(4, w0, 64);
-	T_LOAD(7, w1, 64);
+	if (w1)
+		T_LOAD(7, w1, 64);
 	T_LOAD(2, ah, a->stride);
 	T_ZERO(0);
-	T_ZERO(5);
 	T_DPBSUD(0, 2, 4);
-	T_DPBSUD(5, 2, 7);
 	T_STORE(0, d0->hi, 64);
-	T_STORE(5, d1->hi, 64);
+	if (w1) {
+		T_ZERO(5);
+		T_DPBSUD(5, 2, 7);
+		T_STORE(5, d1->hi, 64);
+	}
 	if (LO) {
 		T_LOAD(3, al, a->stride);
 		T_ZERO(1);
-		T_ZERO(6);
 		T_DPBSUD(1, 3, 4);
-		T_DPBSUD(6, 3, 7);
 		T_STORE(1, d0->lo, 64);
-		T_STORE(6, d1->lo, 64);
+		if (w1) {
+			T_ZERO(6);
+			T_DPBSUD(6, 3, 7);
+			T_STORE(6, d1->lo, 64);
+		}
 	}
 }
 
@@ -168,7 +154,7 @@ INL void nib_amx(const void *group, const struct nx_pack_act *a, int NA, float *
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		if (Q8) {
-			block_dots(a, NA, b, o + QS, &dt, LO, EMU); /* the stored vectors are B as they are */
+			block_dots(a, NA, b, o + QS, &dt, NULL, NULL, LO, EMU); /* the stored vectors are B as they are */
 		} else {
 			__m512i lo[4], hi[4];
 			nib_decode(o, H, QS, GRID, grid, lo, hi);
@@ -176,7 +162,7 @@ INL void nib_amx(const void *group, const struct nx_pack_act *a, int NA, float *
 				_mm512_store_si512((void *)(w + 64 * c), lo[c]);
 				_mm512_store_si512((void *)(w + 64 * (4 + c)), hi[c]);
 			}
-			block_dots(a, NA, b, w, &dt, LO, EMU);
+			block_dots(a, NA, b, w, &dt, NULL, NULL, LO, EMU);
 		}
 		for (int i = 0; i < NA; i++) {
 			const int32_t off = Q8 ? a->c[i * nb + b] : SHIFT >= 0 ? a->c[i * nb + b] / (1 << SHIFT) : 0;
@@ -220,8 +206,8 @@ INL void k4_amx(const void *group, const struct nx_pack_act *a, int NA, float *o
 				_mm512_store_si512((void *)(w[1] + 64 * v), hi[v]);
 			}
 			const int64_t b = b0 + 2 * c;
-			block_dots(a, NA, b, w[0], &dt[0], LO, EMU);
-			block_dots(a, NA, b + 1, w[1], &dt[1], LO, EMU);
+			block_dots(a, NA, b, w[0], &dt[0], NULL, NULL, LO, EMU);
+			block_dots(a, NA, b + 1, w[1], &dt[1], NULL, NULL, LO, EMU);
 			for (int i = 0; i < NA; i++) {
 				const int64_t k = i * nb + b;
 				const __m512i s0 = combined(&dt[0], i, 0, LO), s1 = combined(&dt[1], i, 0, LO);
@@ -263,7 +249,7 @@ INL void q6_k_amx(const void *group, const struct nx_pack_act *a, int NA, float 
 				_mm512_store_si512((void *)(w[1] + 64 * (4 + v)), q[4 + v]);
 			}
 			const int64_t b = b0 + blk;
-			block_dots2(a, NA, b, w[0], w[1], &dt[0], &dt[1], LO, EMU);
+			block_dots(a, NA, b, w[0], &dt[0], w[1], &dt[1], LO, EMU);
 			for (int i = 0; i < NA; i++) {
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
 				const __m512i s0 = combined(&dt[0], i, -c16[0], LO), s1 = combined(&dt[1], i, -c16[1], LO);
