@@ -20,7 +20,7 @@
  * GCC 12's intrinsics name no memory operand for tileloadd, so stores that
  * fill the weight buffer could be moved past it.
  *
- * The emulated kernels (nx_pack_amx_emulated_kernel) run the same code with
+ * The emulated kernels (nx_pack_amx_kernel(t, true)) run the same code with
  * each tile instruction done in scalar code as the ISA reference defines it,
  * so the data flow (layouts, strides, rows) is tested on CPUs without AMX.
  * Built without -m flags, used only where kern/cpu.c picks amx for the pack
@@ -56,11 +56,10 @@ INL void tiles_begin(const int NA, const bool EMU)
 	struct tilecfg cfg;
 	memset(&cfg, 0, sizeof(cfg));
 	cfg.palette = 1;
-	static const int kind[8] = {'C', 'C', 'A', 'A', 'B', 'C', 'C', 'B'};
-	for (int t = 0; t < 8; t++) {
-		cfg.rows[t] = kind[t] == 'B' ? 8 : (uint8_t)NA;
-		cfg.colsb[t] = kind[t] == 'A' ? 32 : 64;
-	}
+	for (int t = 0; t < 8; t++) /* the dots: 0, 1, 5, 6 */
+		cfg.rows[t] = (uint8_t)NA, cfg.colsb[t] = 64;
+	cfg.colsb[2] = cfg.colsb[3] = 32; /* the activation blocks */
+	cfg.rows[4] = cfg.rows[7] = 8;    /* the weights */
 	__asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
