@@ -36,6 +36,17 @@ def amx_on_cpu():
     return so.nx_kern_set(2) == 3  # NX_KFAM_PACK, NX_KSET_AMX (kern/cpu.h)
 
 
+def test_tiles_are_taken_where_the_cpu_has_them():
+    """Where the CPU has AMX-INT8 the engine runs the tiles themselves (so the tests below compare them,
+    not the emulation, with the AVX-512 kernels); elsewhere this says so and skips."""
+    flags = open("/proc/cpuinfo").read().split()
+    if not {"amx_tile", "amx_int8"} <= set(flags):
+        pytest.skip("AMX: not available on this CPU: the tests below run the emulated tile instructions")
+    if os.environ.get("NX_KERN") not in (None, "", "amx"):
+        pytest.skip(f"NX_KERN={os.environ['NX_KERN']} caps the kernels below amx")
+    assert amx_on_cpu(), "the CPU has AMX-INT8 but the pack family does not run amx (tile state refused?)"
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("amx")
