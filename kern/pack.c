@@ -319,7 +319,8 @@ nx_pack_fn nx_pack_kernel(enum nx_type t)
 }
 
 /* One group of 16 rows of 256 elements against 16 tokens, through the engine's
- * AMX kernel in one call and its AVX-512 kernel in calls of up to 4. */
+ * AMX kernel in one call and its AVX-512 kernel in calls of up to 4. Its
+ * buffers are static: it runs once, at start, before any other thread. */
 #define CHECK_IN 256
 static bool amx_agrees(enum nx_type t, nx_pack_fn amx, uint64_t *seed)
 {

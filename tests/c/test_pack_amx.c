@@ -3,7 +3,8 @@
  * activation forms and every type they cover. Run twice over: with each tile
  * instruction emulated (on any CPU with the AVX-512 kernels: the layouts,
  * strides and rows), and with the tiles themselves where the CPU has AMX-INT8
- * and Linux gives the tile state (skipped, saying so, elsewhere). */
+ * and Linux gives the tile state (skipped, saying so, elsewhere). And the
+ * engine's start-up check of them (nx_pack_amx_check). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -173,8 +176,46 @@ static void test_tiles_exact(void **state)
 	check(false);
 }
 
-int main(void)
+/* The start-up check (nx_pack_amx_check) in a child whose engine offers the
+ * emulated kernels (NXD_TEST_AMX_EMULATE, read before main): they agree, and
+ * stay offered. Where the CPU runs the tiles, the child checks those. */
+static const char *self;
+
+static int child_check(void)
 {
+	nx_cpu_amx_request();
+	struct nx_err err = {{0}};
+	if (!nx_pack_kernel_amx(NX_Q4_K) || !nx_pack_kernel_amx(NX_Q6_K))
+		return fprintf(stderr, "no AMX kernel offered with NXD_TEST_AMX_EMULATE\n"), 1;
+	if (nx_pack_amx_check(&err) < 0)
+		return fprintf(stderr, "%s\n", err.msg), 1;
+	return nx_pack_kernel_amx(NX_Q4_0) ? 0 : 1;
+}
+
+static void test_startup_check(void **state)
+{
+	(void)state;
+	if (nx_kern_set(NX_KFAM_PACK) < NX_KSET_AVX512) {
+		print_message("no AVX-512 tile kernels on this CPU; skipped\n");
+		skip();
+	}
+	const pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		setenv("NXD_TEST_AMX_EMULATE", "1", 1);
+		execl(self, self, "--check", (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 2 && !strcmp(argv[1], "--check"))
+		return child_check();
+	self = "/proc/self/exe";
 	rng_state = 0x9e3779b97f4a7c15ull;
 	nx_cpu_amx_request();
 	const struct CMUnitTest tests[] = {
@@ -182,6 +223,7 @@ int main(void)
 		cmocka_unit_test(test_emulated_exact),
 		cmocka_unit_test(test_avx512_beside),
 		cmocka_unit_test(test_tiles_exact),
+		cmocka_unit_test(test_startup_check),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
