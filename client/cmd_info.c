@@ -312,6 +312,15 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"), sget(ev, "activations"));
 	if (json_object_get(ev, "kv_type"))
 		nxc_printf("kv cache:  %s, %.1f MiB\n", sget(ev, "kv_type"), nget(ev, "kv_bytes") / 1048576);
+	json_t *ks = json_object_get(ev, "kernels");
+	if (json_object_size(ks)) {
+		nxc_printf("kernels:  ");
+		const char *fam;
+		json_t *set;
+		json_object_foreach(ks, fam, set)
+			nxc_printf(" %s %s", fam, json_is_string(set) ? json_string_value(set) : "?");
+		nxc_printf("\n");
+	}
 	json_t *ws = json_object_get(ev, "workers");
 	nxc_printf("workers:   %zu\n", json_array_size(ws));
 	for (size_t i = 0; i < json_array_size(ws); i++) {

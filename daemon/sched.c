@@ -25,6 +25,8 @@
  * death or an aborted step makes every slot's unusable. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
+#include "kern/cpu.h"
+#include "kern/pack.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -973,6 +975,19 @@ void nxd_sched_step_done(struct nxd *d)
 	d->in_step_done = false;
 }
 
+/* Each family of kernels and the set it runs (kern/cpu.h), the pack family as its kernels run. */
+static void kernels_status(struct nxp_status *st)
+{
+	static const char *family[NX_KFAM_N], *set[NX_KFAM_N];
+	for (int f = 0; f < NX_KFAM_N; f++) {
+		family[f] = nx_kfamily_name((enum nx_kfamily)f);
+		set[f] = f == NX_KFAM_PACK ? nx_pack_kernels_name() : nx_kset_name(nx_kern_set((enum nx_kfamily)f));
+	}
+	st->kernel_family = family;
+	st->kernel_set = set;
+	st->n_kernels = NX_KFAM_N;
+}
+
 void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws)
 {
 	const struct nxd_stats *s = &d->stats;
@@ -1028,4 +1043,5 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.draft_model = nxd_draft_loaded(d) ? d->draft.name : NULL,
 		.draft_steps = s->draft_steps,
 	};
+	kernels_status(st);
 }

@@ -318,6 +318,14 @@ nx_pack_fn nx_pack_kernel(enum nx_type t)
 	return nx_pack_kernel_ref(t);
 }
 
+const char *nx_pack_kernels_name(void)
+{
+	const enum nx_kset k = nx_kern_set(NX_KFAM_PACK);
+	if (nx_pack_kernel_amx(NX_Q8_0))
+		return k == NX_KSET_AMX ? "amx" : "amx-emulated";
+	return nx_kset_name(k == NX_KSET_AMX ? NX_KSET_AVX512 : k);
+}
+
 /* One group of 16 rows of 256 elements against 16 tokens, through the engine's
  * AMX kernel in one call and its AVX-512 kernel in calls of up to 4. Its
  * buffers are static: it runs once, at start, before any other thread. */

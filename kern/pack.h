@@ -168,5 +168,8 @@ nx_pack_fn nx_pack_amx_kernel(enum nx_type t, bool emulated);
  * then on. At start, before the fork, so that a CPU whose tiles compute
  * otherwise than kern/pack_amx.c expects cannot change a result. */
 int nx_pack_amx_check(struct nx_err *err);
+/* The pack family's kernels as they run: "amx", "amx-emulated" (NXD_TEST_AMX_EMULATE),
+ * else the name of its set ("avx512" also where the check turned the AMX ones off). */
+const char *nx_pack_kernels_name(void);
 
 #endif

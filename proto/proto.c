@@ -423,6 +423,14 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_key_str(&w, "activations", s->activations);
 	w_key_str(&w, "kv_type", s->kv_type);
 	w_fmt(&w, ",\"kv_bytes\":%llu", (unsigned long long)s->kv_bytes);
+	w_str(&w, ",\"kernels\":{");
+	for (int i = 0; i < s->n_kernels; i++) {
+		w_fmt(&w, "%s", i ? "," : "");
+		w_jstr(&w, s->kernel_family[i], strlen(s->kernel_family[i]));
+		w_ch(&w, ':');
+		w_jstr(&w, s->kernel_set[i], strlen(s->kernel_set[i]));
+	}
+	w_ch(&w, '}');
 	w_fmt(&w, ",\"n_ctx\":%d,\"n_vocab\":%d,\"workers\":[", s->n_ctx, s->n_vocab);
 	for (int i = 0; i < s->n_workers; i++) {
 		const struct nxp_worker_status *ws = &s->workers[i];

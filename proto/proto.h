@@ -301,6 +301,9 @@ struct nxp_status {
 	const char *type;      /* dominant weight type, e.g. "Q4_1" */
 	const char *activations; /* "precise" or "fast" (nxd --activations) */
 	const char *kv_type;   /* "f16" or "q8_0" (nxd --kv-type) */
+	/* the kernel set each family of kernels runs (kern/cpu.h): family[i] runs kset[i] */
+	const char *const *kernel_family, *const *kernel_set;
+	int n_kernels;
 	uint64_t kv_bytes;     /* the K and V caches of every slot, as laid out (filled page by page) */
 	int n_ctx;
 	int n_vocab;

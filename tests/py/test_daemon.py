@@ -132,6 +132,8 @@ def test_hello_status_socket_mode(daemon):
         assert h["event"] == "hello" and h["version"] == 1 and h["n_ctx"] == 512 and h["n_vocab"] == 49152
         st = c.request({"op": "status", "id": 7})
         assert st["id"] == 7 and st["event"] == "status" and st["activations"] == "precise"
+        assert set(st["kernels"]) == {"dot", "norm", "pack", "pack_act", "attn", "lora"}, st["kernels"]
+        assert all(v in ("ref", "avx2", "avx512", "amx") for v in st["kernels"].values()), st["kernels"]
         assert st["slots"] == {"total": SLOTS, "used": 0, "queued": 0}
         assert len(st["workers"]) == 2
         assert {w["cpu"] for w in st["workers"]} == {0, 1} or os.cpu_count() < 2

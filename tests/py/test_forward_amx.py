@@ -141,7 +141,9 @@ def test_daemon_serves_the_same_answers(model_path, tmp_path, monkeypatch):
                         assert ev["event"] == "done" and len(toks) == 16, ev
                         left -= 1
             log = d.log()
+            pack = d.status()["kernels"]["pack"]
         assert "disagrees" not in log, log
+        assert pack == (("amx" if amx_on_cpu() else "amx-emulated") if on else "avx512"), pack
         return [got[f"{tag}{j}"] for j in range(len(prompts))]
 
     (tmp_path / "on").mkdir()

@@ -344,7 +344,7 @@ def test_tokenize_detokenize_status(nxd):
     assert nxd.requests[-1]["tokens"] == [5, 6, 7]
 
     status = {"event": "status", "model": "SmolLM2", "arch": "llama", "type": "Q4_1",
-              "n_ctx": 8192, "n_vocab": 49152,
+              "n_ctx": 8192, "n_vocab": 49152, "kernels": {"dot": "avx512", "pack": "amx"},
               "workers": [{"pid": 11, "cpu": 0, "state": "idle", "restarts": 0},
                           {"pid": 12, "cpu": 1, "state": "busy", "restarts": 2}],
               "slots": {"total": 8, "used": 3, "queued": 1}, "tokens_served": 12345,
@@ -357,7 +357,8 @@ def test_tokenize_detokenize_status(nxd):
     out = r.stdout.decode()
     for want in ["SmolLM2", "llama", "Q4_1", "8192", "pid 12", "busy", "restarts 2",
                  "3 of 8 used", "1 queued", "12345 served", "42.2 tokens/s", "1h02m05s",
-                 "prompt by default (k 6), 150 of 200 drafted tokens accepted (75.0%)"]:
+                 "prompt by default (k 6), 150 of 200 drafted tokens accepted (75.0%)",
+                 "kernels:   dot avx512 pack amx"]:
         assert want in out, (want, out)
     r = run(["status", "--json"], sock=nxd.path)
     assert r.returncode == 0

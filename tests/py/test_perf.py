@@ -52,6 +52,8 @@ def test_avx2_daemon_matches_nx_eval(model_path, tmp_path):
     with Daemon(model_path, tmp_path, name="nxd-k", workers=2, env=env) as d:
         ids, toks = generate(d)
         assert "model: 0 matrices packed" in d.log()
+        k = d.status()["kernels"]
+        assert k["pack"] == "ref" and k["attn"] == "ref" and k["dot"] in ("avx2", "ref"), k
     assert len(toks) == GREEDY["max_tokens"]
     assert toks == nx_eval_generate(model_path, ids, GREEDY["max_tokens"], env=env)
 
