@@ -330,13 +330,14 @@ const char *nx_pack_kernels_name(void)
  * AMX kernel in one call and its AVX-512 kernel in calls of up to 4. Its
  * buffers are static: it runs once, at start, before any other thread. */
 #define CHECK_IN 256
+#define CHECK_ROW 512 /* bytes: more than a row of CHECK_IN of any type (q8_0's 272 the most) */
 static bool amx_agrees(enum nx_type t, nx_pack_fn amx, uint64_t *seed)
 {
 	const struct nx_type_traits *tr = nx_type_ref(t), *q8 = nx_type_ref(NX_Q8_0);
 	const size_t rb = (size_t)nx_row_size(t, CHECK_IN), rs = (size_t)nx_row_size(NX_Q8_0, CHECK_IN);
 	const int64_t nb = CHECK_IN / 32;
 	enum { N = NX_PACK_AMX_MAX };
-	static uint8_t plain[NX_PACK_ROWS * 512], group[NX_PACK_ROWS * 512], act[N * 2 * 512];
+	static uint8_t plain[NX_PACK_ROWS * CHECK_ROW], group[NX_PACK_ROWS * CHECK_ROW], act[N * 2 * CHECK_ROW];
 	static float x[CHECK_IN], d[N * CHECK_IN / 32], s[N * CHECK_IN / 32], got[N * NX_PACK_ROWS],
 		want[N * NX_PACK_ROWS];
 	static int32_t c[N * CHECK_IN / 32], c16[N * CHECK_IN / 16];

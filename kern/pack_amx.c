@@ -42,6 +42,16 @@ struct tilecfg {
 #define T_ZERO(t) __asm__ volatile("tilezero %%tmm" #t ::: "memory")
 /* tmm dst += tmm a (signed bytes) . tmm b (unsigned bytes) */
 #define T_DPBSUD(dst, a, b) __asm__ volatile("tdpbsud %%tmm" #b ", %%tmm" #a ", %%tmm" #dst ::: "memory")
+/* out (NA x 16 int32) = tmm a . tmm b, through tmm c */
+#define T_DOT(c, a, b, out)                 \
+	do {                                \
+		T_ZERO(c);                  \
+		T_DPBSUD(c, a, b);          \
+		T_STORE(c, out, 64);        \
+	} while (0)
+
+/* pf_ahead's NA: the multi-token tiles' prefetch (further ahead, into L2) */
+#define PF_MT 2
 
 /* Where one call's integer dots go: per token i and row r, the hi and lo parts' dots of the block in hand. */
 struct dots {
@@ -105,24 +115,14 @@ INL void block_dots(const struct nx_pack_act *a, const int NA, int64_t b, const 
 	if (w1)
 		T_LOAD(7, w1, 64);
 	T_LOAD(2, ah, a->stride);
-	T_ZERO(0);
-	T_DPBSUD(0, 2, 4);
-	T_STORE(0, d0->hi, 64);
-	if (w1) {
-		T_ZERO(5);
-		T_DPBSUD(5, 2, 7);
-		T_STORE(5, d1->hi, 64);
-	}
+	T_DOT(0, 2, 4, d0->hi);
+	if (w1)
+		T_DOT(5, 2, 7, d1->hi);
 	if (LO) {
 		T_LOAD(3, al, a->stride);
-		T_ZERO(1);
-		T_DPBSUD(1, 3, 4);
-		T_STORE(1, d0->lo, 64);
-		if (w1) {
-			T_ZERO(6);
-			T_DPBSUD(6, 3, 7);
-			T_STORE(6, d1->lo, 64);
-		}
+		T_DOT(1, 3, 4, d0->lo);
+		if (w1)
+			T_DOT(6, 3, 7, d1->lo);
 	}
 }
 
@@ -149,7 +149,7 @@ INL void nib_amx(const void *group, const struct nx_pack_act *a, int NA, float *
 	tiles_begin(NA, EMU);
 	const uint8_t *o = group;
 	for (int64_t b = 0; b < nb; b++, o += GB) {
-		pf_ahead(o, GB, 2);
+		pf_ahead(o, GB, PF_MT);
 		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)o));
 		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		if (Q8) {
@@ -195,7 +195,7 @@ INL void k4_amx(const void *group, const struct nx_pack_act *a, int NA, float *o
 		__m512 d, ndmin;
 		k4_super(hdr, &d, &ndmin);
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
-			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), 2);
+			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), PF_MT);
 			__m512 dsc0, dsc1, nm0, nm1;
 			k4_scales(hdr, c, d, ndmin, &dsc0, &dsc1, &nm0, &nm1);
 			__m512i lo[8], hi[8];
@@ -238,7 +238,7 @@ INL void q6_k_amx(const void *group, const struct nx_pack_act *a, int NA, float 
 	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += PK_Q6_K_SB) {
 		const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + PK_Q6_K_D)));
 		for (int blk = 0; blk < 8; blk++) {
-			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8, 2);
+			pf_ahead(o + blk * (PK_Q6_K_SB / 8), PK_Q6_K_SB / 8, PF_MT);
 			__m512i q[8];
 			q6_decode(o, blk, q);
 			__m512 dsc0, dsc1;
