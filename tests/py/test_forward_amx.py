@@ -26,6 +26,10 @@ NAMES = [n for n, kw in make_tiny.VARIANTS
 KW = dict(make_tiny.VARIANTS)
 
 
+def cpu_flags():
+    return set(open("/proc/cpuinfo").read().split())
+
+
 def amx_on_cpu():
     """Whether this CPU's engine picks amx for the pack family by itself (asked through libnx.so)."""
     so = ctypes.CDLL(str(build_dir() / "libnx.so"))
@@ -39,8 +43,7 @@ def amx_on_cpu():
 def test_tiles_are_taken_where_the_cpu_has_them():
     """Where the CPU has AMX-INT8 the engine runs the tiles themselves (so the tests below compare them,
     not the emulation, with the AVX-512 kernels); elsewhere this says so and skips."""
-    flags = open("/proc/cpuinfo").read().split()
-    if not {"amx_tile", "amx_int8"} <= set(flags):
+    if not {"amx_tile", "amx_int8"} <= cpu_flags():
         pytest.skip("AMX: not available on this CPU: the tests below run the emulated tile instructions")
     if os.environ.get("NX_KERN") not in (None, "", "amx"):
         pytest.skip(f"NX_KERN={os.environ['NX_KERN']} caps the kernels below amx")
@@ -74,8 +77,7 @@ def with_amx(monkeypatch, on):
 def needs_avx512_tiles():
     if os.environ.get("NX_PACK") == "0" or os.environ.get("NX_KERN") in ("ref", "avx2"):
         pytest.skip("no packed AVX-512 tile kernels in this run (NX_PACK / NX_KERN): the AMX route is theirs")
-    out = subprocess.run(["grep", "-qw", "avx512_vnni", "/proc/cpuinfo"])
-    if out.returncode != 0:
+    if "avx512_vnni" not in cpu_flags():
         pytest.skip("no AVX-512 VNNI on this CPU: no tile kernels, so no AMX route")
 
 
@@ -117,8 +119,8 @@ def test_default_model_prefill(model_path, monkeypatch):
 def test_daemon_serves_the_same_answers(model_path, tmp_path, monkeypatch):
     """nxd itself, AMX on and off: the workers (forked after the tile state was asked for, in their
     sandbox) give every greedy token and logprob of answers to prompts of 9 to 40 tokens, 3 clients
-    batched, as the AVX-512 kernels do; the start-up check of the AMX kernels passes. (Emulated, a
-    token of SmolLM2 costs ~0.3 s of scalar work: the prompts are short.)"""
+    batched, as the AVX-512 kernels do; the start-up check of the AMX kernels passes. (The emulated
+    tile instructions are scalar code, slow on a whole model: the prompts are short.)"""
     from nxd_helpers import Client, Daemon
     rng = np.random.default_rng(11)
     prompts = [list(map(int, rng.integers(300, 20000, n))) for n in (9, 17, 40)]

@@ -42,11 +42,6 @@ PROMPTS = [prompt(), prompt(60, 3), [1, N_VOCAB - 5, 270], prompt(150, 8)]
 CHEAP = {"NXD_TEST_SPEC_FIT": "1e-2,1e-4,0/1e-4,1e-6,0"}
 
 
-def run(c, rid, req):
-    """(tokens, logprobs, done) of one generate, streamed."""
-    return c.generate_logprobs(rid, req)
-
-
 def greedy(toks, **kw):
     return dict(dict(op="generate", tokens=toks, temperature=0, logprobs=3, max_tokens=80, ignore_eos=True), **kw)
 
@@ -56,7 +51,7 @@ def plain(models, tmp_path_factory):
     """Each prompt's greedy answer from the model without a draft model loaded at all."""
     with Daemon(models["main"], tmp_path_factory.mktemp("plain"), workers=2, args=ARGS, name="plain") as d:
         with Client(d.sock) as c:
-            return [run(c, f"p{j}", greedy(p)) for j, p in enumerate(PROMPTS)]
+            return [c.generate_logprobs(f"p{j}", greedy(p)) for j, p in enumerate(PROMPTS)]
 
 
 def drafted(dn):
@@ -74,11 +69,11 @@ def test_draft_is_the_model_itself(models, plain, tmp_path, workers):
             n_d = n_a = 0
             for j, p in enumerate(PROMPTS):
                 for k in (1, 4, 16):
-                    got = run(c, f"g{j}.{k}", greedy(p, speculate={"mode": "draft", "k": k}))
+                    got = c.generate_logprobs(f"g{j}.{k}", greedy(p, speculate={"mode": "draft", "k": k}))
                     assert got[:2] == plain[j][:2], (j, k)
                     a, b = drafted(got[2])
                     n_d, n_a = n_d + a, n_a + b
-                off = run(c, f"o{j}", greedy(p))
+                off = c.generate_logprobs(f"o{j}", greedy(p))
                 assert off[:2] == plain[j][:2] and "speculate" not in off[2]
             assert n_d > 300 and n_a > 0.95 * n_d, (n_d, n_a)
             st = c.request({"op": "status", "id": "st"})["speculate"]
@@ -96,7 +91,7 @@ def test_unrelated_draft(models, plain, tmp_path):
         with Client(d.sock) as c:
             n_d = n_a = 0
             for j, p in enumerate(PROMPTS):
-                got = run(c, f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
+                got = c.generate_logprobs(f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
                 assert got[:2] == plain[j][:2], j
                 a, b = drafted(got[2])
                 n_d, n_a = n_d + a, n_a + b
@@ -114,16 +109,16 @@ def test_default_speculate_draft_and_prompt_cache(models, plain, tmp_path):
             assert st["default"] == "draft" and st["k"] == 5, st
             for r in range(2):
                 for j, p in enumerate(PROMPTS):
-                    got = run(c, f"g{r}.{j}", greedy(p))
+                    got = c.generate_logprobs(f"g{r}.{j}", greedy(p))
                     assert got[:2] == plain[j][:2], (r, j)
                     assert drafted(got[2])[1] > 0
             # a prompt that continues a finished one (the prompt cache keeps its slot's K/V)
             longer = PROMPTS[0] + plain[0][0][:30]
-            want = run(c, "w", greedy(longer, speculate={"mode": "off"}))
-            got = run(c, "l", greedy(longer))
+            want = c.generate_logprobs("w", greedy(longer, speculate={"mode": "off"}))
+            got = c.generate_logprobs("l", greedy(longer))
             assert got[:2] == want[:2]
             # prompt lookup still works beside it
-            got = run(c, "pl", greedy(PROMPTS[1], speculate={"mode": "prompt"}))
+            got = c.generate_logprobs("pl", greedy(PROMPTS[1], speculate={"mode": "prompt"}))
             assert got[:2] == plain[1][:2] and got[2]["speculate"]["mode"] == "prompt"
 
 
@@ -134,12 +129,12 @@ def test_stops_and_context_end(models, tmp_path):
     with Daemon(models["main"], tmp_path, workers=2, args=args, name="end", env=CHEAP) as d:
         with Client(d.sock) as c:
             base = greedy(prompt(200, 7), max_tokens=200)
-            want = run(c, "w", base)
+            want = c.generate_logprobs("w", base)
             assert want[2]["reason"] == "length" and len(want[0]) == 256 - 201 + 1, want[2]
-            got = run(c, "g", dict(base, speculate={"mode": "draft", "k": 16}))
+            got = c.generate_logprobs("g", dict(base, speculate={"mode": "draft", "k": 16}))
             assert got[:2] == want[:2] and got[2]["reason"] == "length"
             for n in (1, 2, 3, 7, 13, 17, 33):
-                got = run(c, f"m{n}", dict(base, max_tokens=n, speculate={"mode": "draft", "k": 16}))
+                got = c.generate_logprobs(f"m{n}", dict(base, max_tokens=n, speculate={"mode": "draft", "k": 16}))
                 assert got[:2] == (want[0][:n], want[1][:n]) and got[2]["usage"]["completion_tokens"] == n, n
 
 
@@ -156,7 +151,7 @@ def test_beside_clients_that_do_not_speculate(models, plain, tmp_path, mixed):
                 for r in range(2):
                     j = (i + r) % len(PROMPTS)
                     req = greedy(PROMPTS[j], **({"speculate": spec} if spec else {}))
-                    results[(i, r)] = (j, run(c, f"c{i}.{r}", req))
+                    results[(i, r)] = (j, c.generate_logprobs(f"c{i}.{r}", req))
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(e)
 
@@ -190,7 +185,7 @@ def test_a_costly_draft_does_not_draft_beside_others(models, tmp_path):
         with Client(d.sock) as c:
             # alone: drafts (and the step-time fits learn both models' steps)
             for r in range(3):
-                assert drafted(run(c, f"a{r}", greedy(PROMPTS[r % 2], speculate={"mode": "draft"}))[2])[1] > 0
+                assert drafted(c.generate_logprobs(f"a{r}", greedy(PROMPTS[r % 2], speculate={"mode": "draft"}))[2])[1] > 0
         seen, other = threading.Event(), {}
 
         def long_client():
@@ -208,7 +203,7 @@ def test_a_costly_draft_does_not_draft_beside_others(models, tmp_path):
         th.start()
         assert seen.wait(60)
         with Client(d.sock) as c:
-            got = run(c, "b", greedy(PROMPTS[0], max_tokens=30, speculate={"mode": "draft", "k": 8}))
+            got = c.generate_logprobs("b", greedy(PROMPTS[0], max_tokens=30, speculate={"mode": "draft", "k": 8}))
             t_end = time.monotonic()
         th.join(120)
         assert other["ev"]["event"] == "done" and t_end < other["done_t"], "the other client ended first"
@@ -226,8 +221,8 @@ def test_seeded_sampling_identical(models, tmp_path):
                 for seed in range(6):
                     kw = dict(temperature=0.7, top_k=40, top_p=0.95, seed=seed, max_tokens=48, repeat_penalty=1.1,
                               presence_penalty=0.3)
-                    want = run(c, f"w{seed}", greedy(PROMPTS[seed % 2], **kw))
-                    got = run(c, f"g{seed}", greedy(PROMPTS[seed % 2], speculate={"mode": "draft", "k": 6}, **kw))
+                    want = c.generate_logprobs(f"w{seed}", greedy(PROMPTS[seed % 2], **kw))
+                    got = c.generate_logprobs(f"g{seed}", greedy(PROMPTS[seed % 2], speculate={"mode": "draft", "k": 6}, **kw))
                     assert got[:2] == want[:2], (draft, seed)
                     n_a += drafted(got[2])[1]
                 if draft == "main":
@@ -241,8 +236,8 @@ def test_another_model_and_type(models, tmp_path):
         with Daemon(models["main2"], tmp_path, workers=2, args=args, name=f"m2-{draft}", env=CHEAP) as d:
             with Client(d.sock) as c:
                 for j, p in enumerate(PROMPTS[:2]):
-                    want = run(c, f"w{j}", greedy(p))
-                    got = run(c, f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
+                    want = c.generate_logprobs(f"w{j}", greedy(p))
+                    got = c.generate_logprobs(f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
                     assert got[:2] == want[:2], (draft, j)
                     if draft == "main2":
                         assert drafted(got[2])[1] > 0.9 * drafted(got[2])[0]
@@ -257,8 +252,8 @@ def test_options_apply_to_the_draft_too(models, tmp_path, extra):
     with Daemon(models["main"], tmp_path, workers=2, args=args, name="opt", env=CHEAP) as d:
         with Client(d.sock) as c:
             for j, p in enumerate(PROMPTS[:2]):
-                want = run(c, f"w{j}", greedy(p))
-                got = run(c, f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
+                want = c.generate_logprobs(f"w{j}", greedy(p))
+                got = c.generate_logprobs(f"g{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
                 assert got[:2] == want[:2], j
                 assert drafted(got[2])[0] > 0
             st = c.request({"op": "status", "id": "st"})
@@ -302,7 +297,7 @@ def test_worker_scribbling_on_the_draft_models_state(models, plain, tmp_path):
         for k, (field, msg) in enumerate(scribbles):
             for r in range(4):
                 with Client(d.sock) as c:
-                    got = run(c, f"s{k}.{r}", greedy(PROMPTS[3], speculate={"mode": "draft", "k": 4}))
+                    got = c.generate_logprobs(f"s{k}.{r}", greedy(PROMPTS[3], speculate={"mode": "draft", "k": 4}))
                 assert got[:2] == plain[3][:2], (field, r)
                 if f"scribbling on {field}," in d.log():
                     break
@@ -322,8 +317,8 @@ def test_real_model_drafting_for_itself(model_path, tmp_path):
             for j, p in enumerate(prompts):
                 for extra in ({}, {"stop": ["3."]}):
                     base = dict(op="generate", prompt=p, temperature=0, logprobs=2, max_tokens=96, **extra)
-                    want = run(c, f"w{j}", base)
-                    got = run(c, f"g{j}", dict(base, speculate={"mode": "draft", "k": 6}))
+                    want = c.generate_logprobs(f"w{j}", base)
+                    got = c.generate_logprobs(f"g{j}", dict(base, speculate={"mode": "draft", "k": 6}))
                     assert got[:2] == want[:2] and got[2]["reason"] == want[2]["reason"], (j, extra)
                     n_d, n_a = drafted(got[2])
                     assert n_a == n_d > 0, got[2]  # the same model: every draft is its own greedy token
@@ -426,7 +421,7 @@ def test_http_metrics_count_the_draft_models_drafts(models, tmp_path):
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
                 name="http", env=CHEAP) as d:
         with Client(d.sock) as c:
-            got = run(c, "g", greedy(PROMPTS[0], speculate={"mode": "draft", "k": 4}))
+            got = c.generate_logprobs("g", greedy(PROMPTS[0], speculate={"mode": "draft", "k": 4}))
             n_d, n_a = drafted(got[2])
             assert n_a > 0
         with Gateway(d.sock, tmp_path) as g:

@@ -257,9 +257,9 @@ def test_tiny_models_greedy_identical(tiny_models, tmp_path, workers):
                 for j, prompt in enumerate((tiny_prompt(), tiny_prompt(60, 3), [1, 300 - 5, 270])):
                     base = dict(op="generate", tokens=prompt, temperature=0, logprobs=3, max_tokens=80,
                                 ignore_eos=True)
-                    want = run_tokens(c, f"w{j}", base)
+                    want = c.generate_logprobs(f"w{j}", base)
                     for k in (2, 9):
-                        got = run_tokens(c, f"g{j}.{k}", dict(base, speculate={"mode": "prompt", "k": k}))
+                        got = c.generate_logprobs(f"g{j}.{k}", dict(base, speculate={"mode": "prompt", "k": k}))
                         assert got[:2] == want[:2], (m.name, j, k)
                         accepted += got[2]["speculate"]["accepted"]
                 assert accepted > 0, m.name
@@ -273,9 +273,9 @@ def test_tiny_context_end_and_back_off(tiny_models, tmp_path):
         with Client(d.sock) as c:
             base = dict(op="generate", tokens=tiny_prompt(200, 7), temperature=0, logprobs=1, max_tokens=200,
                         ignore_eos=True)
-            want = run_tokens(c, "w", base)
+            want = c.generate_logprobs("w", base)
             assert want[2]["reason"] == "length" and len(want[0]) == 256 - 201 + 1, want[2]
-            got = run_tokens(c, "g", dict(base, speculate={"mode": "prompt", "k": 16}))
+            got = c.generate_logprobs("g", dict(base, speculate={"mode": "prompt", "k": 16}))
             assert got[:2] == want[:2] and got[2]["reason"] == "length"
             assert got[2]["speculate"]["accepted"] > 0
             # sampled far from the model's preferences: nearly every draft is wrong
@@ -287,10 +287,6 @@ def test_tiny_context_end_and_back_off(tiny_models, tmp_path):
             sp = ev["speculate"]
             assert sp["accepted"] < 0.2 * sp["drafted"], sp
             assert sp["drafted"] < 40, sp  # without the back-off: ~8 a step, 200 steps
-
-
-def run_tokens(c, rid, req):
-    return c.generate_logprobs(rid, req)
 
 
 def chi2_sf_bound(df, alpha):
@@ -404,11 +400,11 @@ def test_lora_runtime_delta_identical_with_speculation(tmp_path):
             accepted = 0
             for j, prompt in enumerate((tiny_prompt(), tiny_prompt(60, 3))):
                 base = dict(op="generate", tokens=prompt, temperature=0, logprobs=3, max_tokens=80, ignore_eos=True)
-                plain = run_tokens(c, f"p{j}", base)
+                plain = c.generate_logprobs(f"p{j}", base)
                 lora = dict(base, lora=[{"name": "r4", "scale": 2.0}])
-                want = run_tokens(c, f"w{j}", lora)
+                want = c.generate_logprobs(f"w{j}", lora)
                 assert want[1] != plain[1]  # the adapter is applied
-                got = run_tokens(c, f"g{j}", dict(lora, speculate={"mode": "prompt", "k": 6}))
+                got = c.generate_logprobs(f"g{j}", dict(lora, speculate={"mode": "prompt", "k": 6}))
                 assert got[:2] == want[:2], j
                 accepted += got[2]["speculate"]["accepted"]
             assert accepted > 0
