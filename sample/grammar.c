@@ -1594,6 +1594,9 @@ void nx_gmatch_stats(const struct nx_gmatch *m, struct nx_gmatch_stats *st)
 
 /* ------------------------------------------------------------ JSON */
 
+/* JSON as RFC 8259 has it, less what jansson refuses to read (it reads the
+ * tool calls a grammar forces, and clients in C read the rest): \u escapes
+ * of a lone surrogate or of U+0000. */
 const char *nx_grammar_json_gbnf(void)
 {
 	return "root ::= value\n"
@@ -1601,7 +1604,8 @@ const char *nx_grammar_json_gbnf(void)
 	       "object ::= \"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? \"}\"\n"
 	       "array ::= \"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\"\n"
 	       "string ::= \"\\\"\" char* \"\\\"\"\n"
-	       "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] hex hex hex | [dD] [0-7] hex hex ) )\n"
+	       "char ::= [^\"\\\\\\x00-\\x1f] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [1-9a-cA-CeEfF] hex hex hex | [dD] [0-7] hex hex | \"0\" hex3-not-000 ) )\n"
+	       "hex3-not-000 ::= [1-9a-fA-F] hex hex | \"0\" ( [1-9a-fA-F] hex | \"0\" [1-9a-fA-F] )\n"
 	       "hex ::= [0-9a-fA-F]\n"
 	       "number ::= \"-\"? ( \"0\" | [1-9] [0-9]* ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?\n"
 	       "ws ::= ( \" \" | \"\\n\" [ \\t]{0,20} )?\n";

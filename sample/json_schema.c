@@ -419,10 +419,10 @@ static void emit_cset(struct nx_sbuf *b, struct cset *s)
 		nx_sb_str(b, "] ");
 		first = false;
 	}
-	/* and those it holds escaped */
+	/* and those it holds escaped, but U+0000 (nx_grammar_json_gbnf: jansson refuses it) */
 	for (int i = 0; i < s->n; i++)
 		for (uint32_t cp = s->r[i][0]; cp <= s->r[i][1] && cp <= '\\'; cp++)
-			if (cp < 0x20 || cp == '"' || cp == '\\') {
+			if ((cp < 0x20 && cp > 0) || cp == '"' || cp == '\\') {
 				if (!first)
 					nx_sb_str(b, "| ");
 				emit_cp_lit(b, cp);

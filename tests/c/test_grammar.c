@@ -276,9 +276,10 @@ static void test_json_any(void **state)
 {
 	const char *g = nx_grammar_json_gbnf();
 	const char *ok[] = { "{}", "[]", "0", "-0.5e+10", "\"a\\u00e9\\n\"", "{\"a\": [1, true, null, {\"b\": \"c\"}]}",
-			     "[\n  1,\n  2\n]", "\"日本\"" };
+			     "[\n  1,\n  2\n]", "\"日本\"", "\"\\u0001\\u0010\\u0100\\u1000\\uFFFF\\ue000\"" };
+	/* a lone surrogate and U+0000 are JSON, but jansson refuses them (a forced tool call would not be read) */
 	const char *bad[] = { "{", "01", "[1,]", "{\"a\" 1}", "\"\\x\"", "\"a\nb\"", "{'a': 1}", "tru", "1.", "\"\\ud83d\"",
-			      "[1] x" };
+			      "\"\\u0000\"", "{\"z\":\"\\u0000e9\"}", "[1] x" };
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!fulls(g, ok[i]))
 			fail_msg("rejected %s", ok[i]);
@@ -362,6 +363,11 @@ static void test_schema_strings(void **state)
 	g = schema_gbnf("{\"type\":\"string\",\"pattern\":\"^[\\\"\\\\\\\\]+$\"}");
 	assert_true(fulls(g, "\"\\\"\\\\\""));
 	assert_false(fulls(g, "\"\"\""));
+	free(g);
+	/* controls come out escaped, U+0000 never (nx_grammar_json_gbnf) */
+	g = schema_gbnf("{\"type\":\"string\",\"pattern\":\"^[\\\\x00-\\\\x1f]+$\"}");
+	assert_true(fulls(g, "\"\\n\\u0001\\u001F\""));
+	assert_false(fulls(g, "\"\\u0000\""));
 	free(g);
 }
 
