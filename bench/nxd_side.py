@@ -181,6 +181,13 @@ class Conn:
             elif kind == "error":
                 raise DaemonError(f"generate: {ev.get('code')}: {ev.get('message')}")
 
+    def tokenize(self, text, special=True):
+        self.send({"id": "tk", "op": "tokenize", "text": text, "special": special})
+        ev = self.recv()
+        if "tokens" not in ev:
+            raise DaemonError(f"tokenize: {ev}")
+        return ev["tokens"]
+
     def status(self):
         self.send({"id": "st", "op": "status"})
         while True:

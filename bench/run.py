@@ -276,7 +276,7 @@ class Table:
         head = f"{'case':<11} {'what':<34} {'unit':<7} {'nxd':>9} {'llama.cpp':>10} {'ratio':>6} {'nxd %bw':>8} {'l.cpp %bw':>9}"
         lines = [head, "-" * len(head)]
         for r in self.rows:
-            nd = 2 if r["unit"] in ("s", "x") else 1
+            nd = 2 if r["unit"] in ("s", "x", "/step") else 1
             lines.append(f"{r['case']:<11} {r['what']:<34} {r['unit']:<7} {f(r['ours'], nd):>9} {f(r['llama'], nd):>10} "
                          f"{f(r['ratio'], 2):>6} {f(r['ours_pct_bw']):>8} {f(r['llama_pct_bw']):>9}"
                          + (f"  {r['note']}" if r["note"] else ""))
@@ -933,6 +933,10 @@ def main():
                     return timed(got["times"], got["ids"], got["done"].get("speculate"))
 
                 out = turns(ask)
+                # the prompts as the template renders them, for lookup_ceiling
+                out["prompt_ids"] = {kind: [c.tokenize(SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n"
+                                                       "<|im_start|>assistant\n") for p in prompts]
+                                     for kind, prompts in sets.items()}
                 out["beside"] = beside(d, c)
                 out["status"] = c.status().get("speculate")
                 c.close()
@@ -1019,6 +1023,16 @@ def main():
             return (f"{who}: per prompt median {sm[2]:.2f}, {sm[3]}/{sm[4]} drafts accepted, "
                     f"output identical in {sm[5]}/{sm[6]}")
 
+        def per_step(out, kind):
+            """Decode tokens per step: nxd's while speculating, and the most any prompt lookup could give
+            (spec_prompts.lookup_ceiling) on the same answers, drafting at most k."""
+            rows = [x for x in out[kind] if x["prompt_mode"]["n"] > 1]
+            tok = sum(x["prompt_mode"]["n"] - 1 for x in rows)
+            acc = sum((x["prompt_mode"]["speculate"] or {}).get("accepted", 0) for x in rows)
+            best = [spec_prompts.lookup_ceiling(out["prompt_ids"][kind][x["prompt"]], x["off"]["ids"], spec["k"])
+                    for x in rows]
+            return tok / (tok - acc) if tok > acc else None, sum(t for _, t in best) / sum(s for s, _ in best)
+
         for kind in sets:
             so, sl = summary(o, kind), summary(l, kind)
             target = 2.0 if kind == "grounded" else 0.95
@@ -1028,6 +1042,10 @@ def main():
                                                          if sl else ""))
             table.add(case, f"{key} {kind} speculating / not", "x", ratio(so), ratio(sl),
                       note="; ".join(x for x in (f"nxd target >= {target}", says("nxd", so), says("llama.cpp", sl)) if x))
+            if o and o[kind]:
+                got, most = per_step(o, kind)
+                table.add(case, f"{key} {kind} tokens per step", "/step", got, None,
+                          note=f"the most any prompt lookup could give these answers (k {spec['k']}): {most:.2f}")
         if o:
             b_on = med([x["tok_s"] for x in o["beside"] if x["mode"] == "prompt"])
             b_off = med([x["tok_s"] for x in o["beside"] if x["mode"] == "off"])

@@ -1,6 +1,7 @@
 """spec_prompts.py - the prompt set of the `spec` bench case: input-grounded requests, whose answers repeat
 their input (edit this code, continue this list, quote this passage), and free-form ones, whose answers do not.
-Each is a user message for the model's chat template."""
+Each is a user message for the model's chat template. Also the most any prompt lookup could draft of an answer
+(lookup_ceiling), which says whether the drafter or the answers themselves hold speculation back."""
 
 GROUNDED = [
     # edit this code
@@ -56,3 +57,29 @@ FREE = [
     "Give me three ideas for a birthday party.",
     "Why is the sky blue?",
 ]
+
+
+def lookup_ceiling(prompt, answer, k, longest=8):
+    """(decode steps, tokens) of greedy `answer` (after `prompt`, both token ids) with the best drafts any
+    prompt lookup could make: at each step, of every earlier occurrence of the last n tokens (n = 1 ..
+    longest), the one whose next tokens stay right the longest, cut to the right ones and to k; a step emits
+    them and the token after. Nothing rejected is drafted, so no lookup drafter takes fewer steps. The first
+    answer token comes from the prompt's step and is not counted, as in the decode rates."""
+    hist = list(prompt) + list(answer[:1])
+    pos, steps = 1, 0
+    while pos < len(answer):
+        best = 0
+        for n in range(1, min(longest, len(hist) - 1) + 1):
+            suf = hist[-n:]
+            for i in range(len(hist) - n):
+                if hist[i:i + n] != suf:
+                    continue
+                run = 0
+                while (run < k and i + n + run < len(hist) and pos + run < len(answer)
+                       and hist[i + n + run] == answer[pos + run]):
+                    run += 1
+                best = max(best, run)
+        hist += answer[pos:pos + best + 1]
+        pos += best + 1
+        steps += 1
+    return steps, len(answer) - 1
