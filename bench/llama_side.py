@@ -92,7 +92,7 @@ def main():
 
         def one_decode(n=n, warm=False):
             if probe and not warm:
-                probes.append(bwprobe.run(probe)["best_gbs"])
+                probes.append(bwprobe.run(probe))
             clear()
             tok = int(np.argmax(feed(prompt)))
             ids = [tok]
@@ -107,8 +107,9 @@ def main():
         rates, ids = repeat(one_decode)
         out["decode"] = {"tok_s": rates, "ids": ids, "n": n, "prompt_tokens": len(prompt)}
         if probe:
-            probes.append(bwprobe.run(probe)["best_gbs"])
-            out["decode"]["probes_gbs"] = probes
+            probes.append(bwprobe.run(probe))
+            out["decode"]["probes_gbs"] = [p["best_gbs"] for p in probes]
+            out["decode"]["probes_median_gbs"] = [p["median_gbs"] for p in probes]
 
     if spec.get("prefill"):
         out["prefill"] = {}

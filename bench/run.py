@@ -219,7 +219,7 @@ class Ours:
 
             def one():
                 if probe:
-                    probes.append(bwprobe.run(probe)["best_gbs"])
+                    probes.append(bwprobe.run(probe))
                 res = c.generate(prompt, DECODE_N, rid=len(server) + 2)
                 if len(res["times"]) != DECODE_N:
                     raise nxd_side.DaemonError(f"asked for {DECODE_N} tokens, got {len(res['times'])}: {res['done']}")
@@ -231,8 +231,9 @@ class Ours:
             c.close()
             out = {"tok_s": client, "tok_s_server_timing": server, "ids": ids}
             if probe:
-                probes.append(bwprobe.run(probe)["best_gbs"])
-                out["probes_gbs"] = probes
+                probes.append(bwprobe.run(probe))
+                out["probes_gbs"] = [p["best_gbs"] for p in probes]
+                out["probes_median_gbs"] = [p["median_gbs"] for p in probes]
             return out
 
     def prefill(self, model, lengths, reps, env=None):
@@ -362,13 +363,15 @@ def measure_bw(bw_bin):
     return bwprobe.run([bw_bin, "--threads", str(THREADS)])
 
 
-def paired_pct_bw(side, bytes_per_tok):
-    """Median over a decode case's repetitions of each one's %bw against the faster of the two probes
-    taken right before and right after it (side["probes_gbs"]: one more than repetitions)."""
-    pr = (side or {}).get("probes_gbs")
+def paired_pct_bw(side, bytes_per_tok, sustained=False):
+    """Median over a decode case's repetitions of each one's %bw against the probes taken right before and
+    right after it (one more than repetitions): the faster of their best passes (side["probes_gbs"]), or,
+    sustained, the mean of their median passes (side["probes_median_gbs"])."""
+    pr = (side or {}).get("probes_median_gbs" if sustained else "probes_gbs")
     if not pr or len(pr) != len(side["tok_s"]) + 1:
         return None
-    return med([pct_bw(r, bytes_per_tok, max(pr[i], pr[i + 1])) for i, r in enumerate(side["tok_s"])])
+    return med([pct_bw(r, bytes_per_tok, (pr[i] + pr[i + 1]) / 2 if sustained else max(pr[i], pr[i + 1]))
+                for i, r in enumerate(side["tok_s"])])
 
 
 def pct_bw(tok_s, bytes_per_tok, bw_gbs):
@@ -498,8 +501,10 @@ def main():
         mi = model_info(key, path)
         log(f"bench: {case}: {key} decode {DECODE_N} tokens x {reps}")
         dprompt = text_ids(path, CHAT)
-        # A short probe (3 passes) before every repetition and after the last, on both sides.
-        probe = [os.path.join(build, "bench", "bw"), "--threads", str(THREADS), "--reps", "3"]
+        # A probe before every repetition and after the last, on both sides: 32 passes over 1 GiB, about
+        # a second of streaming, whose best pass may catch a burst of the host's memory bandwidth and whose
+        # median says what streaming that long gets (docs/bench.md, "Bandwidth limit").
+        probe = [os.path.join(build, "bench", "bw"), "--threads", str(THREADS), "--reps", "32"]
         o, l = both(case, lambda: ours.decode(path, dprompt, reps, probe=probe),
                     lambda: run_llama_side(path, reps, decode={"prompt": dprompt, "n": DECODE_N, "probe": probe},
                                            flash_attn=a.flash_attn)["decode"])
@@ -522,6 +527,9 @@ def main():
         po, pl = paired_pct_bw(o, bpt), paired_pct_bw(l, bpt)
         table.add(case, f"{key} decode %bw, paired probes", "%", po, pl, po, pl,
                   note="median of each repetition's %bw against the faster probe just before or after it")
+        po, pl = paired_pct_bw(o, bpt, sustained=True), paired_pct_bw(l, bpt, sustained=True)
+        table.add(case, f"{key} decode %bw, sustained", "%", po, pl, po, pl,
+                  note="the same against the mean of the two probes' median passes")
         limit = case_gbs * 1e9 / bpt
         res["raw"][f"{case}/{key}/decode"]["bandwidth_limit_tok_s"] = limit
         log(f"bench: {case}: {key}: nxd {om} llama.cpp {lm} tok/s; limit {limit:.1f} tok/s "
