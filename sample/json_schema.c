@@ -429,9 +429,13 @@ static void emit_cset(struct nx_sbuf *b, struct cset *s)
 				first = false;
 			}
 	if (first)
-		nx_sb_str(b, "[^\\x00-\\U0010FFFF] "); /* not reached: an empty set is refused before */
+		nx_sb_str(b, "[^\\x00-\\U0010FFFF] "); /* not reached: an empty set, or U+0000 alone, is refused before */
 	nx_sb_str(b, ") ");
 }
+
+/* The strings nxd's grammars write never hold U+0000 (nx_grammar_json_gbnf); a
+ * class with more in it just loses it (emit_cset), one of it alone is refused. */
+#define NUL_REFUSED "U+0000 is not supported (the JSON nxd writes never holds \\u0000)"
 
 static int rx_err(struct rx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int rx_err(struct rx *x, const char *fmt, ...)
@@ -578,6 +582,8 @@ static int rx_class(struct rx *x, struct cset *s)
 		empty = s->r[0][0] > 0x7f;
 	if (empty)
 		return rx_err(x, "a character class that matches nothing");
+	if (s->n == 1 && s->r[0][1] == 0)
+		return rx_err(x, NUL_REFUSED);
 	return 0;
 }
 
@@ -658,11 +664,13 @@ static int rx_seq(struct rx *x)
 			int k = rx_escape(x, &cp, &s);
 			if (k == 1)
 				emit_cset(b, &s);
-			else if (k == 0)
+			else if (k == 0 && cp)
 				emit_cp_lit(b, cp);
 			free(s.r);
 			if (k < 0)
 				return -1;
+			if (k == 0 && !cp)
+				return rx_err(x, NUL_REFUSED);
 		} else if (ch == '^' || ch == '$') {
 			return rx_err(x, "anchor '%c' is only supported at the start ('^') or end ('$') of the pattern", ch);
 		} else if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
@@ -671,6 +679,8 @@ static int rx_seq(struct rx *x)
 			uint32_t cp;
 			if (rx_cp(x, &cp))
 				return -1;
+			if (!cp)
+				return rx_err(x, NUL_REFUSED);
 			emit_cp_lit(b, cp);
 		}
 		/* a quantifier on what was just written */

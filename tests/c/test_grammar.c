@@ -424,6 +424,9 @@ static void test_schema_refusals(void **state)
 	schema_fails("{\"type\":\"string\",\"pattern\":\"(a)\\\\1\"}", "backreference");
 	schema_fails("{\"type\":\"string\",\"pattern\":\"\\\\bword\"}", "word boundary");
 	schema_fails("{\"type\":\"string\",\"pattern\":\"a^b\"}", "anchor");
+	schema_fails("{\"type\":\"string\",\"pattern\":\"^\\\\x00$\"}", "U+0000");
+	schema_fails("{\"type\":\"string\",\"pattern\":\"a\\\\u0000\"}", "U+0000");
+	schema_fails("{\"type\":\"string\",\"pattern\":\"^[\\\\x00]+$\"}", "U+0000");
 	schema_fails("{\"type\":\"number\",\"minimum\":0.5}", "not an integer");
 	schema_fails("{\"type\":\"number\",\"exclusiveMinimum\":0}", "exclusive");
 	schema_fails("{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer");
