@@ -16,10 +16,10 @@
 	"  /reset              forget the conversation (the system message stays)\n"            \
 	"  /system [TEXT]      show the system message, or set it to TEXT\n"                    \
 	"  /set [NAME VALUE]   show the sampling options, or set one: temperature, top_k,\n"    \
-	"                      top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens\n" \
-	"                      (VALUE 'default': nxd's own)\n"                                    \
+	"                      top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,\n" \
+	"                      speculate (MODE[:K], as --speculate) (VALUE 'default': nxd's own)\n" \
 	"  /lora [NAME[:SCALE]...|off]  show, set or clear the adapters of the next answers\n"  \
-	"  /stats              the last answer: tokens/s, prompt and cached tokens, seed\n"    \
+	"  /stats              the last answer: tokens/s, prompt and cached tokens, seed, drafts\n" \
 	"A message of several lines: begin it with \"\"\" and end it with \"\"\", or end each\n"  \
 	"line but the last with a backslash. A message that begins with '/' goes in a \"\"\" block.\n"
 
@@ -277,6 +277,30 @@ static void show_opts(struct chat *ch)
 		else
 			nxc_printf("  %-15s %s (nxd's default)\n", set_opts[i].key, set_opts[i].dflt);
 	}
+	json_t *sp = json_object_get(ch->ga.params, "speculate"), *k = json_object_get(sp, "k");
+	if (!sp)
+		nxc_printf("  %-15s nxd's --speculate\n", "speculate");
+	else if (k)
+		nxc_printf("  %-15s %s:%lld\n", "speculate", json_string_value(json_object_get(sp, "mode")),
+			   (long long)json_integer_value(k));
+	else
+		nxc_printf("  %-15s %s\n", "speculate", json_string_value(json_object_get(sp, "mode")));
+}
+
+/* /set speculate MODE[:K]: not a number like the others (set_opts). */
+static void set_speculate(struct chat *ch, const char *val)
+{
+	json_t *sp = strcmp(val, "default") ? nxc_spec_value(val) : NULL;
+	if (!sp && strcmp(val, "default")) {
+		nxc_msg("/set speculate wants %s, got '%s'", NXC_SPEC_RANGE, val);
+		return;
+	}
+	if (sp)
+		json_object_set_new(ch->ga.params, "speculate", sp);
+	else
+		json_object_del(ch->ga.params, "speculate");
+	if (ch->in.tty)
+		nxc_note("(speculate: %s)", sp ? val : "nxd's --speculate");
 }
 
 static json_t *opt_value(const struct set_opt *o, const char *val)
@@ -303,6 +327,10 @@ static void cmd_set(struct chat *ch, char *arg)
 		return;
 	}
 	const struct set_opt *o = find_opt(name);
+	if (!strcmp(name, "speculate") && val && !strtok_r(NULL, " \t", &save)) {
+		set_speculate(ch, val);
+		return;
+	}
 	if (!o || !val || strtok_r(NULL, " \t", &save)) {
 		nxc_msg(o ? "/set %s wants one VALUE" : "/set: unknown option '%s' (/set lists them)", name);
 		return;
@@ -396,6 +424,15 @@ static void cmd_stats(struct chat *ch)
 		nxc_printf("seed:    %lld (/set seed %lld gives this answer again)\n",
 			   (long long)json_integer_value(json_object_get(d, "seed")),
 			   (long long)json_integer_value(json_object_get(d, "seed")));
+	json_t *sp = json_object_get(d, "speculate");
+	if (sp) {
+		const long long acc = num(sp, "accepted"), n = num(u, "completion_tokens");
+		nxc_printf("drafts:  %lld of %lld accepted (%s)", acc, (long long)num(sp, "drafted"),
+			   json_string_value(json_object_get(sp, "mode")));
+		if (n > 1 && n - 1 > acc) /* the first token is the prompt's step */
+			nxc_printf(", %.2f tokens a step", (double)(n - 1) / (double)(n - 1 - acc));
+		nxc_printf("\n");
+	}
 }
 
 enum { CMD_DONE, CMD_BYE };

@@ -1,4 +1,5 @@
 /* cmd_generate.c - nxctl generate, and what chat shares with it: sampling flags, streaming an answer, Ctrl-C as cancel. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +90,34 @@ static int set_num_real(json_t *params, const char *cmd, const char *key, const 
 
 /* Ranges that depend on the model (max_tokens, top_p...) are left to nxd,
  * which names the field. */
+_Static_assert(NXP_MAX_SPEC_K == 16, "NXC_SPEC_RANGE names 1..16");
+
+json_t *nxc_spec_value(const char *arg)
+{
+	char mode[16], *end;
+	const char *colon = strchr(arg, ':');
+	const size_t len = colon ? (size_t)(colon - arg) : strlen(arg);
+	enum nxp_spec_mode m;
+	if (len >= sizeof(mode))
+		return NULL;
+	memcpy(mode, arg, len);
+	mode[len] = '\0';
+	if (!nxp_spec_mode_parse(mode, &m))
+		return NULL;
+	long k = 0;
+	if (colon) {
+		errno = 0;
+		k = strtol(colon + 1, &end, 10);
+		if (!colon[1] || *end || errno || k < 1 || k > NXP_MAX_SPEC_K)
+			return NULL;
+	}
+	json_t *sp = json_object();
+	json_object_set_new(sp, "mode", json_string(mode));
+	if (colon)
+		json_object_set_new(sp, "k", json_integer(k));
+	return sp;
+}
+
 int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct nxc_gen_args *ga)
 {
 	memset(ga, 0, sizeof(*ga));
@@ -201,27 +230,9 @@ int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct n
 			json_object_set_new(ga->params, "ignore_eos", json_true());
 			break;
 		case O_SPEC: {
-			/* MODE or MODE:K; nxd checks both */
-			char mode[16];
-			const char *colon = strchr(optarg, ':');
-			size_t len = colon ? (size_t)(colon - optarg) : strlen(optarg);
-			enum nxp_spec_mode m;
-			if (len >= sizeof(mode))
-				return nxc_usage_err(cmd, "--speculate wants off, prompt, draft or MODE:K, got '%s'", optarg);
-			memcpy(mode, optarg, len);
-			mode[len] = '\0';
-			if (!nxp_spec_mode_parse(mode, &m))
-				return nxc_usage_err(cmd, "--speculate wants off, prompt, draft or MODE:K, got '%s'", optarg);
-			json_t *sp = json_object();
-			json_object_set_new(sp, "mode", json_string(mode));
-			if (colon) {
-				long long k;
-				if (nxc_parse_int(cmd, "--speculate K", colon + 1, 1, NXP_MAX_SPEC_K, &k)) {
-					json_decref(sp);
-					return -1;
-				}
-				json_object_set_new(sp, "k", json_integer(k));
-			}
+			json_t *sp = nxc_spec_value(optarg);
+			if (!sp)
+				return nxc_usage_err(cmd, "--speculate wants " NXC_SPEC_RANGE ", got '%s'", optarg);
 			json_object_set_new(ga->params, "speculate", sp);
 			break;
 		}

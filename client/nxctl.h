@@ -141,6 +141,11 @@ struct nxc_gen_args {
 /* The flags generate and chat share: 0, 1 after printing --help, another
  * value after a usage message. */
 int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct nxc_gen_args *ga);
+/* "MODE" or "MODE:K" (--speculate, chat's /set speculate) as the request's
+ * speculate object; NULL when MODE is not off, prompt or draft, or K is not
+ * 1..NXP_MAX_SPEC_K. */
+json_t *nxc_spec_value(const char *arg);
+#define NXC_SPEC_RANGE "off, prompt or draft, or MODE:K with K in 1..16"
 
 struct nxc_text {
 	char *p;              /* NUL-terminated, or NULL while empty */

@@ -552,6 +552,28 @@ def test_chat_commands(nxd):
     assert "nxctl: unknown command '/nope'" in err
 
 
+def test_chat_speculate(nxd):
+    """/set speculate MODE[:K] reaches the next requests as --speculate would; /stats says what the drafts gave."""
+    def gen(req, send):
+        send({"id": req["id"], "event": "token", "token": 1, "text": "ok"})
+        done = done_event(req, "ok", completion=9)
+        if "speculate" in req:
+            done["speculate"] = {"mode": req["speculate"]["mode"], "drafted": 6, "accepted": 4}
+        send(done)
+    nxd.handlers["generate"] = gen
+    script = ("/set speculate prompt:4\n/set\nhello\n/stats\n/set speculate prompt:17\n/set speculate bogus\n"
+              "again\n/set speculate default\nthird\n")
+    r = run(["chat", "--speculate", "draft"], sock=nxd.path, stdin=script.encode())
+    assert r.returncode == 0, r.stderr
+    gens = [q for q in nxd.requests if q["op"] == "generate"]
+    assert [g.get("speculate") for g in gens] == [{"mode": "prompt", "k": 4}] * 2 + [None]
+    out, err = r.stdout.decode(), r.stderr.decode()
+    assert "speculate       prompt:4" in out  # /set lists it
+    assert "drafts:  4 of 6 accepted (prompt), 2.00 tokens a step" in out  # 8 decoded tokens in 4 steps
+    assert "nxctl: /set speculate wants off, prompt or draft, or MODE:K with K in 1..16, got 'prompt:17'" in err
+    assert "got 'bogus'" in err
+
+
 def test_chat_multiline(nxd):
     """A \"\"\" block or trailing backslashes make one message of several lines."""
     nxd.handlers["generate"] = answer("ok")
