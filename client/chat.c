@@ -290,8 +290,9 @@ static void show_opts(struct chat *ch)
 /* /set speculate MODE[:K]: not a number like the others (set_opts). */
 static void set_speculate(struct chat *ch, const char *val)
 {
-	json_t *sp = strcmp(val, "default") ? nxc_spec_value(val) : NULL;
-	if (!sp && strcmp(val, "default")) {
+	const bool dflt = !strcmp(val, "default");
+	json_t *sp = dflt ? NULL : nxc_spec_value(val);
+	if (!dflt && !sp) {
 		nxc_msg("/set speculate wants %s, got '%s'", NXC_SPEC_RANGE, val);
 		return;
 	}

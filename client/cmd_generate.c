@@ -88,8 +88,6 @@ static int set_num_real(json_t *params, const char *cmd, const char *key, const 
 	return 0;
 }
 
-/* Ranges that depend on the model (max_tokens, top_p...) are left to nxd,
- * which names the field. */
 _Static_assert(NXP_MAX_SPEC_K == 16, "NXC_SPEC_RANGE names 1..16");
 
 json_t *nxc_spec_value(const char *arg)
@@ -118,6 +116,8 @@ json_t *nxc_spec_value(const char *arg)
 	return sp;
 }
 
+/* Ranges that depend on the model (max_tokens, top_p...) are left to nxd,
+ * which names the field. */
 int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct nxc_gen_args *ga)
 {
 	memset(ga, 0, sizeof(*ga));
