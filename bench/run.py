@@ -913,6 +913,10 @@ def main():
         log(f"bench: {case}: {len(spec_prompts.GROUNDED)} grounded + {len(spec_prompts.FREE)} free-form prompts "
             f"x {reps}, speculation on and off")
 
+        def chatml(p):
+            """One user message p as SmolLM2's template renders it (nxd renders the same)."""
+            return SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"
+
         def turns(ask):
             """ask(kind, i, mode) -> {"n", "s", "ids", "speculate"} for every prompt, both modes, turn about."""
             out = {"grounded": [], "free": []}
@@ -942,9 +946,7 @@ def main():
 
                 out = turns(ask)
                 # the prompts as the template renders them, for lookup_ceiling
-                out["prompt_ids"] = {kind: [c.tokenize(SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n"
-                                                       "<|im_start|>assistant\n") for p in prompts]
-                                     for kind, prompts in sets.items()}
+                out["prompt_ids"] = {kind: [c.tokenize(chatml(p)) for p in prompts] for kind, prompts in sets.items()}
                 out["beside"] = beside(d, c)
                 out["status"] = c.status().get("speculate")
                 c.close()
@@ -984,9 +986,7 @@ def main():
         def spec_llama():
             if not srv_bin or not os.access(srv_bin, os.X_OK):
                 raise RuntimeError(f"llama-server not built ({srv_bin})")
-            # The prompt as SmolLM2's template renders one user message (nxd renders the same).
-            ids = {kind: [text_ids(path, SMOLLM2_SYSTEM + f"<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n")
-                          for p in prompts] for kind, prompts in sets.items()}
+            ids = {kind: [text_ids(path, chatml(p)) for p in prompts] for kind, prompts in sets.items()}
             with llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH) as off, \
                     llama_server.Server(srv_bin, path, THREADS, 1, CTX, N_BATCH, extra=LLAMA_NGRAM) as on:
                 for srv in (off, on):
