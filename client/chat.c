@@ -278,13 +278,10 @@ static void show_opts(struct chat *ch)
 			nxc_printf("  %-15s %s (nxd's default)\n", set_opts[i].key, set_opts[i].dflt);
 	}
 	json_t *sp = json_object_get(ch->ga.params, "speculate"), *k = json_object_get(sp, "k");
-	if (!sp)
-		nxc_printf("  %-15s nxd's --speculate\n", "speculate");
-	else if (k)
-		nxc_printf("  %-15s %s:%lld\n", "speculate", json_string_value(json_object_get(sp, "mode")),
-			   (long long)json_integer_value(k));
-	else
-		nxc_printf("  %-15s %s\n", "speculate", json_string_value(json_object_get(sp, "mode")));
+	nxc_printf("  %-15s %s", "speculate", sp ? json_string_value(json_object_get(sp, "mode")) : "nxd's --speculate");
+	if (k)
+		nxc_printf(":%lld", (long long)json_integer_value(k));
+	nxc_printf("\n");
 }
 
 /* /set speculate MODE[:K]: not a number like the others (set_opts). */

@@ -1,4 +1,5 @@
 /* cmd_generate.c - nxctl generate, and what chat shares with it: sampling flags, streaming an answer, Ctrl-C as cancel. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -106,7 +107,7 @@ json_t *nxc_spec_value(const char *arg)
 	if (colon) {
 		errno = 0;
 		k = strtol(colon + 1, &end, 10);
-		if (!colon[1] || *end || errno || k < 1 || k > NXP_MAX_SPEC_K)
+		if (!isdigit((unsigned char)colon[1]) || *end || errno || k < 1 || k > NXP_MAX_SPEC_K)
 			return NULL;
 	}
 	json_t *sp = json_object();
