@@ -173,6 +173,9 @@ static void remember(struct nxc_line *l, const char *s)
 static int edited_line(struct nxc_line *l, char **line, size_t *len)
 {
 	int n = 0;
+	/* el_gets prints the prompt before it leaves cooked mode; keys typed
+	 * in between would be echoed twice, a Ctrl-D would arrive as a NUL. */
+	el_set(l->el, EL_PREP_TERM, 1);
 	const char *s = el_gets(l->el, &n);
 	if (!s && n < 0 && nxc_interrupts) {
 		fputc('\n', stdout); /* the abandoned line stays on the screen, the next prompt below it */

@@ -482,6 +482,24 @@ def read_until(fd, want, timeout=5):
     return buf
 
 
+class PtyReader:
+    """What a program wrote to a pseudo-terminal, read as it comes; expect() waits for a string after
+    the last one it found, so a prompt seen once is not taken for the next."""
+
+    def __init__(self, fd):
+        self.fd, self.buf, self.pos = fd, b"", 0
+
+    def expect(self, want, timeout=5):
+        end = time.time() + timeout
+        while self.buf.find(want, self.pos) < 0 and time.time() < end:
+            more = read_until(self.fd, want, timeout=0.1)
+            self.buf += more
+        i = self.buf.find(want, self.pos)
+        assert i >= 0, f"{want!r} not written after {self.buf[:self.pos]!r}; then came {self.buf[self.pos:]!r}"
+        got, self.pos = self.buf[self.pos:i + len(want)], i + len(want)
+        return got
+
+
 def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
     """On a terminal chat shows '> ' and streams the answer; Ctrl-C at the prompt drops the line and
     the chat goes on (as ollama's); Ctrl-D on an empty line leaves with status 0."""
@@ -491,16 +509,17 @@ def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
         p = subprocess.Popen([NXCTL, "--socket", nxd.path, "chat"], stdin=slave, stdout=slave,
                              stderr=slave, env=dict(os.environ, XDG_STATE_HOME=str(nxd.path) + ".state"))
         procs.append(p)
-        assert b"> " in read_until(master, b"> ")
+        term = PtyReader(master)
+        # Keys go in once the prompt shows, as a person types them: the terminal is raw by then.
+        term.expect(b"> ")
         os.write(master, b"hello\r")
-        out = read_until(master, b"Hey!")
-        assert b"Hey!" in out
-        out += read_until(master, b"> ")
-        assert out.rstrip().endswith(b">")
+        term.expect(b"Hey!")
+        term.expect(b"> ")
         os.write(master, b"dropped")
-        read_until(master, b"dropped")
+        term.expect(b"dropped")
         p.send_signal(signal.SIGINT)
-        assert b"Ctrl-D or /bye leaves" in read_until(master, b"leaves")
+        term.expect(b"Ctrl-D or /bye leaves")
+        term.expect(b"> ")
         assert p.poll() is None
         os.write(master, b"\x04")
         p.wait(5)
