@@ -216,14 +216,22 @@ int main(int argc, char **argv)
 	unsigned seed = 1;
 	for (int i = 0; i < MAX_IN * NX_PACK_ROWS; i++)
 		x[i] = (float)((int)(rand_r(&seed) % 2001) - 1000) / 1000.0f;
+	/* every group of a shape holds the same values: quantized and packed
+	 * once (the super-block quantizers take a minute over 200 MB), copied */
 	uint8_t *p = mem;
 	for (int l = 0; l < N_LAYER; l++)
 		for (int o = 0; o < N_OPS; o++) {
-			const size_t rb = (size_t)nx_row_size(wtype, op_in[o]);
+			const size_t rb = (size_t)nx_row_size(wtype, op_in[o]), gb = NX_PACK_ROWS * rb;
 			mats[l][o] = p;
-			for (int g = 0; g < op_rows[o] / NX_PACK_ROWS; g++, p += NX_PACK_ROWS * rb) {
-				tr->quant(x, rows, (int64_t)op_in[o] * NX_PACK_ROWS);
-				nx_pack_group(wtype, rows, rb, p, op_in[o]);
+			for (int g = 0; g < op_rows[o] / NX_PACK_ROWS; g++, p += gb) {
+				if (l > 0)
+					memcpy(p, mats[0][o] + (size_t)g * gb, gb);
+				else if (g > 0)
+					memcpy(p, mats[0][o], gb);
+				else {
+					tr->quant(x, rows, (int64_t)op_in[o] * NX_PACK_ROWS);
+					nx_pack_group(wtype, rows, rb, p, op_in[o]);
+				}
 			}
 		}
 	for (int t = 0; t < NX_PACK_AMX_MAX; t++) { /* two-part activations, whatever op reads them */
