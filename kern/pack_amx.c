@@ -197,9 +197,9 @@ INL void k4_amx(const void *group, const struct nx_pack_act *a, int NA, float *o
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
 			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), PF_MT);
 			__m512 dsc0, dsc1, nm0, nm1;
-			k4_scales(hdr, c, d, ndmin, &dsc0, &dsc1, &nm0, &nm1);
+			k4_scales(hdr, c, d, d, ndmin, &dsc0, &dsc1, &nm0, &nm1);
 			__m512i lo[8], hi[8];
-			k4_decode(o, c, q5, lo, hi);
+			k4_decode(o, c, q5, false, lo, hi);
 			for (int v = 0; v < 8; v++) {
 				_mm512_store_si512((void *)(w[0] + 64 * v), lo[v]);
 				_mm512_store_si512((void *)(w[1] + 64 * v), hi[v]);

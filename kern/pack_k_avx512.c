@@ -29,13 +29,18 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 		const uint8_t *hdr = o + PK_K4_HDR(q5);
 		__m512 d, ndmin;
 		k4_super(hdr, &d, &ndmin);
+		/* q4_k's high nibbles stay in place (16 x the code, k4_decode's HI16):
+		 * their sums are 16 x the true ones, still multiples of 16 under 2^28,
+		 * so converted exactly, and their scale d * sc / 16 is exact, as is
+		 * the product: the same bits as shifting the nibbles down. */
+		const __m512 d1 = q5 ? d : _mm512_mul_ps(d, _mm512_set1_ps(1.0f / 16));
 #pragma GCC unroll 4
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */
 			pf_ahead(o + c * (sbb / 4), (int)(sbb / 4), NA);
 			__m512 dsc0, dsc1, nm0, nm1;
-			k4_scales(hdr, c, d, ndmin, &dsc0, &dsc1, &nm0, &nm1);
+			k4_scales(hdr, c, d, d1, ndmin, &dsc0, &dsc1, &nm0, &nm1);
 			__m512i lo[8], hi[8];
-			k4_decode(o, c, q5, lo, hi);
+			k4_decode(o, c, q5, !q5, lo, hi);
 			const int64_t b = b0 + 2 * c;
 #pragma GCC unroll 4
 			for (int i = 0; i < NA; i++) {

@@ -111,15 +111,16 @@ INL void k4_super(const uint8_t *hdr, __m512 *d, __m512 *ndmin)
 		_mm512_set1_epi32((int)0x80000000)));
 }
 
-/* Sub-blocks 2c and 2c + 1 of a q4_k / q5_k super-block: d * scale (dsc*) and -dmin * min (nm*) per row. */
-INL void k4_scales(const uint8_t *hdr, int c, __m512 d, __m512 ndmin, __m512 *dsc0, __m512 *dsc1, __m512 *nm0,
-		   __m512 *nm1)
+/* Sub-blocks 2c and 2c + 1 of a q4_k / q5_k super-block: d0 * scale (dsc0), d1 * scale (dsc1) and
+ * -dmin * min (nm*) per row; d0 and d1 the super-block's d (d1 / 16 for k4_decode's HI16). */
+INL void k4_scales(const uint8_t *hdr, int c, __m512 d0, __m512 d1, __m512 ndmin, __m512 *dsc0, __m512 *dsc1,
+		   __m512 *nm0, __m512 *nm1)
 {
 	const __m512i m63 = _mm512_set1_epi32(63), m30 = _mm512_set1_epi32(0x30);
 	const __m512i s0 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c)), s1 = lanes_u8(hdr + PK_K4_SC + 16 * (2 * c + 1));
 	const __m512i ml = lanes_u8(hdr + PK_K4_MLO + 16 * c);
-	*dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d);
-	*dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s1, m63)), d);
+	*dsc0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s0, m63)), d0);
+	*dsc1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s1, m63)), d1);
 	const __m512i mn0 = or_and(_mm512_and_si512(ml, _mm512_set1_epi32(15)), _mm512_srli_epi32(s0, 2), m30);
 	const __m512i mn1 = or_and(_mm512_srli_epi32(ml, 4), _mm512_srli_epi32(s1, 2), m30);
 	*nm0 = _mm512_mul_ps(_mm512_cvtepi32_ps(mn0), ndmin);
@@ -127,15 +128,17 @@ INL void k4_scales(const uint8_t *hdr, int c, __m512 d, __m512 ndmin, __m512 *ds
 }
 
 /* The weight bytes of sub-blocks 2c (lo[w]) and 2c + 1 (hi[w]) of a q4_k / q5_k
- * super-block o, lane r = elements 4w .. 4w+3 of row r, q5: the fifth bits merged in. */
-INL void k4_decode(const uint8_t *o, const int c, const bool q5, __m512i lo[8], __m512i hi[8])
+ * super-block o, lane r = elements 4w .. 4w+3 of row r, q5: the fifth bits merged in.
+ * HI16 (q4_k only): hi[w] holds 16 x the high nibbles, left in place (one op
+ * fewer a vector); the caller scales that sub-block by 1/16. */
+INL void k4_decode(const uint8_t *o, const int c, const bool q5, const bool HI16, __m512i lo[8], __m512i hi[8])
 {
-	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
+	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), m4h = _mm512_set1_epi8((char)0xf0);
 #pragma GCC unroll 8
 	for (int w = 0; w < 8; w++) {
 		const __m512i v = load(o + PK_K4_QS + 64 * (8 * c + w));
 		lo[w] = _mm512_and_si512(v, m4);
-		hi[w] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+		hi[w] = HI16 ? _mm512_and_si512(v, m4h) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 		if (q5) { /* bit 2c of qh to bit 4 of the low, bit 2c + 1 to bit 4 of the high nibbles */
 			const __m512i h = load(o + PK_K5_QH + 64 * w);
 			const __m512i h0 = c < 2 ? _mm512_slli_epi16(h, 4 - 2 * c) : c == 2 ? h : _mm512_srli_epi16(h, 2);
