@@ -1,7 +1,8 @@
 """spec_prompts.py - the prompt set of the `spec` bench case: input-grounded requests, whose answers repeat
 their input (edit this code, continue this list, quote this passage), and free-form ones, whose answers do not.
 Each is a user message for the model's chat template. Also the most any prompt lookup could draft of an answer
-(lookup_ceiling), which says whether the drafter or the answers themselves hold speculation back."""
+(lookup_ceiling), which says whether the drafter or the answers themselves hold speculation back, and what
+nxd's lookup drafts when it drafts every step (lookup_steps), which says what its cost rule leaves out."""
 
 GROUNDED = [
     # edit this code
@@ -81,5 +82,30 @@ def lookup_ceiling(prompt, answer, k, longest=8):
                 best = max(best, run)
         hist += answer[pos:pos + best + 1]
         pos += best + 1
+        steps += 1
+    return steps, len(answer) - 1
+
+
+def lookup_steps(prompt, answer, k, n_max=3):
+    """(decode steps, tokens) of greedy `answer` with daemon/spec.c's lookup drafting at every step, whatever
+    its drafts cost: the tokens after the latest earlier occurrence of the last n = n_max .. 1 tokens, up to
+    k; a step emits the right ones and the token after. Counted as lookup_ceiling counts."""
+    hist = list(prompt) + list(answer[:1])
+    pos, steps = 1, 0
+    while pos < len(answer):
+        draft = []
+        for n in range(n_max, 0, -1):
+            if len(hist) <= n:
+                continue
+            suf = hist[-n:]
+            i = next((i for i in range(len(hist) - n - 1, -1, -1) if hist[i:i + n] == suf), -1)
+            if i >= 0:
+                draft = hist[i + n:i + n + k]
+                break
+        run = 0
+        while run < len(draft) and pos + run < len(answer) and draft[run] == answer[pos + run]:
+            run += 1
+        hist += answer[pos:pos + run + 1]
+        pos += run + 1
         steps += 1
     return steps, len(answer) - 1

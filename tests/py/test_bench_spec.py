@@ -1,36 +1,12 @@
-"""test_bench_spec.py - the spec bench case's ceiling (bench/spec_prompts.lookup_ceiling): the fewest decode
-steps any prompt-lookup drafter could take over a greedy answer, the yardstick its tokens-per-step row
-holds nxd's drafting to."""
+"""test_bench_spec.py - the spec bench case's yardsticks for nxd's tokens per step: the fewest decode steps any
+prompt-lookup drafter could take over a greedy answer (bench/spec_prompts.lookup_ceiling), and the steps of
+spec.c's lookup drafting k every step (lookup_steps)."""
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import spec_prompts  # noqa: E402
-
-
-def latest_match_steps(prompt, answer, k, n_max=3):
-    """Steps of one concrete drafter (spec.c's lookup without its cost rule): the tokens after the latest
-    earlier occurrence of the last n = n_max .. 1 tokens, up to k; the right ones and the next token emitted."""
-    hist = list(prompt) + list(answer[:1])
-    pos, steps = 1, 0
-    while pos < len(answer):
-        draft = []
-        for n in range(n_max, 0, -1):
-            if len(hist) <= n:
-                continue
-            suf = hist[-n:]
-            i = next((i for i in range(len(hist) - n - 1, -1, -1) if hist[i:i + n] == suf), -1)
-            if i >= 0:
-                draft = hist[i + n:i + n + k]
-                break
-        run = 0
-        while run < len(draft) and pos + run < len(answer) and draft[run] == answer[pos + run]:
-            run += 1
-        hist += answer[pos:pos + run + 1]
-        pos += run + 1
-        steps += 1
-    return steps
 
 
 def test_an_answer_that_copies_its_prompt_takes_a_step_per_k_plus_one_tokens():
@@ -43,6 +19,18 @@ def test_an_answer_that_copies_its_prompt_takes_a_step_per_k_plus_one_tokens():
 def test_an_answer_that_repeats_nothing_takes_a_step_per_token():
     assert spec_prompts.lookup_ceiling([1, 2, 3], [10, 11, 12, 13, 14], 8) == (4, 4)
     assert spec_prompts.lookup_ceiling([1, 2, 3], [10], 8) == (0, 0)
+    assert spec_prompts.lookup_steps([1, 2, 3], [10, 11, 12, 13, 14], 8) == (4, 4)
+
+
+def test_the_latest_match_can_be_the_wrong_one():
+    # the answer's first token 1 was last followed by 8: lookup drafts 8 (wrong), emits 2; then "1 2" is
+    # found at the start and 3 4 copied. Looking at one token only, "2" was last followed by 9: wrong again.
+    # The ceiling takes the first 1, whose 2 3 4 are all right.
+    prompt = [1, 2, 3, 4, 1, 8, 2, 9]
+    answer = [1, 2, 3, 4]
+    assert spec_prompts.lookup_steps(prompt, answer, 8) == (2, 3)
+    assert spec_prompts.lookup_steps(prompt, answer, 8, n_max=1) == (3, 3)
+    assert spec_prompts.lookup_ceiling(prompt, answer, 8) == (1, 3)
 
 
 def test_no_lookup_drafter_takes_fewer_steps():
@@ -62,5 +50,5 @@ def test_no_lookup_drafter_takes_fewer_steps():
         k = rnd.randint(1, 16)
         steps, toks = spec_prompts.lookup_ceiling(prompt, answer, k)
         assert toks == len(answer) - 1
-        assert steps <= latest_match_steps(prompt, answer, k), (prompt, answer, k)
-        assert steps <= latest_match_steps(prompt, answer, k, n_max=1), (prompt, answer, k)
+        assert steps <= spec_prompts.lookup_steps(prompt, answer, k)[0], (prompt, answer, k)
+        assert steps <= spec_prompts.lookup_steps(prompt, answer, k, n_max=1)[0], (prompt, answer, k)
