@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import threading
+import termios
 import time
 import tty
 
@@ -510,16 +511,21 @@ def test_chat_tty_prompt_and_ctrl_c(nxd, procs):
                              stderr=slave, env=dict(os.environ, XDG_STATE_HOME=str(nxd.path) + ".state"))
         procs.append(p)
         term = PtyReader(master)
-        # Keys go in once the prompt shows, as a person types them: the terminal is raw by then.
-        term.expect(b"> ")
+
+        def prompt():
+            # Keys go in once the prompt shows, as a person types them: the terminal must be raw by then
+            # (typed while it is cooked, they are echoed twice and a Ctrl-D comes through as a NUL).
+            term.expect(b"> ")
+            assert not termios.tcgetattr(slave)[3] & termios.ICANON, "the prompt shows on a cooked terminal"
+        prompt()
         os.write(master, b"hello\r")
         term.expect(b"Hey!")
-        term.expect(b"> ")
+        prompt()
         os.write(master, b"dropped")
         term.expect(b"dropped")
         p.send_signal(signal.SIGINT)
         term.expect(b"Ctrl-D or /bye leaves")
-        term.expect(b"> ")
+        prompt()
         assert p.poll() is None
         os.write(master, b"\x04")
         p.wait(5)
