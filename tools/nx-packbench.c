@@ -2,14 +2,17 @@
  * decode step's layer matrices: how fast the kernels stream the weights from DRAM
  * when nothing else of the forward pass runs, as a yardstick for nx-perf --profile.
  *
- *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-T TYPE] [-s steps]
+ *   nx-packbench [-t threads] [-a tokens] [-b] [-c] [-1] [-L] [-T TYPE] [-s steps]
  *
  * Lays out 30 layers of SmolLM2-135M's matrices (q, k, v, o, gate, up, down:
  * 576/192/192/576/1536/1536/576 rows of 576 or 1536) packed, in the order the
  * forward pass reads them (61 MB in Q4_1: more than the L3); for the
  * super-block types (-T q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs: rows of a multiple
  * of 256, which 576 is not) 30 layers of docs/bench.md's dim-1024 llama
- * (1024/512/512/1024/2816/2816/1024 rows of 1024 or 2816). It times steps in
+ * (1024/512/512/1024/2816/2816/1024 rows of 1024 or 2816); with -L, 16
+ * layers of the Llama-3.2-1B shape instead, for every type (2048/512/512/2048/
+ * 8192/8192/2048 rows of 2048 or 8192: docs/bench.md's llama1b case without
+ * its output head: 320 MB in Q2_K to 1034 in Q8_0). It times steps in
  * which each of the threads dots its share of every matrix's row groups (thread b
  * takes groups [b * n / t, (b + 1) * n / t), as fixed bands would) with the
  * two-part activations of -a tokens; -b adds a spinning barrier after every
@@ -45,12 +48,15 @@ static const int rows_32[N_OPS] = {576, 192, 192, 576, 1536, 1536, 576};
 static const int in_32[N_OPS] = {576, 576, 576, 576, 576, 576, 1536};
 static const int rows_256[N_OPS] = {1024, 512, 512, 1024, 2816, 2816, 1024};
 static const int in_256[N_OPS] = {1024, 1024, 1024, 1024, 1024, 1024, 2816};
-#define MAX_IN 2816
+static const int rows_1b[N_OPS] = {2048, 512, 512, 2048, 8192, 8192, 2048};
+static const int in_1b[N_OPS] = {2048, 2048, 2048, 2048, 2048, 2048, 8192};
+#define MAX_IN 8192
 static const int *op_rows = rows_32, *op_in = in_32;
+static int n_layer = N_LAYER;
 
 static enum nx_type wtype = NX_Q4_1;
 static int n_threads = 2, n_tok = 1, n_steps = 50;
-static bool use_barrier, in_cache, one_part, use_amx;
+static bool use_barrier, in_cache, one_part, use_amx, shape_1b;
 static uint8_t *mats[N_LAYER][N_OPS]; /* packed, one block in read order */
 static uint8_t *act;                  /* n_tok tokens' hi and lo rows of MAX_IN elements */
 static _Atomic unsigned arrived, round_no;
@@ -85,7 +91,7 @@ static void *run(void *arg)
 	for (int step = -3; step < n_steps; step++) {
 		barrier();
 		const double t0 = now();
-		for (int l = 0; l < N_LAYER; l++)
+		for (int l = 0; l < n_layer; l++)
 			for (int o = 0; o < N_OPS; o++) {
 				const size_t rs = (size_t)nx_row_size(NX_Q8_0, op_in[o]), gb = NX_PACK_ROWS * (size_t)nx_row_size(wtype, op_in[o]);
 				const int64_t nb = op_in[o] / 32;
@@ -137,9 +143,10 @@ __attribute__((target("avx512f,avx512vnni"))) static double vnni_peak_ns(void)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d; -A: 1..%d)] [-b] [-c] [-1] [-A] "
+	fprintf(stderr, "usage: nx-packbench [-t threads (1..%d)] [-a tokens (1..%d; -A: 1..%d)] [-b] [-c] [-1] [-A] [-L] "
 			"[-T q4_1|q4_0|q5_0|q5_1|q8_0|iq4_nl|q2_k|q3_k|q4_k|q5_k|q6_k|iq4_xs] [-s steps]\n"
-			"  -A: the AMX kernels (kern/pack_amx.c), where the CPU has AMX-INT8\n",
+			"  -A: the AMX kernels (kern/pack_amx.c), where the CPU has AMX-INT8\n"
+			"  -L: 16 layers of the Llama-3.2-1B shape, for every type\n",
 		MAX_THREADS, NX_PACK_ACT_MAX, NX_PACK_AMX_MAX);
 	exit(2);
 }
@@ -164,7 +171,7 @@ static bool parse_type(const char *name)
 int main(int argc, char **argv)
 {
 	int opt;
-	while ((opt = getopt(argc, argv, "t:a:bc1AT:s:")) != -1) {
+	while ((opt = getopt(argc, argv, "t:a:bc1ALT:s:")) != -1) {
 		switch (opt) {
 		case 't': n_threads = atoi(optarg); break;
 		case 'a': n_tok = atoi(optarg); break;
@@ -172,6 +179,7 @@ int main(int argc, char **argv)
 		case 'c': in_cache = true; break;
 		case 'A': use_amx = true; break;
 		case '1': one_part = true; break;
+		case 'L': shape_1b = true; break;
 		case 's': n_steps = atoi(optarg); break;
 		case 'T':
 			if (!parse_type(optarg))
@@ -183,6 +191,11 @@ int main(int argc, char **argv)
 	if (optind < argc || n_threads < 1 || n_threads > MAX_THREADS || n_tok < 1 || n_tok > (use_amx ? NX_PACK_AMX_MAX : NX_PACK_ACT_MAX) ||
 	    n_steps < 1)
 		usage();
+	if (shape_1b) {
+		op_rows = rows_1b;
+		op_in = in_1b;
+		n_layer = 16;
+	}
 	nx_cpu_amx_request();
 	if (use_amx && !nx_pack_kernel_amx(wtype)) {
 		fprintf(stderr, "nx-packbench: AMX: not available for %s (%s)\n", nx_type_name(wtype),
@@ -198,7 +211,7 @@ int main(int argc, char **argv)
 	size_t total = 0;
 	for (int o = 0; o < N_OPS; o++)
 		total += (size_t)op_rows[o] * (size_t)nx_row_size(wtype, op_in[o]);
-	total *= N_LAYER;
+	total *= (size_t)n_layer;
 	uint8_t *mem = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (mem == MAP_FAILED) {
 		perror("nx-packbench: mmap");
@@ -219,7 +232,7 @@ int main(int argc, char **argv)
 	/* every group of a shape holds the same values: quantized and packed
 	 * once (the super-block quantizers take a minute over 200 MB), copied */
 	uint8_t *p = mem;
-	for (int l = 0; l < N_LAYER; l++)
+	for (int l = 0; l < n_layer; l++)
 		for (int o = 0; o < N_OPS; o++) {
 			const size_t rb = (size_t)nx_row_size(wtype, op_in[o]), gb = NX_PACK_ROWS * rb;
 			mats[l][o] = p;
@@ -253,14 +266,14 @@ int main(int argc, char **argv)
 	for (int b = 0; b < n_threads; b++)
 		ms = thread_ms[b] > ms ? thread_ms[b] : ms;
 	printf("%s, %d layers (%.1f MB%s), %d thread%s, %d token%s%s: %.3f ms per step, %.1f GB/s of weights\n",
-	       nx_type_name(wtype), N_LAYER, total / 1e6, in_cache ? ", every matrix reading the same bytes" : "",
+	       nx_type_name(wtype), n_layer, total / 1e6, in_cache ? ", every matrix reading the same bytes" : "",
 	       n_threads, n_threads > 1 ? "s" : "", n_tok, n_tok > 1 ? "s" : "",
 	       use_barrier ? ", a barrier after each matrix" : "", ms, total / (ms * 1e-3) / 1e9);
 	if (nx_pack_fast(wtype) && (nx_cpu_features() & NX_CPU_AVX512VNNI)) {
 		double groups_blocks = 0;
 		for (int o = 0; o < N_OPS; o++)
 			groups_blocks += (double)(op_rows[o] / NX_PACK_ROWS) * (op_in[o] / 32);
-		const double per_thread = 16.0 * n_tok * groups_blocks * N_LAYER / n_threads, peak = vnni_peak_ns();
+		const double per_thread = 16.0 * n_tok * groups_blocks * n_layer / n_threads, peak = vnni_peak_ns();
 		printf("vpdpbusd: %.2fM per step per thread, %.3f ns each; this core alone issues one per %.3f ns "
 		       "(%.0f%% of that)\n", per_thread / 1e6, ms * 1e6 / per_thread, peak, 100 * peak * per_thread / (ms * 1e6));
 	}
