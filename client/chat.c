@@ -324,13 +324,14 @@ static void cmd_set(struct chat *ch, char *arg)
 		show_opts(ch);
 		return;
 	}
-	const struct set_opt *o = find_opt(name);
-	if (!strcmp(name, "speculate") && val && !strtok_r(NULL, " \t", &save)) {
-		set_speculate(ch, val);
+	const bool spec = !strcmp(name, "speculate");
+	const struct set_opt *o = spec ? NULL : find_opt(name);
+	if ((!o && !spec) || !val || strtok_r(NULL, " \t", &save)) {
+		nxc_msg(o || spec ? "/set %s wants one VALUE" : "/set: unknown option '%s' (/set lists them)", name);
 		return;
 	}
-	if (!o || !val || strtok_r(NULL, " \t", &save)) {
-		nxc_msg(o ? "/set %s wants one VALUE" : "/set: unknown option '%s' (/set lists them)", name);
+	if (spec) {
+		set_speculate(ch, val);
 		return;
 	}
 	if (!strcmp(val, "default")) {

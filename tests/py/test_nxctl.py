@@ -587,7 +587,7 @@ def test_chat_speculate(nxd):
         send(done)
     nxd.handlers["generate"] = gen
     script = ("/set speculate prompt:4\n/set\nhello\n/stats\n/set speculate prompt:17\n/set speculate bogus\n"
-              "again\n/set speculate default\nthird\n")
+              "/set speculate\n/set speculate off 2\nagain\n/set speculate default\nthird\n")
     r = run(["chat", "--speculate", "draft"], sock=nxd.path, stdin=script.encode())
     assert r.returncode == 0, r.stderr
     gens = [q for q in nxd.requests if q["op"] == "generate"]
@@ -597,6 +597,7 @@ def test_chat_speculate(nxd):
     assert "drafts:  4 of 6 accepted (prompt), 2.00 tokens a step" in out  # 8 decoded tokens in 4 steps
     assert "nxctl: /set speculate wants off, prompt or draft, or MODE:K with K in 1..16, got 'prompt:17'" in err
     assert "got 'bogus'" in err
+    assert err.count("nxctl: /set speculate wants one VALUE") == 2 and "unknown option" not in err
 
 
 def test_chat_multiline(nxd):
