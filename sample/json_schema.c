@@ -662,15 +662,15 @@ static int rx_seq(struct rx *x)
 			uint32_t cp;
 			struct cset s = {0};
 			int k = rx_escape(x, &cp, &s);
+			if (k == 0 && !cp)
+				k = rx_err(x, NUL_REFUSED);
 			if (k == 1)
 				emit_cset(b, &s);
-			else if (k == 0 && cp)
+			else if (k == 0)
 				emit_cp_lit(b, cp);
 			free(s.r);
 			if (k < 0)
 				return -1;
-			if (k == 0 && !cp)
-				return rx_err(x, NUL_REFUSED);
 		} else if (ch == '^' || ch == '$') {
 			return rx_err(x, "anchor '%c' is only supported at the start ('^') or end ('$') of the pattern", ch);
 		} else if (ch == '*' || ch == '+' || ch == '?' || ch == '{') {
