@@ -194,6 +194,45 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	return ok;
 }
 
+/* Qwen: where the block in buf closes: its first CLOSE outside a JSON
+ * string (a call's arguments may quote "</tool_call>"; the call grammar lets
+ * them), read on from scan. False while the block may go on; at the end
+ * without such a CLOSE, its first CLOSE at all (the JSON is broken: the
+ * block is text up to there, as a reader taking the first CLOSE would have
+ * it), or NULL: open to the end. */
+static bool block_close(struct nx_toolp *p, bool end, const char **close)
+{
+	const size_t cl = sizeof(CLOSE) - 1;
+	size_t i = p->scan;
+	for (; i < p->buf_len; i++) {
+		char ch = p->buf[i];
+		if (p->in_str) {
+			if (p->esc)
+				p->esc = false;
+			else if (ch == '\\')
+				p->esc = true;
+			else if (ch == '"')
+				p->in_str = false;
+		} else if (ch == '"') {
+			p->in_str = true;
+		} else if (ch == '<') {
+			size_t have = p->buf_len - i < cl ? p->buf_len - i : cl;
+			if (!memcmp(p->buf + i, CLOSE, have)) {
+				if (have == cl) {
+					*close = p->buf + i;
+					return true;
+				}
+				break; /* CLOSE may be arriving */
+			}
+		}
+	}
+	p->scan = i;
+	if (!end)
+		return false;
+	*close = memmem(p->buf + sizeof(OPEN) - 1, p->buf_len - (sizeof(OPEN) - 1), CLOSE, cl);
+	return true;
+}
+
 /* Qwen: the blocks complete in buf become calls, text around them passes. */
 static void qwen_scan(struct nx_toolp *p, bool end)
 {
@@ -208,6 +247,8 @@ static void qwen_scan(struct nx_toolp *p, bool end)
 				emit(p, p->buf, (size_t)(at - p->buf));
 				drop(p, (size_t)(at - p->buf));
 				p->state = ST_CALL;
+				p->scan = sizeof(OPEN) - 1;
+				p->in_str = p->esc = false;
 				continue;
 			}
 			/* keep the longest tail that may begin OPEN */
@@ -227,8 +268,8 @@ static void qwen_scan(struct nx_toolp *p, bool end)
 			p->state = ST_TEXT;
 			return;
 		}
-		char *close = memmem(p->buf + sizeof(OPEN) - 1, p->buf_len - (sizeof(OPEN) - 1), CLOSE, sizeof(CLOSE) - 1);
-		if (!close && !end)
+		const char *close = NULL;
+		if (!block_close(p, end, &close))
 			return;
 		const char *body = p->buf + sizeof(OPEN) - 1;
 		size_t blen = close ? (size_t)(close - body) : p->buf_len - (sizeof(OPEN) - 1);

@@ -94,6 +94,12 @@ static void test_qwen_calls(void **state)
 	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, true, both, "\n", two, 2, false);
 	/* parallel_tool_calls false: the first call ends the answer */
 	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, false, both, "", two, 1, false);
+	/* arguments may quote the close: the block ends where its JSON does */
+	const char *quoting[] = { "get_weather {\"city\":\"Pari</tool_call>s \\\"x</tool_call>\"}" };
+	const char *q = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+			"{\"city\": \"Pari</tool_call>s \\\"x</tool_call>\"}}\n</tool_call>";
+	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, true, q, "", quoting, 1, false);
+	expect(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, q + strlen("<tool_call>\n{\"name\": \""), "", quoting, 1, false);
 	/* text that only looks like the start of a call is text */
 	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, true, "a <tool_ b <tool_callx> c <tool_cal", "a <tool_ b <tool_callx> c <tool_cal",
 	       NULL, 0, false);
@@ -119,6 +125,12 @@ static void test_malformed_calls_are_text(void **state)
 	snprintf(s, sizeof(s), "%s<tool_call>{\"name\":\"now\",\"arguments\":{}}</tool_call>", bad[0]);
 	const char *now[] = { "now {}" };
 	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, true, s, bad[0], now, 1, false);
+	/* ... and after one whose string never ends: that block is text up to its first close */
+	const char *open_str = "<tool_call>{\"name\": \"now\", \"arguments\": {\"x\": \"a}}</tool_call>";
+	snprintf(s, sizeof(s), "%s <tool_call>{\"name\":\"now\",\"arguments\":{}}</tool_call>", open_str);
+	char text[512];
+	snprintf(text, sizeof(text), "%s ", open_str);
+	expect(NX_TOOLS_QWEN, NX_TOOL_AUTO, NULL, true, s, text, now, 1, false);
 	/* Llama: the whole answer or nothing */
 	expect(NX_TOOLS_LLAMA3, NX_TOOL_AUTO, NULL, true, "{\"name\": \"now\", \"parameters\": {}} and more",
 	       "{\"name\": \"now\", \"parameters\": {}} and more", NULL, 0, false);
