@@ -394,6 +394,12 @@ int nxh_chat_begin(struct nxh_req *r)
 	if (max_tokens(r, b, g) || sampling(r, b, g) || stream_fields(r, b, g) || tool_fields(r, b, g) ||
 	    template_kwargs(r, b, g) || nxh_response_format(r, b, g->req))
 		return -1;
+	/* nxd refuses the pair too, but names its own field ('format') */
+	if (json_array_size(json_object_get(g->req, "tools")) && json_object_get(g->req, "format")) {
+		nxh_req_bad(r, "response_format", "field 'response_format' (other than {\"type\": \"text\"}) cannot be "
+			    "used with 'tools': the answer's grammar would have to admit the tool calls as well");
+		return -1;
+	}
 	bool has_lp, has_top;
 	long long top = 0;
 	if (nxh_get_bool(r, b, "logprobs", NULL, &g->logprobs, &has_lp) ||

@@ -86,6 +86,21 @@ def test_openai_refusals(client, model_id, rf, needle):
     assert needle in ei.value.body["message"], ei.value.body
 
 
+def test_openai_response_format_with_tools(client, model_id):
+    """The pair is refused in the API's own words (nxd itself calls the field 'format')."""
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    for rf in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}):
+        with pytest.raises(openai.BadRequestError) as ei:
+            ask(client, model_id, response_format=rf, tools=tools)
+        assert ei.value.body["param"] == "response_format", ei.value.body
+        assert "'response_format'" in ei.value.body["message"] and "'tools'" in ei.value.body["message"]
+        assert "'format'" not in ei.value.body["message"], ei.value.body
+    # {"type": "text"} constrains nothing, so it goes with tools (SmolLM2's template then refuses them)
+    with pytest.raises(openai.BadRequestError) as ei:
+        ask(client, model_id, response_format={"type": "text"}, tools=tools, max_tokens=4)
+    assert "chat template" in ei.value.body["message"], ei.value.body
+
+
 def test_ollama_format(stack, model_id):
     d, g = stack
     for fmt, check in (("json", lambda v: isinstance(v, dict)), (SCHEMA, lambda v: jsonschema.validate(v, SCHEMA) or True)):
