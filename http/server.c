@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "http/nxh.h"
+#include "proto/proto.h"
 
 /* A declared body up to this many times --max-body is read and dropped
  * before its 413; a larger one is refused at once. */
@@ -401,7 +402,7 @@ static enum MHD_Result dispatch(struct nxh_req *r)
 		r->json = r->body.len ? json_loadb(r->body.p, r->body.len, JSON_REJECT_DUPLICATES, &je) : NULL;
 		if (!r->json) {
 			if (r->body.len)
-				nxh_req_bad(r, NULL, "the body is not valid JSON: %s at line %d, column %d", je.text,
+				nxh_req_bad(r, NULL, "the body is not valid JSON: %s at line %d, column %d", nxp_json_error(&je),
 					    je.line, je.column);
 			else
 				nxh_req_bad(r, NULL, "the body must be a JSON object, and is empty");

@@ -566,6 +566,13 @@ static int fail(struct nxp_error *e, enum nxp_code code, const char *fmt, ...)
 	return -1;
 }
 
+const char *nxp_json_error(const json_error_t *je)
+{
+	if (json_error_code(je) == json_error_null_character)
+		return "a string holds \\u0000 (NUL), which nxd does not take";
+	return je->text;
+}
+
 const char *nxp_json_type(const json_t *v)
 {
 	if (!v)
@@ -1513,9 +1520,9 @@ int nxp_parse(const char *line, size_t len, const struct nxp_limits *lim, struct
 		char key[64];
 		if (jerr.position >= 0 && key_before(line, body, (size_t)jerr.position, key, sizeof(key)))
 			return fail(e, NXP_E_PARSE_ERROR, "invalid JSON at column %d, field '%s': %s",
-				    jerr.column, key, jerr.text);
+				    jerr.column, key, nxp_json_error(&jerr));
 		return fail(e, NXP_E_PARSE_ERROR, "invalid JSON at column %d: %s", jerr.column,
-			    jerr.text);
+			    nxp_json_error(&jerr));
 	}
 	int rc;
 	if (!json_is_object(o))

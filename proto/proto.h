@@ -372,6 +372,10 @@ size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
 struct json_t; /* jansson's */
 /* "string", "integer"... of a JSON value for messages; "nothing" for NULL. */
 const char *nxp_json_type(const struct json_t *v);
+struct json_error_t; /* jansson's */
+/* What jansson's parse error je says, for a client: its own text, but for
+ * the few that name jansson's flags (\u0000 in a string). */
+const char *nxp_json_error(const struct json_error_t *je);
 
 /* A fold in the stack (lora_folded; an adapter's "folded"). */
 struct nxp_fold_info {

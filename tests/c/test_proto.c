@@ -77,7 +77,7 @@ static void test_invalid_json(void **st)
 	check_err("{\"id\":1,\"op\":\"generate\",\"prompt\":\"x\",\"max_tokens\":1,\"max_tokens\":9}",
 		  NXP_E_PARSE_ERROR, "duplicate", NULL);
 	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"a\xff\"}", NXP_E_PARSE_ERROR, "0xff", NULL);
-	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"a\\u0000b\"}", NXP_E_PARSE_ERROR, "u0000",
+	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"a\\u0000b\"}", NXP_E_PARSE_ERROR, "u0000 (NUL)",
 		  NULL);
 	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"\\ud800\"}", NXP_E_PARSE_ERROR, "Unicode",
 		  NULL);

@@ -270,6 +270,8 @@ def test_errors_are_openai_errors(client, model_id, stack):
     # HTTP-level errors
     st, _, e = request(g, "POST", "/v1/chat/completions", b"{not json")
     assert st == 400 and "not valid JSON" in e["error"]["message"]
+    st, _, e = request(g, "POST", "/v1/chat/completions", b'{"messages":[{"role":"user","content":"a\\u0000b"}]}')
+    assert st == 400 and "\\u0000 (NUL)" in e["error"]["message"] and "JSON_" not in e["error"]["message"], e
     st, _, e = request(g, "POST", "/v1/chat/completions", b'{"model":"a","model":"b"}')
     assert st == 400
     st, _, e = request(g, "POST", "/v1/nothing", {})
