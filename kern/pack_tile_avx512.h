@@ -42,21 +42,13 @@ INL __m512i dp4_lo(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, i
 	return LO ? dp4(acc, w, a, i, 1, b, k) : acc;
 }
 
-/* Bytes ahead of the weights in use that the kernels ask the cache for. With
- * the hardware prefetchers alone the 4-token tiles waited on memory: SmolLM2
- * decode of 4 sequences (nx-perf --seqs 4, 2 threads) went from 586-626 to
- * 675-717 tok/s in Q4_1 and from 536-556 to 684-733 in Q4_K_M with this; one
- * sequence, already streaming at the memory's pace, did not change (2048: less
- * gain, 8192: the same). Past the end of a matrix it asks for bytes nobody
- * uses; a prefetch never faults.
- *
- * Tiles of more than one token, which spend longer on each block, ask
- * further ahead and into L2 (NX_PF_AHEAD_MT, prefetcht1). The Q8_0 tile at 4 tokens
- * (nx-packbench -T q8_0 -t 2 -a 4, four alternating runs) streamed 20-28 GB/s
- * with prefetcht0 4 KiB ahead, 30-38 with prefetcht1 8 KiB ahead; the Q4_1 one
- * (bound by its dot products there) and every 1-token tile did not change,
- * and the qwen2 shape's 1-token step was 4-7% slower with prefetcht1 (two
- * runs), hence only for NA > 1. */
+/* Bytes ahead of the weights in use that the kernels ask the cache for: with
+ * the hardware prefetchers alone the tiles wait on memory (several tokens
+ * on every host measured, one token on some). Past the end of a matrix it
+ * asks for bytes nobody uses; a prefetch never faults. Tiles of more than
+ * one token, which spend longer on each block, ask further ahead and into L2
+ * (NX_PF_AHEAD_MT, prefetcht1); one-token tiles were slower with that.
+ * docs/bench.md, "Measurements behind choices in the code", has the runs. */
 #ifndef NX_PF_AHEAD
 #define NX_PF_AHEAD 4096
 #endif
