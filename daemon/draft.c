@@ -283,23 +283,10 @@ bool nxd_draft_pump(struct nxd *d)
 	return false;
 }
 
-/* The largest finite logit's token (the lowest of equals), -1: none. */
-static int32_t argmax(const float *x, int n)
-{
-	int32_t best = -1;
-	float m = -INFINITY;
-	for (int i = 0; i < n; i++)
-		if (x[i] > m && isfinite(x[i])) {
-			m = x[i];
-			best = i;
-		}
-	return best;
-}
-
 void nxd_draft_step_done(struct nxd *d)
 {
 	const double t1 = nxd_now();
-	const int n_vocab = d->draft.n_vocab;
+	const int n_vocab = d->draft.n_vocab, n_groups = (n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
 	for (int i = 0; i < d->o.n_slots; i++) {
 		struct nxd_slot *s = &d->slots[i];
 		struct nxd_spec_slot *sp = &s->spec;
@@ -311,10 +298,12 @@ void nxd_draft_step_done(struct nxd *d)
 		sp->drow = -1;
 		if (row < 0 || !s->req)
 			continue;
-		/* the supervisor's own pointer, never the workers' copy of it */
-		const int32_t tok = argmax(d->shm.draft_state.logits + (size_t)row * (size_t)n_vocab, n_vocab);
+		/* the supervisor's own pointers, never the workers' copies of them; the
+		 * slot's sampler lends its scratch (the same vocabulary) */
+		const int32_t tok = nx_sample_greedy(&s->smp, d->shm.draft_state.logits + (size_t)row * (size_t)n_vocab,
+						     d->shm.draft_state.logit_gmax + (size_t)row * (size_t)n_groups);
 		if (tok < 0) {
-			sp->want = sp->n_ddraft; /* no finite logit: no draft */
+			sp->want = sp->n_ddraft; /* no logit above -inf: no draft */
 			continue;
 		}
 		sp->ddraft[sp->n_ddraft++] = tok;

@@ -215,6 +215,15 @@ static int32_t grouped_first_max(struct nx_sampler *s, const float *logits, cons
 	return -1;
 }
 
+int32_t nx_sample_greedy(struct nx_sampler *s, const float *logits, const float *gmax)
+{
+	const int32_t tok = gmax ? grouped_first_max(s, logits, gmax) : -1;
+	if (tok >= 0)
+		return tok;
+	sanitize(s->work, logits, s->n_vocab);
+	return first_max(s->work, s->n_vocab);
+}
+
 /* --- ordering of candidate ids ----------------------------------------- */
 
 /* A strict total order: larger logit first, equal logits by lower id. Being

@@ -128,6 +128,13 @@ void nx_sample_group_max(const float *x, int n, float *gmax);
 int32_t nx_sample_grouped(struct nx_sampler *s, const float *logits, const float *gmax, const int32_t *history,
 			  int n_history, struct nx_logprob *top, int *n_top);
 
+/* The greedy token of a row, whatever s's parameters: nx_sample's at
+ * temperature 0 without a penalty (the lowest id of the largest logit), from
+ * the group maxima gmax as nx_sample_grouped reads them (or NULL: the row),
+ * -1 when every logit is NaN or -inf. Uses s only for scratch: a draft model's
+ * argmax, a benchmark's decode loop. */
+int32_t nx_sample_greedy(struct nx_sampler *s, const float *logits, const float *gmax);
+
 /* Constrained decoding (sample/grammar.h): only the ids whose bit is set in
  * allowed (ceil(n_vocab / 64) words) can be drawn. The mask is applied after
  * the penalties and before everything else, so the draw, top-k, top-p and

@@ -37,6 +37,7 @@
 #include "model/gguf.h"
 #include "model/model.h"
 #include "model/repack.h"
+#include "sample/sampler.h"
 #include "shm/futex.h"
 #include "shm/hugemem.h"
 
@@ -79,6 +80,7 @@ struct engine {
 	int n;
 	_Atomic uint32_t step_gen, done, quit, abort;
 	struct nx_barrier bar;
+	struct nx_sampler smp; /* only its scratch: greedy */
 };
 
 struct band_arg {
@@ -192,6 +194,9 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 		die("bad state config");
 	if (nx_state_init(&e->s, alloc64(ss), ss, &e->m.hp, &cfg, &err))
 		die("%s", err.msg);
+	const struct nx_sample_params greedy_params = nx_sample_params_default();
+	if (nx_sampler_init(&e->smp, e->m.hp.n_vocab, &greedy_params, &err))
+		die("%s", err.msg);
 	e->sc = calloc(n_threads, sizeof(*e->sc));
 	e->prof = alloc64(n_threads * sizeof(*e->prof));
 	for (int b = 0; b < n_threads; b++) {
@@ -219,13 +224,13 @@ static void engine_stop(struct engine *e, pthread_t *th)
 
 /* ---------------------------------------------------------------- runs */
 
-static int argmax(const float *x, int n)
+/* Logits row's greedy token, picked as nxd picks it (from the group maxima
+ * the bands wrote): a scan of the whole row would add its time to every
+ * sequence's step. */
+static int greedy(struct engine *e, int row)
 {
-	int best = 0;
-	for (int i = 1; i < n; i++)
-		if (x[i] > x[best])
-			best = i;
-	return best;
+	const int n_vocab = e->m.hp.n_vocab, n_groups = (n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
+	return nx_sample_greedy(&e->smp, e->s.logits + (size_t)row * n_vocab, e->s.logit_gmax + (size_t)row * n_groups);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -275,7 +280,7 @@ static double decode(struct engine *e, int S, int P, int G)
 							     i == P - 1 ? s : -1, 0};
 	run_step(e, toks, S * P);
 	for (int s = 0; s < S; s++)
-		next[s] = argmax(e->s.logits + (size_t)s * n_vocab, n_vocab);
+		next[s] = greedy(e, s);
 	prof_reset(e);
 	double t0 = now();
 	for (int g = 0; g < G; g++) {
@@ -283,7 +288,7 @@ static double decode(struct engine *e, int S, int P, int G)
 			toks[s] = (struct nx_tok_in){next[s], P + g, s, s, 0};
 		run_step(e, toks, S);
 		for (int s = 0; s < S; s++)
-			next[s] = argmax(e->s.logits + (size_t)s * n_vocab, n_vocab);
+			next[s] = greedy(e, s);
 	}
 	return cpu_scale * S * G / (now() - t0);
 }
@@ -303,7 +308,7 @@ static double prefill(struct engine *e, int L, int C)
 		run_step(e, toks, n);
 	}
 	double t = now() - t0;
-	(void)argmax(e->s.logits, n_vocab);
+	(void)greedy(e, 0);
 	return cpu_scale * L / t;
 }
 

@@ -823,7 +823,8 @@ static void test_vocab_lengths(void **state)
  * nx_sample_grouped gives nx_sample's token for every length (a partial last
  * group), ties across and within groups, NaN and infinities; with wrong
  * maxima (a faulty worker) it still gives nx_sample's token; with a penalty,
- * log-probs or a temperature it does what nx_sample does, draw for draw. */
+ * log-probs or a temperature it does what nx_sample does, draw for draw.
+ * nx_sample_greedy gives that greedy token whatever its sampler's parameters. */
 static void test_grouped_greedy(void **state)
 {
 	(void)state;
@@ -859,6 +860,14 @@ static void test_grouped_greedy(void **state)
 			if (got != want)
 				fail_msg("n %d round %d: grouped greedy %d, nx_sample %d", n, round, got, want);
 			assert_int_equal(s.n_grouped, want >= 0); /* from the maxima whenever a logit is finite */
+			/* nx_sample_greedy: that token from the maxima or the row, whatever the sampler's parameters */
+			struct nx_sample_params hot = plain(0.9f, 5);
+			hot.repeat_penalty = 3.0f;
+			hot.top_k = 2;
+			struct nx_sampler t;
+			init_ok(&t, n, &hot);
+			assert_int_equal(nx_sample_greedy(&t, l, gm), want);
+			assert_int_equal(nx_sample_greedy(&t, l, NULL), want);
 			/* wrong maxima: one the group does not hold makes it scan the row;
 			 * a lower one (NaN counts as -inf) can hide the group, which only a
 			 * worker that could as well have written other logits can do: the
@@ -871,7 +880,11 @@ static void test_grouped_greedy(void **state)
 				got = nx_sample_grouped(&s, l, bad, NULL, 0, NULL, NULL);
 				if (clean(lies[k]) > gm[lg] ? got != want : got < -1 || got >= n)
 					fail_msg("n %d round %d lie %zu: grouped greedy %d, nx_sample %d", n, round, k, got, want);
+				got = nx_sample_greedy(&t, l, bad);
+				if (clean(lies[k]) > gm[lg] ? got != want : got < -1 || got >= n)
+					fail_msg("n %d round %d lie %zu: nx_sample_greedy %d, nx_sample %d", n, round, k, got, want);
 			}
+			nx_sampler_free(&t);
 			nx_sampler_free(&s);
 		}
 	}
