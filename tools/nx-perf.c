@@ -194,8 +194,8 @@ static void engine_init(struct engine *e, const struct gguf_file *g, int n_threa
 		die("bad state config");
 	if (nx_state_init(&e->s, alloc64(ss), ss, &e->m.hp, &cfg, &err))
 		die("%s", err.msg);
-	const struct nx_sample_params greedy_params = nx_sample_params_default();
-	if (nx_sampler_init(&e->smp, e->m.hp.n_vocab, &greedy_params, &err))
+	const struct nx_sample_params any = nx_sample_params_default(); /* greedy() ignores them */
+	if (nx_sampler_init(&e->smp, e->m.hp.n_vocab, &any, &err))
 		die("%s", err.msg);
 	e->sc = calloc(n_threads, sizeof(*e->sc));
 	e->prof = alloc64(n_threads * sizeof(*e->prof));
@@ -226,11 +226,14 @@ static void engine_stop(struct engine *e, pthread_t *th)
 
 /* Logits row's greedy token, picked as nxd picks it (from the group maxima
  * the bands wrote): a scan of the whole row would add its time to every
- * sequence's step. */
+ * sequence's step. Token 0 when no logit is above -inf (a broken model still
+ * gets timed). */
 static int greedy(struct engine *e, int row)
 {
 	const int n_vocab = e->m.hp.n_vocab, n_groups = (n_vocab + NX_SAMPLE_GROUP - 1) / NX_SAMPLE_GROUP;
-	return nx_sample_greedy(&e->smp, e->s.logits + (size_t)row * n_vocab, e->s.logit_gmax + (size_t)row * n_groups);
+	const int tok = nx_sample_greedy(&e->smp, e->s.logits + (size_t)row * n_vocab,
+					 e->s.logit_gmax + (size_t)row * n_groups);
+	return tok < 0 ? 0 : tok;
 }
 
 static int cmp_double(const void *a, const void *b)
