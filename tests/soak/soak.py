@@ -397,7 +397,9 @@ def speed_beside(sock, read):
     was still in its slot at the end (else the speed was not measured beside it)."""
     s = competitor(sock, read)
     try:
-        time.sleep(1.0)
+        # Long enough for it to be in the batch (and a stalled one's socket full: a few tokens), short
+        # against its life: 480 tokens, or --out-limit's ~400 unread, are about a second on a fast host.
+        time.sleep(0.25)
         speed = max(decode_speed(sock) for _ in range(2))
         still = status(sock)["slots"]["used"] == 1
     finally:
