@@ -194,6 +194,26 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	return ok;
 }
 
+/* Reads JSON text a byte at a time (p->in_str, p->esc): true when ch is
+ * outside every string, and not a quote that opens or closes one. */
+static bool outside_str(struct nx_toolp *p, char ch)
+{
+	if (p->in_str) {
+		if (p->esc)
+			p->esc = false;
+		else if (ch == '\\')
+			p->esc = true;
+		else if (ch == '"')
+			p->in_str = false;
+		return false;
+	}
+	if (ch == '"') {
+		p->in_str = true;
+		return false;
+	}
+	return true;
+}
+
 /* Qwen: where the block in buf closes: its first CLOSE outside a JSON
  * string (a call's arguments may quote "</tool_call>"; the call grammar lets
  * them), read on from scan. False while the block may go on; at the end
@@ -205,17 +225,7 @@ static bool block_close(struct nx_toolp *p, bool end, const char **close)
 	const size_t cl = sizeof(CLOSE) - 1;
 	size_t i = p->scan;
 	for (; i < p->buf_len; i++) {
-		char ch = p->buf[i];
-		if (p->in_str) {
-			if (p->esc)
-				p->esc = false;
-			else if (ch == '\\')
-				p->esc = true;
-			else if (ch == '"')
-				p->in_str = false;
-		} else if (ch == '"') {
-			p->in_str = true;
-		} else if (ch == '<') {
+		if (outside_str(p, p->buf[i]) && p->buf[i] == '<') {
 			size_t have = p->buf_len - i < cl ? p->buf_len - i : cl;
 			if (!memcmp(p->buf + i, CLOSE, have)) {
 				if (have == cl) {
@@ -351,15 +361,8 @@ static void mistral_scan(struct nx_toolp *p, bool end)
 				if (ch != '[')
 					break; /* not a call list */
 				p->depth = 1;
-			} else if (p->in_str) {
-				if (p->esc)
-					p->esc = false;
-				else if (ch == '\\')
-					p->esc = true;
-				else if (ch == '"')
-					p->in_str = false;
-			} else if (ch == '"') {
-				p->in_str = true;
+			} else if (!outside_str(p, ch)) {
+				continue;
 			} else if (ch == '[' || ch == '{') {
 				p->depth++;
 			} else if ((ch == ']' || ch == '}') && --p->depth == 0) {
