@@ -134,9 +134,9 @@ struct nx_toolp {
 	size_t out_len, out_cap;
 	struct nx_tool_call *calls; /* (n_calls) in order */
 	int n_calls, calls_cap;
-	size_t scan;              /* Mistral: bytes of buf read into the call's JSON array so far */
-	int depth;                /* ... its brackets open there */
-	bool in_str, esc;         /* ... inside a string there, after a backslash */
+	size_t scan;              /* bytes of buf read so far: into the call's JSON array (Mistral), its block (Qwen) */
+	int depth;                /* Mistral: the array's brackets open there */
+	bool in_str, esc;         /* inside a JSON string there, after a backslash */
 	uint64_t id_state;        /* call ids: a splitmix64 stream */
 	bool failed;              /* REQUIRED / NAMED: the answer is not a valid call (why) */
 	char why[512];
