@@ -237,14 +237,12 @@ int main(int argc, char **argv)
 			const size_t rb = (size_t)nx_row_size(wtype, op_in[o]), gb = NX_PACK_ROWS * rb;
 			mats[l][o] = p;
 			for (int g = 0; g < op_rows[o] / NX_PACK_ROWS; g++, p += gb) {
-				if (l > 0)
-					memcpy(p, mats[0][o] + (size_t)g * gb, gb);
-				else if (g > 0)
+				if (l > 0 || g > 0) {
 					memcpy(p, mats[0][o], gb);
-				else {
-					tr->quant(x, rows, (int64_t)op_in[o] * NX_PACK_ROWS);
-					nx_pack_group(wtype, rows, rb, p, op_in[o]);
+					continue;
 				}
+				tr->quant(x, rows, (int64_t)op_in[o] * NX_PACK_ROWS);
+				nx_pack_group(wtype, rows, rb, p, op_in[o]);
 			}
 		}
 	for (int t = 0; t < NX_PACK_AMX_MAX; t++) { /* two-part activations, whatever op reads them */
