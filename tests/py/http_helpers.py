@@ -1,4 +1,5 @@
 """http_helpers.py - start nxd-http in front of a test nxd, and talk raw HTTP/1.1 to it."""
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_dir
+from nxd_helpers import Daemon
 
 
 class GatewayError(Exception):
@@ -99,6 +101,14 @@ class Gateway:
         finally:
             self.kill()
             self._log.close()
+
+
+@contextlib.contextmanager
+def nxd_behind_gateway(model, tmp_path, ctx, gateway_args=()):
+    """One nxd (2 workers, --ctx ctx) and one nxd-http in front of it: yields (daemon, gateway)."""
+    with Daemon(model, tmp_path, workers=2, args=["--ctx", str(ctx)]) as d:
+        with Gateway(d.sock, tmp_path, args=gateway_args) as g:
+            yield d, g
 
 
 class Conn:

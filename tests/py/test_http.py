@@ -14,7 +14,7 @@ import urllib.parse
 import pytest
 
 from conftest import build_dir
-from http_helpers import Conn, Gateway, raw_request, request, sse_events
+from http_helpers import Conn, Gateway, nxd_behind_gateway, raw_request, request, sse_events
 from nxd_helpers import Client, Daemon, pid_alive, wait_until
 
 openai = pytest.importorskip("openai", reason="the openai package is not in the venv (tests/requirements.txt)")
@@ -26,9 +26,8 @@ PROMPT = "Write a haiku about the sea."
 def stack(model_path, tmp_path_factory):
     """One nxd and one nxd-http in front of it, for the tests that change neither."""
     tmp = tmp_path_factory.mktemp("http")
-    with Daemon(model_path, tmp, workers=2, args=["--ctx", "2048"]) as d:
-        with Gateway(d.sock, tmp, args=["--log-level", "debug"]) as g:
-            yield d, g
+    with nxd_behind_gateway(model_path, tmp, 2048, ["--log-level", "debug"]) as stack:
+        yield stack
 
 
 @pytest.fixture

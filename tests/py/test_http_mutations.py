@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from http_helpers import Gateway, request, sse_events
-from nxd_helpers import Daemon
+from http_helpers import nxd_behind_gateway, request, sse_events
 
 N_REQUESTS = 300
 
@@ -59,9 +58,8 @@ def mutate(rng, v):
 @pytest.fixture(scope="module")
 def stack(model_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http-mut")
-    with Daemon(model_path, tmp, workers=2, args=["--ctx", "512"]) as d:
-        with Gateway(d.sock, tmp) as g:
-            yield d, g
+    with nxd_behind_gateway(model_path, tmp, 512) as stack:
+        yield stack
 
 
 def check_answer(path, body, st, out):

@@ -5,8 +5,7 @@ import json
 import jsonschema
 import pytest
 
-from http_helpers import Gateway, request
-from nxd_helpers import Daemon
+from http_helpers import nxd_behind_gateway, request
 
 openai = pytest.importorskip("openai", reason="the openai package is not in the venv (tests/requirements.txt)")
 
@@ -18,9 +17,8 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength
 @pytest.fixture(scope="module")
 def stack(model_path, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http_structured")
-    with Daemon(model_path, tmp, workers=2, args=["--ctx", "2048"]) as d:
-        with Gateway(d.sock, tmp) as g:
-            yield d, g
+    with nxd_behind_gateway(model_path, tmp, 2048) as stack:
+        yield stack
 
 
 @pytest.fixture
