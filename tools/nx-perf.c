@@ -375,7 +375,7 @@ int main(int argc, char **argv)
 			    "[--activations precise|fast] [--kv-type f16|q8_0]");
 	}
 	if (!path || n_threads < 1 || n_threads > 64 || reps < 1 || reps > 100 || G < 0 || S < 1 || S > 64 ||
-	    P < 1 || P > 4096)
+	    P < 1 || P > 16384)
 		die("bad arguments (see the usage)");
 	struct nx_err kerr = {{0}};
 	if (nx_kern_env_check(&kerr) < 0)
