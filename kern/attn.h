@@ -26,18 +26,22 @@ int nx_attn_group(int hd);
  * get each head's largest score (scale * q_i . k_j) and sum of e^(score -
  * largest), to merge outputs over parts of a longer range of keys.
  * Each head's output is bit-identical whatever n_q and the other heads are,
- * and deterministic for given inputs (no dependence on anything but them). */
+ * and deterministic for given inputs (no dependence on anything but them).
+ * next_k: NULL, or the next_n key rows (ld apart) the caller attends to next,
+ * which are prefetched toward L2 while the values are summed: a hint, never
+ * loaded from, without effect on the output. */
 void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
-		   int hd, float scale, float *att, float *ms);
+		   int hd, float scale, float *att, float *ms, const void *next_k, int next_n);
 
 /* nx_attend_f16 over a Q8_0 cache: key and value j are the hd / 32 blocks at
  * kc + j * ld and vc + j * ld (ld in blocks), each value d * q. That product is
  * exact in float (an 8-bit level times an f16 scale), so after it the
  * arithmetic is nx_attend_f16's, operation for operation: on values that both
- * formats hold exactly the two give the same bits. Same scratch, ms and
- * per-head guarantees; hd % 32 == 0. */
+ * formats hold exactly the two give the same bits. Same scratch, ms,
+ * next_k and per-head guarantees; hd % 32 == 0. */
 void nx_attend_q8_0(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,
-		    const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms);
+		    const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms,
+		    const void *next_k, int next_n);
 /* The scalar reference (any CPU, any hd % 32 == 0), head by head: scores summed
  * element by element, softmax with expf, then the weighted sum of values. */
 void nx_attend_q8_0_ref(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,

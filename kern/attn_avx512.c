@@ -60,7 +60,7 @@ INL size_t row_bytes(size_t ld, const bool q8)
  * head's own arithmetic is the same operations in the same order as with G = 1,
  * so its output does not depend on G or on the other heads. */
 INL void attend(float *out, const float *q, const void *kc, const void *vc, int n, size_t ld, const int hd,
-		const int G, const bool q8, float scale, float *att, float *ms)
+		const int G, const bool q8, float scale, float *att, float *ms, const void *next_k, int next_n)
 {
 	const size_t rb = row_bytes(ld, q8);
 	const int nc = hd / 16;
@@ -173,11 +173,19 @@ INL void attend(float *out, const float *q, const void *kc, const void *vc, int 
 
 	/* out = sum_j p_j v_j / sum, two keys at a time into two accumulator sets;
 	 * over vb of the nc chunks at a time, so that 2 x G x vb accumulators stay in
-	 * registers (hd 128, 2 or 3 heads: two passes of 4 chunks). */
+	 * registers (hd 128, 2 or 3 heads: two passes of 4 chunks). The values come
+	 * from L2 (prefetched above), so the first pass also sends next_k's rows
+	 * there, a key row for each value row: without that the memory would idle
+	 * here, between one unit's K stream and the next's. */
+	const char *const nk = (const char *)next_k;
+	const size_t nk_bytes = next_k ? (size_t)next_n * rb : 0;
+	size_t nk_at = 0;
 	const int vb = 2 * G * nc <= 24 ? nc : 4;
 	for (int c0 = 0; c0 < nc; c0 += vb) {
 		__m512 o0[GMAX][16] = {0}, o1[GMAX][16] = {0};
 		for (j = 0; j + 2 <= n; j += 2) {
+			for (; nk_at < nk_bytes && nk_at < (size_t)(j + 2) * rb; nk_at += 64)
+				_mm_prefetch(nk + nk_at, _MM_HINT_T1);
 #pragma GCC unroll 16
 			for (int c = 0; c < vb; c++) {
 				const __m512 x0 = ld_row(vc, j, ld, c0 + c, q8), x1 = ld_row(vc, j + 1, ld, c0 + c, q8);
@@ -207,6 +215,8 @@ INL void attend(float *out, const float *q, const void *kc, const void *vc, int 
 						 _mm512_mul_ps(_mm512_add_ps(o0[g][c], o1[g][c]), inv));
 		}
 	}
+	for (; nk_at < nk_bytes; nk_at += 64) /* next_k longer than this run */
+		_mm_prefetch(nk + nk_at, _MM_HINT_T1);
 }
 
 int nx_attn_group(int hd)
@@ -220,41 +230,45 @@ int nx_attn_group(int hd)
  * few passes of up to nx_attn_group(hd) as there can be, as even as can be (7:
  * 3, 2, 2), each reusing att. */
 INL void attend_heads(float *out, const float *q, int n_q, const void *kc, const void *vc, int n, size_t ld, int hd,
-		      const bool q8, float scale, float *att, float *ms)
+		      const bool q8, float scale, float *att, float *ms, const void *next_k, int next_n)
 {
 	const int gmax = nx_attn_group(hd), passes = (n_q + gmax - 1) / gmax;
 	for (int i = 0, h = 0; i < passes; i++) {
 		const int g = n_q / passes + (i < n_q % passes);
 		float *o = out + (size_t)h * hd, *m = ms ? ms + 2 * h : NULL;
 		const float *qh = q + (size_t)h * hd;
+		/* the next unit's keys during the last pass: earlier passes read these K rows again */
+		const void *nk = i + 1 == passes ? next_k : NULL;
+		const int nn = i + 1 == passes ? next_n : 0;
 		if (hd == 64 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 64, 3, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 3, q8, scale, att, m, nk, nn);
 		else if (hd == 64 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 64, 2, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 2, q8, scale, att, m, nk, nn);
 		else if (hd == 64)
-			attend(o, qh, kc, vc, n, ld, 64, 1, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 64, 1, q8, scale, att, m, nk, nn);
 		else if (hd == 128 && g == 3)
-			attend(o, qh, kc, vc, n, ld, 128, 3, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 3, q8, scale, att, m, nk, nn);
 		else if (hd == 128 && g == 2)
-			attend(o, qh, kc, vc, n, ld, 128, 2, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 2, q8, scale, att, m, nk, nn);
 		else if (hd == 128)
-			attend(o, qh, kc, vc, n, ld, 128, 1, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, 128, 1, q8, scale, att, m, nk, nn);
 		else
-			attend(o, qh, kc, vc, n, ld, hd, 1, q8, scale, att, m);
+			attend(o, qh, kc, vc, n, ld, hd, 1, q8, scale, att, m, nk, nn);
 		h += g;
 	}
 }
 
 TGT void nx_attend_f16(float *out, const float *q, int n_q, const nx_f16 *kc, const nx_f16 *vc, int n, size_t ld,
-		       int hd, float scale, float *att, float *ms)
+		       int hd, float scale, float *att, float *ms, const void *next_k, int next_n)
 {
-	attend_heads(out, q, n_q, kc, vc, n, ld, hd, false, scale, att, ms);
+	attend_heads(out, q, n_q, kc, vc, n, ld, hd, false, scale, att, ms, next_k, next_n);
 }
 
 TGT void nx_attend_q8_0(float *out, const float *q, int n_q, const struct nx_block_q8_0 *kc,
-			const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms)
+			const struct nx_block_q8_0 *vc, int n, size_t ld, int hd, float scale, float *att, float *ms,
+			const void *next_k, int next_n)
 {
-	attend_heads(out, q, n_q, kc, vc, n, ld, hd, true, scale, att, ms);
+	attend_heads(out, q, n_q, kc, vc, n, ld, hd, true, scale, att, ms, next_k, next_n);
 }
 
 /* nx_attn_merge_ref with hd / 16 (NC) vectors of each head's output in

@@ -1341,63 +1341,92 @@ static void attn_qkv(struct pass *pass, const struct nx_layer *L, int il)
 	}
 }
 
-/* [B] attention over the last attn_len positions of the token's slot (all of
- * 0..pos in a global layer), per (token, kv head, chunk of that kv head's
- * query heads, span of positions): a chunk's heads share
- * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
- * more, each span's output and (max, sum) to att_part / att_ms, merged in [C]. */
-static void attention(struct pass *pass, int il)
+/* One unit of attention (struct attn_plan): a token's query heads [h0, h1) of
+ * one kv head over span sn of its ns, np positions whose K and V rows start at
+ * off in the caches. */
+struct attn_unit {
+	int t, h0, h1, sn, ns, np;
+	size_t off;
+};
+
+/* Unit u of the step's attention in a layer of window `window`: per (token, kv
+ * head, chunk of its query heads, span of positions). *t, *t_base: the token of
+ * the last unit asked for and the units of the tokens before it, a cursor that
+ * moves forward as a band's units rise, and back to 0 for a range behind it. */
+static struct attn_unit attn_unit_at(const struct pass *pass, int window, int u, int *t, int *t_base)
 {
 	const struct nx_hparams *hp = pass->hp;
 	const struct nx_state *s = pass->s;
 	const struct nx_tok_in *toks = pass->toks;
-	const int q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head, group = hp->n_head / hp->n_head_kv;
+	const int group = hp->n_head / hp->n_head_kv, n_chunk = pass->plan[window != 0].n_chunk;
+	const int per_span = hp->n_head_kv * n_chunk;
+	if (u < *t_base) /* a range behind the last one (taken from another band's end) */
+		*t = *t_base = 0;
+	while (u >= *t_base + per_span * tok_spans(window, toks[*t].pos)) {
+		*t_base += per_span * tok_spans(window, toks[*t].pos);
+		++*t;
+	}
+	const int len = attn_len(window, toks[*t].pos), first = toks[*t].pos + 1 - len;
+	const int ns = attn_spans(len), r = u - *t_base, sn = r % ns;
+	const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
+	const int p0 = first + sn * NX_ATTN_SPAN;
+	return (struct attn_unit){
+		.t = *t, .sn = sn, .ns = ns,
+		.h0 = kh * group + ch * group / n_chunk, .h1 = kh * group + (ch + 1) * group / n_chunk,
+		.np = sn + 1 < ns ? NX_ATTN_SPAN : len - sn * NX_ATTN_SPAN,
+		.off = toks[*t].slot * slot_stride(s, hp->head_dim) +
+		       ((size_t)kh * s->cfg.n_ctx + p0) * nx_kv_row_bytes(s->cfg.kv_type, hp->head_dim)};
+}
+
+/* [B] attention over the last attn_len positions of the token's slot (all of
+ * 0..pos in a global layer), per unit (attn_unit_at): a chunk's heads share
+ * each K/V read (nx_attend_f16). A token of one span writes att_out; one of
+ * more, each span's output and (max, sum) to att_part / att_ms, merged in [C].
+ * The kernels are given the band's next unit's keys to fetch ahead. */
+static void attention(struct pass *pass, int il)
+{
+	const struct nx_hparams *hp = pass->hp;
+	const struct nx_state *s = pass->s;
+	const int q_dim = s->q_dim, hd = hp->head_dim, n_head = hp->n_head;
 	const int window = nx_layer_window(hp, il);
 	const struct attn_plan *plan = &pass->plan[window != 0];
-	const int n_ctx = s->cfg.n_ctx, n_chunk = plan->n_chunk, ns_max = pass->ns_max;
+	const int ns_max = pass->ns_max;
 	const uint8_t *kc = layer_cache(s->k_cache, s, il, hd), *vc = layer_cache(s->v_cache, s, il, hd);
-	const size_t stride = slot_stride(s, hd), row = nx_kv_row_bytes(s->cfg.kv_type, hd);
 	const bool q8 = s->cfg.kv_type == NX_KV_Q8_0;
-	const int per_span = hp->n_head_kv * n_chunk;
-	int t = 0, t_base = 0; /* unit u's token, and the units of the tokens before it */
+	int t = 0, t_base = 0; /* attn_unit_at's cursor */
 	int lo, hi;
-	for (struct split sp = op_rows(pass, 0, plan->n_units, 1); split_next(&sp, &lo, &hi);)
-		for (int u = lo; u < hi; u++) {
-			if (u < t_base) /* a range behind the last one (taken from another band's end) */
-				t = t_base = 0;
-			while (u >= t_base + per_span * tok_spans(window, toks[t].pos))
-				t_base += per_span * tok_spans(window, toks[t++].pos);
-			const int len = attn_len(window, toks[t].pos), first = toks[t].pos + 1 - len;
-			const int ns = attn_spans(len), r = u - t_base, sn = r % ns;
-			const int kh = r / ns / n_chunk, ch = r / ns % n_chunk;
-			const int h0 = kh * group + ch * group / n_chunk, h1 = kh * group + (ch + 1) * group / n_chunk;
-			const int p0 = first + sn * NX_ATTN_SPAN, np = sn + 1 < ns ? NX_ATTN_SPAN : len - sn * NX_ATTN_SPAN;
-			const size_t off = toks[t].slot * stride + ((size_t)kh * n_ctx + p0) * row;
-			const float *q = s->q + (size_t)t * q_dim + (size_t)h0 * hd;
-			float *out = s->att_out + (size_t)t * q_dim + (size_t)h0 * hd, *ms = NULL;
-			if (ns > 1) { /* (token, span, head) */
-				const size_t at = ((size_t)t * ns_max + sn) * n_head + h0;
+	for (struct split sp = op_rows(pass, 0, plan->n_units, 1); split_next(&sp, &lo, &hi);) {
+		struct attn_unit a = attn_unit_at(pass, window, lo, &t, &t_base), next = {0};
+		for (int u = lo; u < hi; u++, a = next) {
+			if (u + 1 < hi)
+				next = attn_unit_at(pass, window, u + 1, &t, &t_base);
+			const void *next_k = u + 1 < hi ? kc + next.off : NULL;
+			const int next_n = u + 1 < hi ? next.np : 0;
+			const float *q = s->q + (size_t)a.t * q_dim + (size_t)a.h0 * hd;
+			float *out = s->att_out + (size_t)a.t * q_dim + (size_t)a.h0 * hd, *ms = NULL;
+			if (a.ns > 1) { /* (token, span, head) */
+				const size_t at = ((size_t)a.t * ns_max + a.sn) * n_head + a.h0;
 				out = s->att_part + at * hd;
 				ms = s->att_ms + at * 2;
 			}
 			if (q8) { /* rows of hd / 32 blocks; no soft-cap (nx_kv_type_check) */
-				const struct nx_block_q8_0 *kb = (const void *)(kc + off), *vb = (const void *)(vc + off);
+				const struct nx_block_q8_0 *kb = (const void *)(kc + a.off), *vb = (const void *)(vc + a.off);
 				if (pass->attn_fast)
-					nx_attend_q8_0(out, q, h1 - h0, kb, vb, np, (size_t)hd / QK8_0, hd, pass->attn_scale,
-						       pass->sc->att, ms);
+					nx_attend_q8_0(out, q, a.h1 - a.h0, kb, vb, a.np, (size_t)hd / QK8_0, hd,
+						       pass->attn_scale, pass->sc->att, ms, next_k, next_n);
 				else
-					nx_attend_q8_0_ref(out, q, h1 - h0, kb, vb, np, (size_t)hd / QK8_0, hd,
+					nx_attend_q8_0_ref(out, q, a.h1 - a.h0, kb, vb, a.np, (size_t)hd / QK8_0, hd,
 							   pass->attn_scale, pass->sc->att, ms);
 			} else if (pass->attn_fast)
-				nx_attend_f16(out, q, h1 - h0, (const nx_f16 *)(kc + off), (const nx_f16 *)(vc + off), np,
-					      (size_t)hd, hd, pass->attn_scale, pass->sc->att, ms);
+				nx_attend_f16(out, q, a.h1 - a.h0, (const nx_f16 *)(kc + a.off), (const nx_f16 *)(vc + a.off),
+					      a.np, (size_t)hd, hd, pass->attn_scale, pass->sc->att, ms, next_k, next_n);
 			else
-				for (int h = 0; h < h1 - h0; h++)
-					attend(out + (size_t)h * hd, q + (size_t)h * hd, (const nx_f16 *)(kc + off),
-					       (const nx_f16 *)(vc + off), np - 1, (size_t)hd, hd, pass->attn_scale,
-					       hp->attn_softcap, pass->sc->att,
-					       ms ? ms + 2 * h : NULL);
+				for (int h = 0; h < a.h1 - a.h0; h++)
+					attend(out + (size_t)h * hd, q + (size_t)h * hd, (const nx_f16 *)(kc + a.off),
+					       (const nx_f16 *)(vc + a.off), a.np - 1, (size_t)hd, hd, pass->attn_scale,
+					       hp->attn_softcap, pass->sc->att, ms ? ms + 2 * h : NULL);
 		}
+	}
 }
 
 /* [C] x += Wo att: this band's rows of x, from att_out or (when some token has

@@ -130,18 +130,21 @@ static void case_free(struct attn_case *c)
 }
 
 /* The attention function under test: nx_attend_f16, or with the case's Q8_0 rows
- * nx_attend_q8_0 (ref: nx_attend_q8_0_ref), on kv head 1. */
+ * nx_attend_q8_0 (ref: nx_attend_q8_0_ref), on kv head 1. hint: the next keys to
+ * fetch ahead are kv head 0's, as another unit's would be (the reference takes none). */
 static void attend_case(const struct attn_case *c, bool ref, float *out, const float *q, int n_q, int p0, int np,
-			float *att, float *ms)
+			float *att, float *ms, bool hint)
 {
 	const size_t lb = c->ld / QK8_0;
 	if (!c->q8)
 		nx_attend_f16(out, q, n_q, c->kc + (size_t)p0 * c->ld + c->hd, c->vc + (size_t)p0 * c->ld + c->hd, np,
-			      c->ld, c->hd, c->scale, att, ms);
+			      c->ld, c->hd, c->scale, att, ms, hint ? c->kc : NULL, hint ? c->n : 0);
+	else if (ref)
+		nx_attend_q8_0_ref(out, q, n_q, c->kq + (size_t)p0 * lb + c->hd / QK8_0,
+				   c->vq + (size_t)p0 * lb + c->hd / QK8_0, np, lb, c->hd, c->scale, att, ms);
 	else
-		(ref ? nx_attend_q8_0_ref : nx_attend_q8_0)(out, q, n_q, c->kq + (size_t)p0 * lb + c->hd / QK8_0,
-							    c->vq + (size_t)p0 * lb + c->hd / QK8_0, np, lb, c->hd,
-							    c->scale, att, ms);
+		nx_attend_q8_0(out, q, n_q, c->kq + (size_t)p0 * lb + c->hd / QK8_0, c->vq + (size_t)p0 * lb + c->hd / QK8_0,
+			       np, lb, c->hd, c->scale, att, ms, hint ? c->kq : NULL, hint ? c->n : 0);
 }
 
 /* Scratch for n_q heads as kern/attn.h asks for: min(n_q, nx_attn_group(hd)) * n floats. */
@@ -152,9 +155,9 @@ static size_t att_len(const struct attn_case *c)
 }
 
 /* nx_attend_f16 on heads [h0, h0 + n_q) of the case into out (n_q x hd floats), with
- * poisoned guards after out and the scratch, which must come back untouched; with ms
- * (n_q x 2 floats) non-NULL, once more asking for each head's largest score and sum,
- * which must not change a bit of out. */
+ * poisoned guards after out and the scratch, which must come back untouched; once
+ * more with keys to fetch ahead (and with ms, n_q x 2 floats, non-NULL, asking for
+ * each head's largest score and sum), which must not change a bit of out. */
 static void run_with(const struct attn_case *c, bool ref, int h0, int n_q, float *out, float *ms)
 {
 	const size_t n_out = (size_t)n_q * c->hd;
@@ -167,16 +170,15 @@ static void run_with(const struct attn_case *c, bool ref, int h0, int n_q, float
 		memcpy(o + i, &poison, sizeof(poison));
 	for (size_t i = 0; i < n_att + GUARD; i++)
 		memcpy(att + i, &poison, sizeof(poison));
-	attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, NULL);
+	attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, NULL, false);
 	for (size_t i = 0; i < GUARD; i++) {
 		assert_memory_equal(o + n_out + i, &poison, sizeof(poison));
 		assert_memory_equal(att + n_att + i, &poison, sizeof(poison));
 	}
 	memcpy(out, o, n_out * sizeof(float));
-	if (ms) {
-		attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, ms);
-		assert_memory_equal(o, out, n_out * sizeof(float));
-	}
+	memset(o, 0, n_out * sizeof(float));
+	attend_case(c, ref, o, c->q + (size_t)h0 * c->hd, n_q, 0, c->n, att, ms, true);
+	assert_memory_equal(o, out, n_out * sizeof(float));
 	free(o);
 	free(att);
 }
@@ -351,9 +353,12 @@ static void test_merge(void **state)
 				float *att = xmalloc((size_t)nx_attn_group(hd) * SPAN * sizeof(float));
 				for (int sp = 0; sp < n_span; sp++) {
 					const int p0 = sp * SPAN, np = (p0 + SPAN < n ? SPAN : n - p0);
+					/* the next span's keys fetched ahead, as the forward pass asks */
+					const int next_n = sp + 1 < n_span ? (p0 + 2 * SPAN < n ? SPAN : n - p0 - SPAN) : 0;
 					nx_attend_f16(part + (size_t)sp * n_q * hd, c.q, n_q, c.kc + (size_t)p0 * c.ld + hd,
 						      c.vc + (size_t)p0 * c.ld + hd, np, c.ld, hd, c.scale, att,
-						      ms + (size_t)sp * n_q * 2);
+						      ms + (size_t)sp * n_q * 2,
+						      next_n ? c.kc + (size_t)(p0 + SPAN) * c.ld + hd : NULL, next_n);
 				}
 				const size_t n_out = (size_t)n_q * hd;
 				float *fast = xmalloc((n_out + GUARD) * sizeof(float)), *ref = xmalloc(n_out * sizeof(float));
