@@ -237,7 +237,7 @@ INL void attend_heads(float *out, const float *q, int n_q, const void *kc, const
 		const int g = n_q / passes + (i < n_q % passes);
 		float *o = out + (size_t)h * hd, *m = ms ? ms + 2 * h : NULL;
 		const float *qh = q + (size_t)h * hd;
-		/* the next unit's keys during the last pass: earlier passes read these K rows again */
+		/* the next unit's keys in the last pass only: after an earlier one, this unit's K is read again */
 		const void *nk = i + 1 == passes ? next_k : NULL;
 		const int nn = i + 1 == passes ? next_n : 0;
 		if (hd == 64 && g == 3)
