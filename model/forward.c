@@ -1398,10 +1398,13 @@ static void attention(struct pass *pass, int il)
 	for (struct split sp = op_rows(pass, 0, plan->n_units, 1); split_next(&sp, &lo, &hi);) {
 		struct attn_unit a = attn_unit_at(pass, window, lo, &t, &t_base), next = {0};
 		for (int u = lo; u < hi; u++, a = next) {
-			if (u + 1 < hi)
+			const void *next_k = NULL;
+			int next_n = 0;
+			if (u + 1 < hi) {
 				next = attn_unit_at(pass, window, u + 1, &t, &t_base);
-			const void *next_k = u + 1 < hi ? kc + next.off : NULL;
-			const int next_n = u + 1 < hi ? next.np : 0;
+				next_k = kc + next.off;
+				next_n = next.np;
+			}
 			const float *q = s->q + (size_t)a.t * q_dim + (size_t)a.h0 * hd;
 			float *out = s->att_out + (size_t)a.t * q_dim + (size_t)a.h0 * hd, *ms = NULL;
 			if (a.ns > 1) { /* (token, span, head) */
