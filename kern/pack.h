@@ -26,36 +26,39 @@
  *   iq4_nl (288 bytes): as q4_0, the nibbles indexing the grid (value grid[q]); the
  *         kernels look up grid[q] + 128 (unsigned, as q8_0's codes)
  * The k-quants and iq4_xs (kern/pack_k.c) go super-block by super-block (256 elements),
- * activation block b being sub-block b % 8 (q6_k: halves 2b, 2b + 1):
- *   q4_k (2304 bytes): for c = 0..3, w = 0..7 a vector whose lane r is
- *         qs[32c + 4w .. +3] of row r (low nibbles: sub-block 2c, high: 2c + 1,
- *         elements 4w .. 4w+3); then sc[8][16] bytes, sc[j][r] = scale j of row r
+ * activation block b being sub-block b % 8 (q6_k: halves 2b, 2b + 1). Each
+ * super-block holds its scales first, then its quants in the order the kernels
+ * read them (kern/pack_k.h has the offsets):
+ *   q4_k (2304 bytes): sc[8][16] bytes, sc[j][r] = scale j of row r
  *         | (min j >> 4) << 6; mlo[4][16], mlo[c][r] = low 4 bits of min 2c
- *         | those of min 2c + 1 << 4; d[16] f16; dmin[16] f16
- *   q5_k (2816 bytes): q4_k's 32 vectors, then for w = 0..7 a vector whose lane r
- *         is qh[4w .. +3] of row r (bit j: bit 4 of sub-block j's q); then q4_k's
- *         sc, mlo, d, dmin
- *   q6_k (3360 bytes): for block j = 0..7 and half f = 0..1 three vectors X, Y, Z
+ *         | those of min 2c + 1 << 4; d[16] f16; dmin[16] f16; then for
+ *         c = 0..3, w = 0..7 a vector whose lane r is qs[32c + 4w .. +3] of
+ *         row r (low nibbles: sub-block 2c, high: 2c + 1, elements 4w .. 4w+3)
+ *   q5_k (2816 bytes): q4_k's sc, mlo, d, dmin; then for w = 0..7 a vector whose
+ *         lane r is qh[4w .. +3] of row r (bit j: bit 4 of sub-block j's q);
+ *         then q4_k's 32 vectors
+ *   q6_k (3360 bytes): d[16] f16; sc[16][16] int8, sc[g][r] = scale g of row r;
+ *         then for block j = 0..7 and half f = 0..1 three vectors X, Y, Z
  *         holding words w = 4f .. 4f+3 (elements 4w .. 4w+3 of the block; lane r:
  *         row r): q of word 4f, 4f+1, 4f+2 in the low 6 bits of X, Y, Z and q of
- *         word 4f+3 in their top 2 bits (X: bits 0-1 of it, Y: 2-3, Z: 4-5);
- *         then sc[16][16] int8, sc[g][r] = scale g of row r; d[16] f16. q is
- *         ggml's, unsigned 0..63 (value q - 32), whole instead of split over ql, qh
- *   iq4_xs (2176 bytes): for sub-block j = 0..7 the 4 nibble vectors of q4_1 (lane
- *         r: qs[16j + 4c .. +3] of row r); then sl[4][16], sl[c][r] = scales_l[c]
- *         of row r; sh[16] u16, row r's scales_h; d[16] f16. The kernels look the
- *         nibbles up as grid[q] + 128, as iq4_nl's
- *   q2_k (1344 bytes): for block j = 0..7 and half f = 0..1 a vector whose lane r
- *         holds words 4f .. 4f+3 of the block (elements 4w .. 4w+3, w = 4f + s)
- *         of row r: the 2-bit level of element 4w + k at bits 2s of byte k; then
- *         sc[16][16], sc[g][r] = ggml's scales[g] of row r (scale | min << 4);
- *         d[16] f16; dmin[16] f16
- *   q3_k (1760 bytes): q2_k's 16 vectors (the low 2 bits of q, ggml's qs), then
- *         for block j = 0..7 a vector whose lane r holds the third bit (ggml's
- *         hmask) of element 4w + k of the block at bit w of byte k; then
- *         sl[8][16], sl[j][r] = low 4 bits of scale 2j | those of scale 2j + 1
- *         << 4; sh[4][16], sh[c][r] = top 2 bits of scale 4c + i at bits 2i;
- *         d[16] f16. q is 0..7 (value q - 4), a scale 0..63 (value s - 32)
+ *         word 4f+3 in their top 2 bits (X: bits 0-1 of it, Y: 2-3, Z: 4-5).
+ *         q is ggml's, unsigned 0..63 (value q - 32), whole instead of split
+ *         over ql, qh
+ *   iq4_xs (2176 bytes): sl[4][16], sl[c][r] = scales_l[c] of row r; sh[16] u16,
+ *         row r's scales_h; d[16] f16; then for sub-block j = 0..7 the 4 nibble
+ *         vectors of q4_1 (lane r: qs[16j + 4c .. +3] of row r). The kernels
+ *         look the nibbles up as grid[q] + 128, as iq4_nl's
+ *   q2_k (1344 bytes): sc[16][16], sc[g][r] = ggml's scales[g] of row r (scale
+ *         | min << 4); d[16] f16; dmin[16] f16; then for block j = 0..7 and
+ *         half f = 0..1 a vector whose lane r holds words 4f .. 4f+3 of the
+ *         block (elements 4w .. 4w+3, w = 4f + s) of row r: the 2-bit level of
+ *         element 4w + k at bits 2s of byte k
+ *   q3_k (1760 bytes): sl[8][16], sl[j][r] = low 4 bits of scale 2j | those of
+ *         scale 2j + 1 << 4; sh[4][16], sh[c][r] = top 2 bits of scale 4c + i
+ *         at bits 2i; d[16] f16; then q2_k's 16 vectors (the low 2 bits of q,
+ *         ggml's qs); then for block j = 0..7 a vector whose lane r holds the
+ *         third bit (ggml's hmask) of element 4w + k of the block at bit w of
+ *         byte k. q is 0..7 (value q - 4), a scale 0..63 (value s - 32)
  * Their activations are Q8_0 rows too, not Q8_K (the plain kernels'): a 32-wide
  * sub-block is one Q8_0 block; q6_k, q2_k and q3_k need one more side value
  * per 16 (c16: nx_pack_needs_c16).

@@ -191,7 +191,7 @@ INL void k4_amx(const void *group, const struct nx_pack_act *a, int NA, float *o
 	tiles_begin(NA, EMU);
 	const uint8_t *o = group;
 	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += sbb) {
-		const uint8_t *hdr = o + PK_K4_HDR(q5);
+		const uint8_t *hdr = o + PK_K4_HDR;
 		__m512 d, ndmin;
 		k4_super(hdr, &d, &ndmin);
 		for (int c = 0; c < 4; c++) { /* sub-blocks 2c (low nibbles) and 2c + 1 (high) */

@@ -92,12 +92,12 @@ static int k2_get(const uint8_t *qs, int e)
 
 /* The byte of a packed q2_k/q3_k super-block o holding element e's level for
  * row r, and the level's shift in it: vector 2 * (e / 32) + half, lane r, byte
- * e % 4, bits 2s (word 4 * half + s of the block). */
-static size_t k2_byte(int e, int r, int *shift)
+ * e % 4, bits 2s (word 4 * half + s of the block); q3: of a q3_k super-block. */
+static size_t k2_byte(bool q3, int e, int r, int *shift)
 {
 	const int w = e % 32 / 4;
 	*shift = 2 * (w % 4);
-	return PK_K2_QS + 64 * (2 * (e / 32) + w / 4) + 4 * r + e % 4;
+	return PK_K2_QS(q3) + 64 * (2 * (e / 32) + w / 4) + 4 * r + e % 4;
 }
 
 /* q3_k's third bit of element e: bit e / 32 of hmask[e % 32] in ggml; packed, bit
@@ -152,7 +152,7 @@ static void pack_sb_k2(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 	const uint8_t *qs = t == NX_Q2_K ? b2->qs : b3->qs;
 	for (int e = 0; e < QK_K; e++) {
 		int sh;
-		uint8_t *v = o + k2_byte(e, r, &sh);
+		uint8_t *v = o + k2_byte(t == NX_Q3_K, e, r, &sh);
 		*v = (uint8_t)((*v & ~(3 << sh)) | k2_get(qs, e) << sh);
 		if (t == NX_Q3_K) {
 			uint8_t *h = o + k3_hbyte(e, r);
@@ -187,7 +187,7 @@ static void unpack_sb_k2(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
 		memset(b3->hmask, 0, sizeof(b3->hmask));
 	for (int e = 0; e < QK_K; e++) {
 		int sh;
-		const int q = o[k2_byte(e, r, &sh)] >> sh & 3;
+		const int q = o[k2_byte(t == NX_Q3_K, e, r, &sh)] >> sh & 3;
 		qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << 2 * (e % 128 / 32));
 		if (t == NX_Q3_K)
 			b3->hmask[e % 32] |= (uint8_t)((o[k3_hbyte(e, r)] >> (e % 32 / 4) & 1) << (e / 32));
@@ -246,10 +246,10 @@ static void pack_sb(enum nx_type t, const uint8_t *x, int r, uint8_t *o)
 	const uint8_t *qs = q5 ? b5->qs : b4->qs;
 	for (int c = 0; c < 4; c++)
 		for (int w = 0; w < 8; w++)
-			memcpy(o + PK_K4_QS + 64 * (8 * c + w) + 4 * r, qs + 32 * c + 4 * w, 4);
+			memcpy(o + PK_K4_QS(q5) + 64 * (8 * c + w) + 4 * r, qs + 32 * c + 4 * w, 4);
 	for (int w = 0; q5 && w < 8; w++)
 		memcpy(o + PK_K5_QH + 64 * w + 4 * r, b5->qh + 4 * w, 4);
-	uint8_t *hdr = o + PK_K4_HDR(q5), sc[8], m[8];
+	uint8_t *hdr = o + PK_K4_HDR, sc[8], m[8];
 	k4_decode(b4->scales, sc, m); /* d, dmin, scales: the same offsets in both */
 	for (int j = 0; j < 8; j++)
 		hdr[PK_K4_SC + 16 * j + r] = (uint8_t)(sc[j] | (m[j] >> 4) << 6);
@@ -293,10 +293,10 @@ static void unpack_sb(enum nx_type t, const uint8_t *o, int r, uint8_t *x)
 	uint8_t *qs = q5 ? b5->qs : b4->qs;
 	for (int c = 0; c < 4; c++)
 		for (int w = 0; w < 8; w++)
-			memcpy(qs + 32 * c + 4 * w, o + PK_K4_QS + 64 * (8 * c + w) + 4 * r, 4);
+			memcpy(qs + 32 * c + 4 * w, o + PK_K4_QS(q5) + 64 * (8 * c + w) + 4 * r, 4);
 	for (int w = 0; q5 && w < 8; w++)
 		memcpy(b5->qh + 4 * w, o + PK_K5_QH + 64 * w + 4 * r, 4);
-	const uint8_t *hdr = o + PK_K4_HDR(q5);
+	const uint8_t *hdr = o + PK_K4_HDR;
 	uint8_t sc[8], m[8];
 	for (int j = 0; j < 8; j++) {
 		int s, mm;
@@ -371,7 +371,7 @@ static void ref_k4(bool q5, const void *group, const struct nx_pack_act *a, int 
 		for (int r = 0; r < NX_PACK_ROWS; r++) {
 			float acc = 0;
 			for (int64_t b = 0; b < nb; b++) {
-				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * sbb, *hdr = o + PK_K4_HDR(q5);
+				const uint8_t *o = (const uint8_t *)group + (size_t)(b / 8) * sbb, *hdr = o + PK_K4_HDR;
 				const int j = (int)(b % 8);
 				nx_f16 dh, mh;
 				memcpy(&dh, hdr + PK_K4_D + 2 * r, 2);
@@ -383,7 +383,7 @@ static void ref_k4(bool q5, const void *group, const struct nx_pack_act *a, int 
 					const int8_t *y = nx_pack_act_qs(a, i, part, b);
 					for (int w = 0; w < 8; w++)
 						for (int k = 0; k < 4; k++) {
-							int q = o[PK_K4_QS + 64 * (8 * (j / 2) + w) + 4 * r + k] >> (4 * (j % 2)) & 15;
+							int q = o[PK_K4_QS(q5) + 64 * (8 * (j / 2) + w) + 4 * r + k] >> (4 * (j % 2)) & 15;
 							if (q5)
 								q |= (o[PK_K5_QH + 64 * w + 4 * r + k] >> j & 1) << 4;
 							ip[part] += q * y[4 * w + k];
@@ -491,7 +491,7 @@ static void ref_k2(bool q3, const void *group, const struct nx_pack_act *a, int 
 					for (int k = 0; k < 32; k++) {
 						const int e = 32 * j + k;
 						int sh;
-						int q = o[k2_byte(e, r, &sh)] >> sh & 3;
+						int q = o[k2_byte(q3, e, r, &sh)] >> sh & 3;
 						if (q3)
 							q |= (o[k3_hbyte(e, r)] >> (k / 4) & 1) << 2;
 						is[part][k / 16] += q * y[k];

@@ -26,7 +26,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
 	for (int64_t b0 = 0; b0 < nb; b0 += 8, o += sbb) {
-		const uint8_t *hdr = o + PK_K4_HDR(q5);
+		const uint8_t *hdr = o + PK_K4_HDR;
 		__m512 d, ndmin;
 		k4_super(hdr, &d, &ndmin);
 		/* q4_k's high nibbles stay in place (16 x the code, k4_decode's HI16):
@@ -203,7 +203,7 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 		for (int j = 0; j < 8; j++) {
 			pf_ahead(o + j * (int)(sbb / 8), (int)(sbb / 8), NA);
 			__m512i q[8];
-			const __m512i v0 = load(o + PK_K2_QS + 64 * (2 * j)), v1 = load(o + PK_K2_QS + 64 * (2 * j + 1));
+			const __m512i v0 = load(o + PK_K2_QS(q3) + 64 * (2 * j)), v1 = load(o + PK_K2_QS(q3) + 64 * (2 * j + 1));
 #pragma GCC unroll 4
 			for (int s = 0; s < 4; s++) {
 				q[s] = _mm512_and_si512(_mm512_srli_epi16(v0, 2 * s), m3);

@@ -128,7 +128,7 @@ INL void k4_decode(const uint8_t *o, const int c, const bool q5, const bool HI16
 	const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10), m4h = _mm512_set1_epi8((char)0xf0);
 #pragma GCC unroll 8
 	for (int w = 0; w < 8; w++) {
-		const __m512i v = load(o + PK_K4_QS + 64 * (8 * c + w));
+		const __m512i v = load(o + PK_K4_QS(q5) + 64 * (8 * c + w));
 		lo[w] = _mm512_and_si512(v, m4);
 		hi[w] = HI16 ? _mm512_and_si512(v, m4h) : _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
 		if (q5) { /* bit 2c of qh to bit 4 of the low, bit 2c + 1 to bit 4 of the high nibbles */
