@@ -143,8 +143,8 @@ INL void iq4_xs_tile(const void *group, const struct nx_pack_act *a, const int N
 		const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(o + PK_XS_SH)));
 #pragma GCC unroll 8
 		for (int j = 0; j < 8; j++) {
-			if (j % 2 == 0)
-				pf_ahead(o + PK_XS_QS + 64 * 4 * j, 512, NA);
+			if (j % 2 == 0) /* the whole super-block, its scales too, in four parts */
+				pf_ahead(o + PK_IQ4_XS_SB / 4 * (j / 2), PK_IQ4_XS_SB / 4, NA);
 			const __m512i sl = _mm512_and_si512(_mm512_srli_epi32(lanes_u8(o + PK_XS_SL + 16 * (j / 2)), 4 * (j % 2)), m15);
 			const __m512i ls = or_and(sl, _mm512_slli_epi32(_mm512_srli_epi32(sh, 2 * j), 4), _mm512_slli_epi32(m3, 4));
 			const __m512 dsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ls, _mm512_set1_epi32(32))), d);
