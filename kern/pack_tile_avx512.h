@@ -47,10 +47,15 @@ INL __m512i dp4_lo(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, i
  * on every host measured, one token on some). Past the end of a matrix it
  * asks for bytes nobody uses; a prefetch never faults. Tiles of more than
  * one token, which spend longer on each block, ask further ahead and into L2
- * (NX_PF_AHEAD_MT, prefetcht1); one-token tiles were slower with that.
- * docs/bench.md, "Measurements behind choices in the code", has the runs. */
+ * (NX_PF_AHEAD_MT, prefetcht1); one-token tiles were slower with that alone,
+ * so they ask twice: into L2 far ahead (NX_PF_AHEAD_L2), which keeps more
+ * lines on their way from memory, and into L1 nearer (NX_PF_AHEAD), by then
+ * from L2. docs/bench.md, "Measurements behind choices in the code", has the runs. */
 #ifndef NX_PF_AHEAD
-#define NX_PF_AHEAD 4096
+#define NX_PF_AHEAD 2048
+#endif
+#ifndef NX_PF_AHEAD_L2
+#define NX_PF_AHEAD_L2 16384
 #endif
 #ifndef NX_PF_AHEAD_MT
 #define NX_PF_AHEAD_MT 8192
@@ -60,10 +65,12 @@ INL __m512i dp4_lo(__m512i acc, __m512i w, const struct nx_pack_act *a, int i, i
 INL void pf_ahead(const uint8_t *o, const int bytes, const int NA)
 {
 	for (int l = 0; l < bytes; l += 64)
-		if (NA > 1)
+		if (NA > 1) {
 			_mm_prefetch((const char *)o + NX_PF_AHEAD_MT + l, _MM_HINT_T1);
-		else
+		} else {
+			_mm_prefetch((const char *)o + NX_PF_AHEAD_L2 + l, _MM_HINT_T1);
 			_mm_prefetch((const char *)o + NX_PF_AHEAD + l, _MM_HINT_T0);
+		}
 }
 
 /* 128 * hi + lo of a token's integer block dots (kern/pack.h: |.| < 2^28). */
