@@ -86,7 +86,7 @@
 #include "kern/quant.h"
 
 #define NX_PACK_ROWS 16
-#define NX_PACK_ACT_MAX 4 /* tokens per kernel call */
+#define NX_PACK_ACT_MAX 8 /* tokens per kernel call */
 #define NX_PACK_AMX_MAX 16 /* tokens per AMX kernel call */
 
 /* True when type t has a packed layout (whatever the CPU): q4_0, q4_1, q5_0,

@@ -1,4 +1,4 @@
-/* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 4 tokens per call.
+/* pack_avx512.c - AVX-512 VNNI tile kernels for the packed layouts (kern/pack.h): 16 weight rows x up to 8 tokens per call.
  *
  * Per block, the group's weights are loaded (and for the 4-bit types split into
  * nibbles, q5's fifth bits added under a mask) once; each token then costs 16
@@ -27,7 +27,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 	const int64_t nb = n_in / 32;
 	const __m512i grid = nib_grid(GRID);
 	__m512 acc_d[NX_PACK_ACT_MAX], acc_m[NX_PACK_ACT_MAX];
-	#pragma GCC unroll 4
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc_d[i] = acc_m[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -37,7 +37,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 		const __m512 mw = M >= 0 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(o + M))) : dw;
 		__m512i lo[4], hi[4];
 		nib_decode(o, H, QS, GRID, grid, lo, hi);
-		#pragma GCC unroll 4
+		#pragma GCC unroll 8
 		for (int i = 0; i < NA; i++) {
 			/* four chains: the hi part (h*) and the lo part (l*), low and high nibbles */
 			const int32_t off = SHIFT >= 0 ? a->c[i * nb + b] / (1 << SHIFT) : 0;
@@ -59,7 +59,7 @@ INL void nib_tile(const void *group, const struct nx_pack_act *a, const int NA, 
 				acc_m[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a->s[i * nb + b]), acc_m[i]);
 		}
 	}
-	#pragma GCC unroll 4
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, M >= 0 ? _mm512_add_ps(acc_d[i], acc_m[i]) : acc_d[i]);
 }
@@ -95,7 +95,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 {
 	const int64_t nb = n_in / 32;
 	__m512 acc[NX_PACK_ACT_MAX];
-	#pragma GCC unroll 4
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -106,7 +106,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 		#pragma GCC unroll 8
 		for (int c = 0; c < 8; c++)
 			w[c] = _mm512_loadu_si512((const void *)(o + 32 + 64 * c));
-		#pragma GCC unroll 4
+		#pragma GCC unroll 8
 		for (int i = 0; i < NA; i++) {
 			__m512i h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], act4(a, i, 0, b, 0));
 			__m512i h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], act4(a, i, 0, b, 4));
@@ -129,7 +129,7 @@ INL void q8_0_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			acc[i] = _mm512_fmadd_ps(dw, t, acc[i]);
 		}
 	}
-	#pragma GCC unroll 4
+	#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }

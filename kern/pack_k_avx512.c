@@ -1,4 +1,4 @@
-/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the super-block types' packed layouts (kern/pack.h: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs): 16 weight rows x up to 4 tokens per call.
+/* pack_k_avx512.c - AVX-512 VNNI tile kernels for the super-block types' packed layouts (kern/pack.h: q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs): 16 weight rows x up to 8 tokens per call.
  *
  * Per sub-block, the group's weights are decoded to bytes (nibbles split and
  * q5_k's fifth bit merged in; q6_k's 6-bit q masked out of their bytes) and
@@ -21,7 +21,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 	const int64_t nb = n_in / 32;
 	const size_t sbb = q5 ? PK_Q5_K_SB : PK_Q4_K_SB;
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -42,7 +42,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 			__m512i lo[8], hi[8];
 			k4_decode(o, c, q5, !q5, lo, hi);
 			const int64_t b = b0 + 2 * c;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 			for (int i = 0; i < NA; i++) {
 				/* sub-blocks b (low nibbles) and b + 1 (high), hi part (h*) and lo part (l*) */
 				__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
@@ -64,7 +64,7 @@ INL void k4_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 			}
 		}
 	}
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
@@ -84,7 +84,7 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 {
 	const int64_t nb = n_in / 32;
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -98,7 +98,7 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			__m512 dsc0, dsc1;
 			q6_scales(o, blk, d, &dsc0, &dsc1);
 			const int64_t b = b0 + blk;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 			for (int i = 0; i < NA; i++) {
 				/* halves 0 and 1 of block b, hi part (h*) and lo part (l*, from the offsets) */
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
@@ -119,7 +119,7 @@ INL void q6_k_tile(const void *group, const struct nx_pack_act *a, const int NA,
 			}
 		}
 	}
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
@@ -134,7 +134,7 @@ INL void iq4_xs_tile(const void *group, const struct nx_pack_act *a, const int N
 	const __m512i grid = _mm512_add_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)nx_kvalues_iq4nl)),
 					     _mm512_set1_epi8((char)0x80));
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -156,7 +156,7 @@ INL void iq4_xs_tile(const void *group, const struct nx_pack_act *a, const int N
 				hi[c] = _mm512_shuffle_epi8(grid, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
 			}
 			const int64_t b = b0 + j;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 			for (int i = 0; i < NA; i++) {
 				__m512i h0 = dp4(_mm512_setzero_si512(), lo[0], a, i, 0, b, 0);
 				__m512i h1 = dp4(_mm512_setzero_si512(), hi[0], a, i, 0, b, 16);
@@ -175,7 +175,7 @@ INL void iq4_xs_tile(const void *group, const struct nx_pack_act *a, const int N
 			}
 		}
 	}
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }
@@ -191,7 +191,7 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 	const __m512i m3 = _mm512_set1_epi8(0x03), m4 = _mm512_set1_epi8(0x04), m15 = _mm512_set1_epi32(15),
 		      m32 = _mm512_set1_epi32(32);
 	__m512 acc[NX_PACK_ACT_MAX];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		acc[i] = _mm512_setzero_ps();
 	const uint8_t *o = group;
@@ -231,7 +231,7 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 				dm1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s1, 4)), dmin32);
 			}
 			const int64_t b = b0 + j;
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 			for (int i = 0; i < NA; i++) {
 				const int32_t *c16 = a->c16 + 2 * (i * nb + b);
 				__m512i h0 = dp4(_mm512_setzero_si512(), q[0], a, i, 0, b, 0);
@@ -257,7 +257,7 @@ INL void k2_tile(const void *group, const struct nx_pack_act *a, const int NA, f
 			}
 		}
 	}
-#pragma GCC unroll 4
+#pragma GCC unroll 8
 	for (int i = 0; i < NA; i++)
 		_mm512_storeu_ps(out + i * NX_PACK_ROWS, acc[i]);
 }

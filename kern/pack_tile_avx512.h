@@ -209,13 +209,19 @@ INL void nib_decode(const uint8_t *o, const int H, const int QS, const bool GRID
 	}
 }
 
-/* NAME_tile for n_act tokens (1..4), NA a compile-time constant per case. */
+/* NAME_tile for n_act tokens (1..NX_PACK_ACT_MAX), NA a compile-time constant
+ * per case. The kernels' loops over tokens unroll by the same 8. */
+_Static_assert(NX_PACK_ACT_MAX == 8, "TILE_CASES and the tiles' '#pragma GCC unroll 8' cover NX_PACK_ACT_MAX tokens");
 #define TILE_CASES(name, LO)                                                    \
 	switch (n_act) {                                                        \
 	case 1: name##_tile(g, a, 1, out, n, LO); break;                        \
 	case 2: name##_tile(g, a, 2, out, n, LO); break;                        \
 	case 3: name##_tile(g, a, 3, out, n, LO); break;                        \
-	default: name##_tile(g, a, 4, out, n, LO); break;                       \
+	case 4: name##_tile(g, a, 4, out, n, LO); break;                        \
+	case 5: name##_tile(g, a, 5, out, n, LO); break;                        \
+	case 6: name##_tile(g, a, 6, out, n, LO); break;                        \
+	case 7: name##_tile(g, a, 7, out, n, LO); break;                        \
+	default: name##_tile(g, a, 8, out, n, LO); break;                       \
 	}
 
 /* pk_NAME(group, act, n_act, out, n_in): NAME_tile with NA (tokens) and LO

@@ -136,7 +136,7 @@ static void test_emulated_exact(void **state)
 	check(true);
 }
 
-/* The AVX-512 kernels in calls of up to 4 tokens, against the reference as above: what the AMX kernels stand in for. */
+/* The AVX-512 kernels in calls of up to NX_PACK_ACT_MAX tokens, against the reference as above: what the AMX kernels stand in for. */
 static void test_avx512_beside(void **state)
 {
 	(void)state;
