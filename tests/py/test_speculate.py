@@ -388,10 +388,12 @@ def test_http_gateway_passes_speculate_and_counts_it(nxd2, tmp_path):
 def test_q8_kv_cache_identical_with_speculation(model_path, tmp_path):
     """--kv-type q8_0: a verifying step writes its drafts' K/V as Q8_0 rows, and the rows of rejected drafts
     are written again by the next step. Greedy and seeded answers of clients that speculate beside clients
-    that do not are the ones each gets alone without speculation."""
+    that do not are the ones each gets alone without speculation. The steps are priced as mostly fixed cost
+    (DRAFTS_PAY), so that drafts ride in the shared steps whatever this host's step times say."""
     sampled = dict(temperature=0.8, top_k=40, top_p=0.95, seed=7, repeat_penalty=1.1)
     cases = [(p, kw) for p in PROMPTS for kw in ({}, sampled)]
-    with Daemon(model_path, tmp_path, workers=2, args=ARGS + ["--kv-type", "q8_0"], name="spec-q8") as d:
+    with Daemon(model_path, tmp_path, workers=2, args=ARGS + ["--kv-type", "q8_0"], name="spec-q8",
+                env=DRAFTS_PAY) as d:
         with Client(d.sock) as c:
             want = [run(c, f"w{i}", p, spec={"mode": "off"}, max_tokens=64, **kw) for i, (p, kw) in enumerate(cases)]
         results, errors = {}, []
@@ -401,7 +403,9 @@ def test_q8_kv_cache_identical_with_speculation(model_path, tmp_path):
                 with Client(d.sock) as c:
                     for i in range(j, len(cases), 4):
                         p, kw = cases[i]
-                        spec = {"mode": "prompt", "k": (4, 8, 16)[i % 3]} if (i + j) % 2 == 0 else {"mode": "off"}
+                        # each round two clients speculate and two do not, greedy and sampled cases both
+                        speculating = (i // 4 + j) % 2 == 0
+                        spec = {"mode": "prompt", "k": (4, 8, 16)[i % 3]} if speculating else {"mode": "off"}
                         results[i] = run(c, f"g{i}", p, spec=spec, max_tokens=64, **kw)
             except Exception as e:  # noqa: BLE001 (reported below)
                 errors.append(e)
