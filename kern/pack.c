@@ -327,7 +327,7 @@ const char *nx_pack_kernels_name(void)
 }
 
 /* One group of 16 rows of 256 elements against 16 tokens, through the engine's
- * AMX kernel in one call and its AVX-512 kernel in calls of up to 8. Its
+ * AMX kernel in one call and its AVX-512 kernel in calls of NX_PACK_ACT_MAX. Its
  * buffers are static: it runs once, at start, before any other thread. */
 #define CHECK_IN 256
 #define CHECK_ROW 512 /* bytes: more than a row of CHECK_IN of any type (q8_0's 272 the most) */
