@@ -307,8 +307,9 @@ enum nxd_round { NXD_ROUND_NONE, NXD_ROUND_DRAFTING, NXD_ROUND_READY };
 struct nxd_spec_fit {
 	double xx[3][3], xt[3];
 	double coef[3]; /* a, b, c solved from them after each step (spec.c) */
-	bool solved;    /* false while the steps seen do not tell a, b, c apart */
+	bool solved;    /* false until the steps seen tell a, b, c apart; then coef stays when later ones do not */
 	bool pinned;    /* coef set by NXD_TEST_SPEC_FIT, not by the steps */
+	double t_last;  /* nxd_now() at the last step added, 0: none yet */
 };
 
 struct nxd_stats {
@@ -318,6 +319,9 @@ struct nxd_stats {
 	uint64_t spec_mode_drafted[2], spec_mode_accepted[2]; /* the same by source: [0] prompt, [1] draft model */
 	struct nxd_spec_fit spec_fit;
 	struct nxd_spec_fit draft_fit; /* the draft model's steps, the same way */
+	/* the draft model's drafts in every request, counted as a slot counts its
+	 * own (acc_w[0], seen_w[0]): where a new request's p of them starts */
+	double draft_acc_w, draft_seen_w;
 	uint64_t draft_steps;
 	/* recent steps: sequences in the step, completion tokens, end time */
 	int seqs[NXD_STATS_WINDOW];
@@ -595,7 +599,7 @@ int nxd_sched_slots_used(const struct nxd *d);
 /* At start: the step-time fits NXD_TEST_SPEC_FIT pins, or -1 naming it when it cannot be read. */
 int nxd_spec_init(struct nxd *d, struct nx_err *err);
 /* A request admitted into s (its k, 0 for off). */
-void nxd_spec_admit(struct nxd_slot *s, int k);
+void nxd_spec_admit(const struct nxd *d, struct nxd_slot *s, int k);
 /* Drafts for s's next step, at most max: the continuation of the latest
  * earlier occurrence of hist's last n tokens (n = 3, 2, 1), as many of them
  * as are expected to pay in a step of n tokens and rows logits rows so far,

@@ -479,7 +479,7 @@ static int admit(struct nxd *d, struct nxd_req *r, struct place p)
 	s->req = r;
 	r->slot = p.slot;
 	const int dpos = s->spec.dpos; /* the draft model's cache is the slot's, like its K/V */
-	nxd_spec_admit(s, r->spec_k);
+	nxd_spec_admit(d, s, r->spec_k);
 	s->spec.by_draft = r->spec_k > 0 && r->spec_mode == NXP_SPEC_DRAFT;
 	s->spec.dpos = dpos;
 	nxd_draft_admit(s, p.own);

@@ -30,8 +30,9 @@
  * sequences they may add at most NXD_SPEC_SHARED_COST of its time, by the
  * step-time fit t = a + b n + c r (tokens n, logits rows r) over recent
  * steps. The same fit says how many drafts pay: with p the sequence's recent
- * rate of accepted drafts from matches of that length, m drafts are expected
- * to emit 1 + p + .. + p^m tokens in a step longer by m (b + c); a step
+ * rate of accepted drafts from matches of that length (or from the draft
+ * model, where a new request's starts from the recent requests'), m drafts
+ * are expected to emit 1 + p + .. + p^m tokens in a step longer by m (b + c); a step
  * carries the m that emits the most tokens per second. Where a step's fixed
  * part a is small against a token's b + c (a model that computes rather than
  * waits on memory: its weights in cache) that takes a high p; where reading
@@ -45,7 +46,11 @@
  * wrong about drafts would otherwise never see one). The waits grow to
  * NXD_SPEC_MAX_BACKOFF, or further, to where a probe costs
  * NXD_SPEC_PROBE_COST of the steps between two; a probe dearer than a whole
- * step (a draft model as big as its target) waits the longest at once. */
+ * step waits the longest at once. A draft model's probe also catches its
+ * cache up on the tokens since it last ran, a cost no wait bounds; where its
+ * drafts would not pay even were every one right (a draft model as big as
+ * its target), probes only keep the fits true, and one rides once it costs
+ * NXD_SPEC_PROBE_COST of the time since the draft model's last step. */
 #define _GNU_SOURCE
 #include "daemon/nxd.h"
 
@@ -61,7 +66,7 @@
 #define NXD_SPEC_PROBE_COST 0.02    /* of the steps between two probes, at the longest waits */
 #define NXD_SPEC_MAX_PROBE_GAP 256  /* matches or rounds */
 
-/* coef: the fit's a, b, c; false while the steps do not tell them. */
+/* coef: the fit's a, b, c; false until the steps tell them. */
 static bool fit_coef(const struct nxd_spec_fit *f, double coef[3])
 {
 	if (f->solved)
@@ -86,7 +91,7 @@ int nxd_spec_init(struct nxd *d, struct nx_err *err)
 	return 0;
 }
 
-void nxd_spec_admit(struct nxd_slot *s, int k)
+void nxd_spec_admit(const struct nxd *d, struct nxd_slot *s, int k)
 {
 	s->spec = (struct nxd_spec_slot){ .k_cur = k, .backoff = 1, .drow = -1 };
 	for (int o = 0; o <= NXD_SPEC_NGRAM; o++) {
@@ -94,6 +99,10 @@ void nxd_spec_admit(struct nxd_slot *s, int k)
 		s->spec.seen_w[o] = 2;
 		s->spec.probe_gap[o] = 1;
 	}
+	/* How often prompt lookup is right is the request's own text's; how
+	 * often a draft model is, its and the model's: that p starts where the
+	 * recent requests left it, weighed as two drafts. */
+	s->spec.acc_w[0] = 2 * (d->stats.draft_acc_w + 1) / (d->stats.draft_seen_w + 2);
 }
 
 /* The latest i < n_hist - n with hist[i .. i + n) == hist[n_hist - n ..), -1: none. */
@@ -104,6 +113,14 @@ static int lookup(const int32_t *hist, int n_hist, int n)
 		if (hist[i] == suf[0] && !memcmp(hist + i, suf, (size_t)n * sizeof(*hist)))
 			return i;
 	return -1;
+}
+
+/* Whether k drafts, every one right, emit more tokens a second than a step
+ * without them: 1 + k tokens in a step longer by k drafts at per each and a
+ * catch-up of the one token verification adds (that of the draft model). */
+static bool pays_if_right(double t0, double per, double catch_up, int k)
+{
+	return (1 + k) * t0 > t0 + catch_up + per * k;
 }
 
 int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, int n, int rows)
@@ -140,6 +157,10 @@ int nxd_spec_worth(const struct nxd *d, struct nxd_slot *s, int order, int m, in
 		sp->probe_gap[order] = 1;
 		return best;
 	}
+	/* no acceptance would make the draft model's drafts pay: a probe only
+	 * keeps the fits true, and waiting does not make its catch-up cheaper */
+	if (order == 0 && !pays_if_right(t0, per, q[1], s->req ? s->req->spec_k : m))
+		return fixed + per <= NXD_SPEC_PROBE_COST * (nxd_now() - d->stats.draft_fit.t_last);
 	if (sp->probe_wait[order] > 0) {
 		sp->probe_wait[order]--;
 		return 0;
@@ -194,6 +215,10 @@ void nxd_spec_learn(struct nxd *d, struct nxd_slot *s, int seen, int accepted)
 	const int o = sp->by_draft ? 0 : sp->order;
 	sp->acc_w[o] = NXD_SPEC_P_DECAY * sp->acc_w[o] + accepted;
 	sp->seen_w[o] = NXD_SPEC_P_DECAY * sp->seen_w[o] + seen;
+	if (o == 0) {
+		d->stats.draft_acc_w = NXD_SPEC_P_DECAY * d->stats.draft_acc_w + accepted;
+		d->stats.draft_seen_w = NXD_SPEC_P_DECAY * d->stats.draft_seen_w + seen;
+	}
 	if (s->req) {
 		const int k = s->req->spec_k;
 		if (accepted == sp->n_draft)
@@ -221,13 +246,19 @@ static bool fit_solve(const struct nxd_spec_fit *f, double coef[3]);
 static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 {
 	const double c = NXD_SPEC_FIT_DECAY, x[3] = { 1, n, rows };
+	f->t_last = nxd_now();
 	for (int i = 0; i < 3; i++) {
 		for (int j = 0; j < 3; j++)
 			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
 		f->xt[i] = c * f->xt[i] + x[i] * dt;
 	}
-	if (!f->pinned)
-		f->solved = fit_solve(f, f->coef);
+	/* steps all of one shape for a while (nothing drafted) no longer tell
+	 * a, b, c apart: what the earlier ones told stands until they do */
+	double coef[3];
+	if (!f->pinned && fit_solve(f, coef)) {
+		memcpy(f->coef, coef, sizeof(coef));
+		f->solved = true;
+	}
 }
 
 void nxd_spec_fit_step(struct nxd *d, int n, int rows, double dt)

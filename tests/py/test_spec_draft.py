@@ -178,12 +178,12 @@ def test_beside_clients_that_do_not_speculate(models, plain, tmp_path, mixed):
 
 def test_a_costly_draft_does_not_draft_beside_others(models, tmp_path):
     """Beside a client that does not speculate, drafting may add at most a few percent to the steps it shares
-    (the draft steps counted): a draft as costly as the model (the model itself) drafts nothing while the other
-    client decodes, and does draft alone."""
+    (the draft steps counted): a draft whose steps cost a fifth of the model's (the fits pinned so) drafts
+    alone, where that pays, and nothing while the other client decodes."""
+    fits = {"NXD_TEST_SPEC_FIT": "1e-2,1e-4,0/2e-3,1e-5,0"}
     with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
-                name="cost") as d:
+                name="cost", env=fits) as d:
         with Client(d.sock) as c:
-            # alone: drafts (and the step-time fits learn both models' steps)
             for r in range(3):
                 assert drafted(c.generate_logprobs(f"a{r}", greedy(PROMPTS[r % 2], speculate={"mode": "draft"}))[2])[1] > 0
         seen, other = threading.Event(), {}
@@ -208,6 +208,46 @@ def test_a_costly_draft_does_not_draft_beside_others(models, tmp_path):
         th.join(120)
         assert other["ev"]["event"] == "done" and t_end < other["done_t"], "the other client ended first"
         assert drafted(got[2]) == (0, 0), got[2]
+
+
+def test_a_draft_that_cannot_pay_is_seldom_probed(models, plain, tmp_path):
+    """A draft model whose drafts would not pay even were every one right (the fits pinned so: a draft step
+    costs a second, a step of the model a millisecond) is tried once in a while for the whole daemon, not once
+    per request: each try first catches the draft's cache up on all the tokens it has not seen, so waiting
+    longer between tries would not make them cheaper. The answers are the plain ones."""
+    fits = {"NXD_TEST_SPEC_FIT": "1e-3,1e-5,0/1,1e-5,0"}
+    with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
+                name="dear", env=fits) as d:
+        with Client(d.sock) as c:
+            n_d = 0
+            for r in range(2):
+                for j, p in enumerate(PROMPTS):
+                    got = c.generate_logprobs(f"g{r}.{j}", greedy(p, speculate={"mode": "draft", "k": 8}))
+                    assert got[:2] == plain[j][:2], (r, j)
+                    n_d += drafted(got[2])[0]
+            assert n_d <= 1, n_d
+            assert c.request({"op": "status", "id": "st"})["speculate"]["draft_steps"] <= 2
+
+
+def test_a_request_starts_from_the_draft_models_record(models, plain, tmp_path):
+    """How often a draft model is right is its own and the model's, not one request's: a request's estimate
+    starts from the recent requests'. With the fits pinned so that drafts right half the time would not pay and
+    drafts nearly always right would, the first request has to find out by probes, step by step; the same
+    request again drafts from its first step, so more drafts and fewer steps, and the same answer."""
+    fits = {"NXD_TEST_SPEC_FIT": "1e-2,1e-4,0/6e-3,1e-5,0"}
+    with Daemon(models["main"], tmp_path, workers=2, args=ARGS + ["--draft-model", str(models["main"])],
+                name="record", env=fits) as d:
+        with Client(d.sock) as c:
+            got = []
+            for r in range(2):
+                s0 = c.request({"op": "status", "id": f"s{r}"})["steps"]
+                g = c.generate_logprobs(f"g{r}", greedy(PROMPTS[3], speculate={"mode": "draft", "k": 8}))
+                assert g[:2] == plain[3][:2], r
+                got.append((drafted(g[2]), c.request({"op": "status", "id": f"t{r}"})["steps"] - s0))
+    (d1, a1), n1 = got[0]
+    (d2, a2), n2 = got[1]
+    assert a1 > 0.9 * d1 and a2 > 0.9 * d2, got
+    assert d2 > d1 and n2 < n1, got
 
 
 def test_seeded_sampling_identical(models, tmp_path):
