@@ -307,7 +307,7 @@ enum nxd_round { NXD_ROUND_NONE, NXD_ROUND_DRAFTING, NXD_ROUND_READY };
 struct nxd_spec_fit {
 	double xx[3][3], xt[3];
 	double coef[3]; /* a, b, c solved from them after each step (spec.c) */
-	bool solved;    /* false until the steps seen tell a, b, c apart; then coef stays when later ones do not */
+	bool solved;    /* false until the steps seen tell a, b, c apart (then b, c stay while later ones do not) */
 	bool pinned;    /* coef set by NXD_TEST_SPEC_FIT, not by the steps */
 	double t_last;  /* nxd_now() at the last step added, 0: none yet */
 };

@@ -252,12 +252,17 @@ static void fit_add(struct nxd_spec_fit *f, int n, int rows, double dt)
 			f->xx[i][j] = c * f->xx[i][j] + x[i] * x[j];
 		f->xt[i] = c * f->xt[i] + x[i] * dt;
 	}
-	/* steps all of one shape for a while (nothing drafted) no longer tell
-	 * a, b, c apart: what the earlier ones told stands until they do */
+	if (f->pinned)
+		return;
 	double coef[3];
-	if (!f->pinned && fit_solve(f, coef)) {
+	if (fit_solve(f, coef)) {
 		memcpy(f->coef, coef, sizeof(coef));
 		f->solved = true;
+	} else if (f->solved) {
+		/* steps all of one shape for a while (nothing drafted) no longer
+		 * tell a, b, c apart: b and c stand as the earlier ones told them,
+		 * and a follows the steps, so that a step's time keeps up */
+		f->coef[0] = (f->xt[0] - f->coef[1] * f->xx[0][1] - f->coef[2] * f->xx[0][2]) / f->xx[0][0];
 	}
 }
 
