@@ -54,16 +54,23 @@ static double p_of(const struct seq *q, int order)
 	return q->s.spec.acc_w[order] / q->s.spec.seen_w[order];
 }
 
-static void fit_solves_a_b_c(void **state)
+/* One-token steps, steps verifying drafts (a logits row a token), prefill
+ * chunks with their last row's logits and without, timed t = a + b n + c r. */
+static void steps_of_every_shape(struct nxd *d, double a, double b, double c)
 {
-	(void)state;
-	struct nxd *d = daemon_new();
-	const double a = 2e-3, b = 5e-4, c = 1e-4;
 	const int shapes[][2] = { { 1, 1 }, { 2, 2 }, { 5, 5 }, { 9, 1 }, { 32, 0 } };
 	for (int i = 0; i < 40; i++) {
 		const int n = shapes[i % 5][0], r = shapes[i % 5][1];
 		nxd_spec_fit_step(d, n, r, a + b * n + c * r);
 	}
+}
+
+static void fit_solves_a_b_c(void **state)
+{
+	(void)state;
+	struct nxd *d = daemon_new();
+	const double a = 2e-3, b = 5e-4, c = 1e-4;
+	steps_of_every_shape(d, a, b, c);
 	const struct nxd_spec_fit *f = &d->stats.spec_fit;
 	assert_true(f->solved);
 	assert_float_equal(f->coef[0], a, 1e-12);
@@ -80,9 +87,7 @@ static void fit_keeps_what_a_draft_costs(void **state)
 	(void)state;
 	struct nxd *d = daemon_new();
 	const double a = 2e-3, b = 5e-4, c = 1e-4;
-	const int shapes[][2] = { { 1, 1 }, { 2, 2 }, { 5, 5 }, { 9, 1 }, { 32, 0 } };
-	for (int i = 0; i < 40; i++)
-		nxd_spec_fit_step(d, shapes[i % 5][0], shapes[i % 5][1], a + b * shapes[i % 5][0] + c * shapes[i % 5][1]);
+	steps_of_every_shape(d, a, b, c);
 	const struct nxd_spec_fit *f = &d->stats.spec_fit;
 	for (int i = 0; i < 600; i++)
 		nxd_spec_fit_step(d, 1, 1, a + b + c);
