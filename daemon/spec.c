@@ -32,8 +32,8 @@
  * steps. The same fit says how many drafts pay: with p the sequence's recent
  * rate of accepted drafts from matches of that length (or from the draft
  * model, where a new request's starts from the recent requests'), m drafts
- * are expected to emit 1 + p + .. + p^m tokens in a step longer by m (b + c); a step
- * carries the m that emits the most tokens per second. Where a step's fixed
+ * are expected to emit 1 + p + .. + p^m tokens in a step longer by m (b + c);
+ * a step carries the m that emits the most tokens per second. Where a step's fixed
  * part a is small against a token's b + c (a model that computes rather than
  * waits on memory: its weights in cache) that takes a high p; where reading
  * the weights is most of a step (a DRAM-bound model) nearly any p pays. The
