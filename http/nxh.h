@@ -138,6 +138,12 @@ struct nxh_route {
 	void (*event)(struct nxh_req *r, json_t *ev);
 };
 
+/* nxd writes a logprob, a float, with 9 significant digits; jansson's
+ * default of 17 would print the double's binary tail after them. For the
+ * OpenAI answers, whose only reals are logprobs; not for ollama's, whose tool
+ * arguments carry the model's own numbers. */
+#define NXH_DUMP_LOGPROBS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
 enum {
 	NXH_R_JSON = 1,     /* the body must be a JSON object */
 	NXH_R_OPEN = 2,     /* no API key needed (/health) */
@@ -195,6 +201,7 @@ struct nxh_req {
 	/* The answer: a JSON body with a status, or a stream. */
 	unsigned status;
 	json_t *answer;
+	size_t answer_dump;      /* json_dumps flags for answer: JSON_COMPACT unless set (NXH_DUMP_LOGPROBS) */
 	bool stream;             /* an SSE / NDJSON stream follows the headers */
 	bool plain;              /* the answer is the text in out (/metrics), not JSON */
 	const char *content_type;

@@ -384,6 +384,7 @@ int nxh_chat_begin(struct nxh_req *r)
 	struct nxh_gen *g = &r->gen;
 	const json_t *b = r->json;
 	g->api = NXH_API_CHAT;
+	r->answer_dump = NXH_DUMP_LOGPROBS;
 	g->req = json_object();
 	if (nxh_only_fields(r, b, NULL, chat_known) || model_field(r, b, g))
 		return -1;
@@ -451,6 +452,7 @@ int nxh_completion_begin(struct nxh_req *r)
 	struct nxh_gen *g = &r->gen;
 	const json_t *b = r->json;
 	g->api = NXH_API_COMPLETION;
+	r->answer_dump = NXH_DUMP_LOGPROBS;
 	g->req = json_object();
 	if (nxh_only_fields(r, b, NULL, completion_known) || model_field(r, b, g))
 		return -1;
@@ -595,7 +597,7 @@ static json_t *chunk_head(const struct nxh_gen *g)
 
 static void sse(struct nxh_req *r, json_t *obj)
 {
-	char *s = json_dumps(obj, JSON_COMPACT);
+	char *s = json_dumps(obj, NXH_DUMP_LOGPROBS);
 	json_decref(obj);
 	if (!s) {
 		nxh_req_stream_end(r, true);

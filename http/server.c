@@ -277,7 +277,7 @@ static enum MHD_Result queue_answer(struct nxh_req *r)
 			if (m)
 				nxh_req_swap_answer(r, json_pack("{s:O}", "error", m));
 		}
-		char *s = r->answer ? json_dumps(r->answer, JSON_COMPACT) : NULL;
+		char *s = r->answer ? json_dumps(r->answer, r->answer_dump ? r->answer_dump : JSON_COMPACT) : NULL;
 		if (!s) {
 			s = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
 				   "\"code\":null}}");

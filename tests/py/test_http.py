@@ -192,6 +192,35 @@ def test_logprobs(client, model_id):
     assert chat(client, model_id, max_tokens=4).choices[0].logprobs is None
 
 
+LOGPROB_LITERAL = re.compile(rb'"logprob":(-?[0-9][0-9.eE+-]*)')
+
+
+def test_logprobs_are_written_as_nxd_wrote_them(stack, model_id):
+    """The logprobs of an answer, streamed or not, are the literals nxd wrote (9 digits of a float),
+    not the double they parse to printed with 17 digits."""
+    d, g = stack
+    with Client(d.sock) as c:
+        c.send({"op": "generate", "id": 1, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 2})
+        want, line = [], c.recv_line()
+        while b'"event":"done"' not in line:
+            want += LOGPROB_LITERAL.findall(line)
+            line = c.recv_line()
+    assert len(want) == 12 * 3
+    assert any(len(v.lstrip(b"-").replace(b".", b"").lstrip(b"0")) > 3 for v in want)  # not all short numbers
+    body = {"model": model_id, "messages": [{"role": "user", "content": PROMPT}], "temperature": 0, "max_tokens": 12,
+            "logprobs": True, "top_logprobs": 2}
+    with Conn(g, 60) as conn:
+        conn.send(raw_request("POST", "/v1/chat/completions", body, {"Connection": "close"}))
+        st, _, raw = conn.read_response(60)
+    assert st == 200, raw
+    assert LOGPROB_LITERAL.findall(raw) == want
+    with Conn(g, 60) as conn:
+        conn.send(raw_request("POST", "/v1/chat/completions", dict(body, stream=True), {"Connection": "close"}))
+        st, _, raw = conn.read_response(60)
+    assert st == 200, raw
+    assert LOGPROB_LITERAL.findall(raw) == want
+
+
 def test_completions(client, model_id, stack):
     r = client.completions.create(model=model_id, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert r.object == "text_completion" and r.choices[0].text and r.usage.completion_tokens == 8
