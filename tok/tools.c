@@ -421,15 +421,18 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 
 void nx_toolp_finish(struct nx_toolp *p)
 {
+	const size_t released = p->out_len;
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, true);
 	else if (mistral(p->style))
 		mistral_scan(p, true);
 	else
 		llama_scan(p, true);
-	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0)
+	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0) {
 		fail(p, "%s%s", "tool_choice asks for a call and the model's answer is not a valid one",
 		     p->oom ? " (out of memory)" : "");
+		p->out_len = released; /* the answer was all call: what was held is no plain text either */
+	}
 }
 
 bool nx_toolp_done(const struct nx_toolp *p)

@@ -153,7 +153,8 @@ void nx_toolp_free(struct nx_toolp *p);
  * text it releases (may be empty), and p->n_calls may have grown. */
 void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n);
 /* The answer ended: releases what was held back (added to p->out) and, for
- * REQUIRED / NAMED, sets failed when no valid call was made. */
+ * REQUIRED / NAMED, sets failed when no valid call was made (and then adds
+ * nothing: such an answer is a call or nothing). */
 void nx_toolp_finish(struct nx_toolp *p);
 /* Whether the answer ends here: a call completed and parallel is false, the
  * answer made NX_TOOL_MAX_CALLS calls, or a required call failed. */

@@ -405,9 +405,12 @@ def test_a_malformed_call_is_plain_text_never_a_call(tmp_path, bad):
         _, got, done = c.generate(messages=ASK, tools=TOOLS, temperature=0)
         assert got == text and done["reason"] == "eos"
         # when a call is required the grammar keeps the answer a call: cut by max_tokens before it is whole, it
-        # is an error, not a call
-        _, _, err = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, max_tokens=8)
-        assert err["event"] == "error" and err["code"] == "invalid_tool_call", err
+        # ends for the length, incomplete, with neither a call nor the call's text (streamed or not)
+        for stream in (False, True):
+            toks, got, done = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0,
+                                         max_tokens=8, stream=stream)
+            assert done["event"] == "done" and done["reason"] == "length" and done["incomplete"] is True, done
+            assert got == "" and "tool_calls" not in done and len(toks) == 8, (got, done)
 
 
 # --- a call tool_choice asks for is held to its tool's schema as it is sampled (tok/tool_grammar.c)
@@ -687,14 +690,17 @@ def test_openai_stream_of_a_call_the_model_makes_and_errors(tmp_path):
         assert json.loads(tool_deltas[1].function.arguments) == {"city": "Paris"} and tool_deltas[1].id is None
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         assert "".join(dl.content or "" for dl in deltas) == ""
-        # a call that must be made and is cut off before it is whole: OpenAI's error shape
-        with pytest.raises(openai.APIError) as e:
-            client.chat.completions.create(model=model, messages=ASK, tools=HELD, tool_choice="required",
+        # a call that must be made and is cut off before it is whole: finish_reason length, no call, and none of
+        # the call's text as content (a 500 would have the client retry what fails the same way)
+        r = client.chat.completions.create(model=model, messages=ASK, tools=HELD, tool_choice="required",
                                            temperature=0, max_tokens=8)
-        assert "invalid_tool_call" in str(e.value) or getattr(e.value, "code", None) == "invalid_tool_call"
-        st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": HELD,
-                                                                  "tool_choice": "required", "max_tokens": 8})
-        assert st == 500 and body["error"]["code"] == "invalid_tool_call" and body["error"]["type"] == "server_error"
+        assert r.choices[0].finish_reason == "length" and not r.choices[0].message.tool_calls
+        assert not r.choices[0].message.content and r.usage.completion_tokens == 8
+        chunks = list(client.chat.completions.create(model=model, messages=ASK, tools=HELD, tool_choice="required",
+                                                     temperature=0, max_tokens=8, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(dl.content or "" for dl in deltas) == "" and not any(dl.tool_calls for dl in deltas)
+        assert chunks[-1].choices[0].finish_reason == "length"
         # a schema the grammar cannot hold the call to: a 400 naming the tool
         st, _, body = request(g, "POST", "/v1/chat/completions", {"model": model, "messages": ASK, "tools": TOOLS,
                                                                   "tool_choice": "required"})
