@@ -281,6 +281,9 @@ void nxh_req_stream_put(struct nxh_req *r, const char *s, size_t n);
 void nxh_req_stream_end(struct nxh_req *r, bool error);
 /* An nxd error event into the HTTP status and OpenAI error it means. */
 void nxh_req_fail_event(struct nxh_req *r, json_t *ev);
+/* The error code an API client reads for nxd's code (unavailable: nxd_unreachable, busy:
+ * rate_limit_exceeded, context_overflow: context_length_exceeded; others as they are). */
+const char *nxh_api_code(const char *code);
 
 // --- upstream.c
 
@@ -302,6 +305,7 @@ extern const size_t nxh_n_routes;
 int nxh_chat_begin(struct nxh_req *r);
 int nxh_completion_begin(struct nxh_req *r);
 json_t *nxh_gen_build(struct nxh_req *r, const json_t *hello);
+void nxh_model_not_found(struct nxh_req *r); /* 404 in the API's words (OpenAI or ollama) */
 void nxh_gen_event(struct nxh_req *r, json_t *ev);
 void nxh_gen_free(struct nxh_gen *g);
 /* The id clients name for the served model. */

@@ -308,8 +308,7 @@ void nxh_ollama_gen_event(struct nxh_req *r, json_t *ev)
 			return;
 		}
 		if (g->as_adapter && !strcmp(json_string_value(json_object_get(ev, "code")) ?: "", "not_found"))
-			nxh_req_fail(r, 404, "invalid_request_error", "model", "model_not_found",
-				     "model '%s' not found", g->model);
+			nxh_model_not_found(r);
 		else
 			nxh_req_fail_event(r, ev);
 		nxh_req_wake(r);

@@ -489,6 +489,19 @@ int nxh_completion_begin(struct nxh_req *r)
 }
 
 /* The generate line, once nxd's hello says which model it serves. */
+/* The request's model is neither the served one nor a loaded adapter. */
+void nxh_model_not_found(struct nxh_req *r)
+{
+	const struct nxh_gen *g = &r->gen;
+	if (g->api == NXH_API_OLLAMA_CHAT || g->api == NXH_API_OLLAMA_GENERATE)
+		nxh_req_fail(r, 404, "invalid_request_error", "model", "model_not_found", "model '%s' not found",
+			     g->model);
+	else
+		nxh_req_fail(r, 404, "invalid_request_error", "model", "model_not_found",
+			     "The model '%s' does not exist: it is neither the served model nor a loaded adapter "
+			     "(GET /v1/models lists them)", g->model);
+}
+
 json_t *nxh_gen_build(struct nxh_req *r, const json_t *hello)
 {
 	struct nxh_gen *g = &r->gen;
@@ -502,6 +515,12 @@ json_t *nxh_gen_build(struct nxh_req *r, const json_t *hello)
 	if (g->model && strcmp(g->model, nxh_model_id(hello))) {
 		/* Not the served model: an adapter's name (GET /v1/models lists them). */
 		g->as_adapter = true;
+		size_t n = strlen(g->model);
+		if (!n || n > NXP_MAX_LORA_NAME) { /* no adapter has such a name: nxd would refuse lora[0].name */
+			json_decref(q);
+			nxh_model_not_found(r);
+			return NULL;
+		}
 		json_t *lora = json_object_get(q, "lora");
 		json_t *l = lora ? json_deep_copy(lora) : json_array();
 		json_array_insert_new(l, 0, json_pack("{s:s}", "name", g->model));
@@ -703,13 +722,11 @@ static void on_error(struct nxh_req *r, json_t *ev)
 	const char *code = json_string_value(json_object_get(ev, "code"));
 	const char *msg = json_string_value(json_object_get(ev, "message"));
 	if (g->started && g->stream) {
-		stream_error(r, code ? code : "internal", msg ? msg : "nxd gave no message");
+		stream_error(r, nxh_api_code(code ? code : "internal"), msg ? msg : "nxd gave no message");
 		return;
 	}
 	if (g->as_adapter && code && !strcmp(code, "not_found"))
-		nxh_req_fail(r, 404, "invalid_request_error", "model", "model_not_found",
-			     "The model '%s' does not exist: it is neither the served model nor a loaded adapter "
-			     "(GET /v1/models lists them)", g->model);
+		nxh_model_not_found(r);
 	else
 		nxh_req_fail_event(r, ev);
 	nxh_req_wake(r);

@@ -17,10 +17,15 @@
 
 // --- answers
 
+/* msg and param may quote a client's value cut at a byte count, inside a
+ * UTF-8 sequence: scrubbed, or json_pack would refuse the whole answer. */
 static json_t *error_body(const char *type, const char *param, const char *code, const char *msg)
 {
-	return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type, "param", param,
-			 "code", code);
+	char m[1024], p[256];
+	snprintf(m, sizeof(m), "%s", msg);
+	snprintf(p, sizeof(p), "%s", param ? param : "");
+	return json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", nxp_utf8_scrub(m), "type", type, "param",
+			 param ? nxp_utf8_scrub(p) : NULL, "code", code);
 }
 
 void nxh_req_answer(struct nxh_req *r, unsigned status, json_t *body)
@@ -111,11 +116,24 @@ void nxh_req_fail_event(struct nxh_req *r, json_t *ev)
 		}
 	char param[128];
 	param_of(msg, param, sizeof(param));
+	/* param is the client's field: nxd's names for what the OpenAI routes sent it are not */
+	bool openai = r->gen.api == NXH_API_CHAT || r->gen.api == NXH_API_COMPLETION;
+	if (openai && !strcmp(code, "context_overflow"))
+		snprintf(param, sizeof(param), "%s", r->gen.api == NXH_API_COMPLETION ? "prompt" : "messages");
+	else if (openai && !strcmp(param, "format"))
+		snprintf(param, sizeof(param), "response_format");
+	nxh_req_fail(r, status, type, param[0] ? param : NULL, nxh_api_code(code), "%s", msg);
+}
+
+const char *nxh_api_code(const char *code)
+{
 	if (!strcmp(code, "unavailable"))
-		code = "nxd_unreachable";
-	else if (!strcmp(code, "busy"))
-		code = "rate_limit_exceeded";
-	nxh_req_fail(r, status, type, param[0] ? param : NULL, code, "%s", msg);
+		return "nxd_unreachable";
+	if (!strcmp(code, "busy"))
+		return "rate_limit_exceeded";
+	if (!strcmp(code, "context_overflow"))
+		return "context_length_exceeded"; /* OpenAI's: clients that trim a chat's history look for it */
+	return code;
 }
 
 // --- suspending and waking

@@ -171,6 +171,24 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
 	return need;
 }
 
+char *nxp_utf8_scrub(char *s)
+{
+	unsigned char *u = (unsigned char *)s, *out = u;
+	size_t n = strlen(s);
+	for (size_t i = 0; i < n;) {
+		size_t k = utf8_seq(u + i, n - i);
+		if (!k) {
+			i++;
+			continue;
+		}
+		memmove(out, u + i, k);
+		out += k;
+		i += k;
+	}
+	*out = '\0';
+	return s;
+}
+
 static void w_jstr(struct wr *w, const char *str, size_t len)
 {
 	static const char hex[] = "0123456789abcdef";

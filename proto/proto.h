@@ -367,6 +367,11 @@ char *nxp_enc_status_alloc(const char *id, const struct nxp_status *s, size_t *l
  * become \ufffd, control characters are escaped. */
 size_t nxp_json_str(char *buf, size_t cap, const char *s, size_t len);
 
+/* Drops from s, in place, every byte that is not part of a valid UTF-8
+ * sequence (as nxp_json_str judges them): what is left of a value cut at a
+ * byte count ("%.64s") can then go into a JSON string. Returns s. */
+char *nxp_utf8_scrub(char *s);
+
 // --- LoRA events (proto/lora_events.c): malloc'd lines like the *_alloc above
 
 struct json_t; /* jansson's */

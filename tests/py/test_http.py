@@ -287,6 +287,21 @@ def test_errors_are_openai_errors(client, model_id, stack):
     with pytest.raises(openai.NotFoundError) as ei:
         chat(client, "no-such-model")
     assert ei.value.body["code"] == "model_not_found"
+    for name in ("", "m" * 200):  # no adapter can have such a name: still the model that is not there
+        with pytest.raises(openai.NotFoundError) as ei:
+            chat(client, name)
+        assert ei.value.body["code"] == "model_not_found" and ei.value.body["param"] == "model", ei.value.body
+        st, _, e = request(g, "POST", "/api/chat", {"model": name, "messages": [{"role": "user", "content": "x"}]})
+        assert st == 404 and e == {"error": f"model '{name}' not found"}, e
+    # a client's value quoted in the message and cut inside a UTF-8 character is still a 400 naming the field
+    for body, param in (({"response_format": {"type": "a" + "é" * 40}}, "response_format"),
+                        ({"ab" + "é" * 200: 1}, "ab")):
+        st, _, e = request(g, "POST", "/v1/chat/completions",
+                           dict({"model": model_id, "messages": [{"role": "user", "content": "x"}]}, **body))
+        assert st == 400 and e["error"]["param"].startswith(param), e
+    st, _, e = request(g, "POST", "/api/chat", {"model": model_id, "messages": [{"role": "user", "content": "x"}],
+                                                "format": "日本語のフォーマット形式です" * 2})
+    assert st == 400 and "format" in e["error"], e
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model_id, prompt=["a", "b"])
     with pytest.raises(openai.BadRequestError):
@@ -295,6 +310,10 @@ def test_errors_are_openai_errors(client, model_id, stack):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=model_id, prompt=list(range(100, 2200)))
     assert "context" in ei.value.body["message"]
+    assert ei.value.body["code"] == "context_length_exceeded" and ei.value.body["param"] == "prompt", ei.value.body
+    with pytest.raises(openai.BadRequestError) as ei:  # OpenAI's code: clients that trim a chat's history look for it
+        chat(client, model_id, messages=[{"role": "user", "content": "sea " * 3000}])
+    assert ei.value.body["code"] == "context_length_exceeded" and ei.value.body["param"] == "messages", ei.value.body
     # HTTP-level errors
     st, _, e = request(g, "POST", "/v1/chat/completions", b"{not json")
     assert st == 400 and "not valid JSON" in e["error"]["message"]

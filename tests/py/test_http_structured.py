@@ -82,6 +82,7 @@ def test_openai_refusals(client, model_id, rf, needle):
         ask(client, model_id, response_format=rf)
     assert ei.value.status_code == 400
     assert needle in ei.value.body["message"], ei.value.body
+    assert ei.value.body["param"].startswith("response_format"), ei.value.body  # the client's field, not nxd's "format"
 
 
 def test_openai_response_format_with_tools(client, model_id):
