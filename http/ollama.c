@@ -63,6 +63,23 @@ static int take_options(struct nxh_req *r, const json_t *o, struct nxh_gen *g)
 	return 0;
 }
 
+/* think: false is the chat template's switch, nxd's "think" (a template
+ * without it is nxd's bad_request). true asks ollama to answer the thinking
+ * apart, in message.thinking, which the gateway does not: refused by name. */
+static int think_field(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
+{
+	const json_t *t = json_object_get(b, "think");
+	if (!t || json_is_null(t))
+		return 0;
+	if (!json_is_false(t)) {
+		nxh_req_bad(r, "think", "field 'think' may only be false (the template's switch that turns thinking off): "
+				       "nxd-http does not answer the thinking apart from the content");
+		return -1;
+	}
+	json_object_set_new(g->req, "think", json_false());
+	return 0;
+}
+
 static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known)
 {
 	const json_t *b = r->json;
@@ -77,7 +94,7 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 		nxh_req_bad(r, "model", "field 'model' is required (GET /api/tags lists it)");
 		return -1;
 	}
-	if (nxh_ollama_format(r, b, g->req))
+	if (nxh_ollama_format(r, b, g->req) || think_field(r, b, g))
 		return -1;
 	size_t n = strlen(m);
 	if (n > 7 && !strcmp(m + n - 7, ":latest")) /* ollama's default tag */
@@ -88,7 +105,7 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 
 int nxh_ollama_chat_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "messages", "stream", "options", "format", "tools", NULL };
+	static const char *const known[] = { "model", "messages", "stream", "options", "format", "tools", "think", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_CHAT;
 	if (common(r, g, known))
@@ -125,7 +142,8 @@ int nxh_ollama_chat_begin(struct nxh_req *r)
 
 int nxh_ollama_generate_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", "format", NULL };
+	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", "format", "think",
+					     NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_GENERATE;
 	if (common(r, g, known))

@@ -48,3 +48,22 @@ def test_other_template_kwargs_are_refused(qwen3_stack):
     assert st == 400 and "chat_template_kwargs.reasoning_effort" in body["error"]["message"], body
     st, _, body = chat(g, chat_template_kwargs={"enable_thinking": "no"})
     assert st == 400 and "must be a boolean" in body["error"]["message"], body
+
+
+def test_ollamas_think_false_is_the_same_switch(qwen3_stack):
+    d, g = qwen3_stack
+    st, _, models = request(g, "GET", "/api/tags")
+    model = models["models"][0]["name"]
+    plain = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    chat_body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "stream": False,
+                 "options": {"num_predict": 1, "temperature": 0}}
+    gen_body = {"model": model, "prompt": "hi", "stream": False, "options": {"num_predict": 1, "temperature": 0}}
+    for body in (chat_body, gen_body):
+        for think, text in ((None, plain), (False, plain + "<think>\n\n</think>\n\n")):
+            st, _, r = request(g, "POST", "/api/chat" if "messages" in body else "/api/generate",
+                               body if think is None else dict(body, think=think))
+            assert st == 200, r
+            assert r["prompt_eval_count"] == tokens_of(d, text), (body, think, r)
+        # true asks for the thinking apart from the content, which the gateway does not do: refused by name
+        st, _, r = request(g, "POST", "/api/chat" if "messages" in body else "/api/generate", dict(body, think=True))
+        assert st == 400 and "think" in r["error"], r
