@@ -77,8 +77,9 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 			continue;
 		char prefix[NX_SCHEMA_PREFIX_MAX + 1], *args_rules = NULL, *args_root = NULL;
 		snprintf(prefix, sizeof(prefix), "t%d-", (int)i); /* i < NXP_MAX_TOOLS */
-		if (params) {
-			char *schema = json_dumps(params, JSON_COMPACT);
+		{
+			char *schema = params && !json_is_null(params) ? json_dumps(params, JSON_COMPACT)
+								       : strdup(NX_TOOL_NO_PARAMS);
 			if (!schema) {
 				rc = nx_errf(err, "out of memory");
 				break;
@@ -107,8 +108,7 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 			gbnf_lit(&root, ns);
 			free(ns);
 		}
-		/* no parameters: any object, as the reader takes it */
-		nx_sb_str(&root, args_root ? args_root : "object");
+		nx_sb_str(&root, args_root);
 		nx_sb_str(&root, " ");
 		free(args_rules);
 		free(args_root);

@@ -80,6 +80,13 @@ int nx_toolp_init(struct nx_toolp *p, enum nx_tool_style style, const json_t *to
 	p->tools = json_deep_copy(tools);
 	if (!p->tools)
 		return nx_errf(err, "tools: out of memory");
+	size_t k;
+	json_t *tk;
+	json_array_foreach(p->tools, k, tk) {
+		json_t *fn = json_object_get(tk, "function"), *params = json_object_get(fn, "parameters");
+		if (json_is_object(fn) && (!params || json_is_null(params)))
+			json_object_set_new(fn, "parameters", json_loads(NX_TOOL_NO_PARAMS, 0, NULL));
+	}
 	if (choice == NX_TOOL_NAMED) {
 		size_t i;
 		json_t *t;

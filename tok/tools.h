@@ -117,6 +117,10 @@ struct nx_tool_call {
 	char *arguments;  /* the arguments object as compact JSON text */
 };
 
+/* A tool offered without parameters takes none (OpenAI: "omitting parameters
+ * defines a function with an empty parameter list"): its arguments are {}. */
+#define NX_TOOL_NO_PARAMS "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}"
+
 /* Reads an answer as it streams: text outside calls passes through (held
  * back only while it could be the start of a call), a call is kept when it
  * is complete and well formed; a malformed or unfinished one, or a call of a
@@ -166,7 +170,7 @@ bool nx_toolp_done(const struct nx_toolp *p);
  * NAMED), after nx_tool_prefix(s, choice NAMED ? name : NULL): for
  * REQUIRED, an alternation over tools of each one's name and the
  * separator; the arguments under the tool's parameters schema
- * (nx_schema_to_gbnf_rules; any object when it has none); then the close
+ * (nx_schema_to_gbnf_rules; NX_TOOL_NO_PARAMS when it has none); then the close
  * the family writes (Qwen "}\n</tool_call>", Llama "}", Mistral an optional
  * "id" as its history writes calls and "}]"), after which only
  * the end of generation is allowed: one call, also when parallel calls are

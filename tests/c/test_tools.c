@@ -168,6 +168,10 @@ static void test_forced_calls_are_checked(void **state)
 	/* required: any tool, then its own schema */
 	const char *now[] = { "now {}" };
 	expect(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, "now\", \"arguments\": {}}\n</tool_call>", "", now, 1, false);
+	/* a tool without parameters takes none: arguments other than {} do not validate */
+	const char *none[] = { "now {}" };
+	expect(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", true, "{}}\n</tool_call>", "", none, 1, false);
+	expect(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", true, "{\"x\": 1}}\n</tool_call>", NULL, NULL, 0, true);
 	/* no call at all */
 	struct result r;
 	read_answer(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, "x\", \"arguments\": {}}\n</tool_call>", 0, &r);
@@ -364,9 +368,10 @@ static void test_call_grammar(void **state)
 	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL,
 				  "get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>"));
 	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, "now\", \"arguments\": {}}\n</tool_call>"));
-	/* a tool without parameters takes any object */
-	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL,
-				  "now\", \"arguments\": {\"x\": [1, {\"y\": null}]}}\n</tool_call>"));
+	/* a tool without parameters takes none (OpenAI: an empty parameter list) */
+	assert_false(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL,
+				   "now\", \"arguments\": {\"x\": [1, {\"y\": null}]}}\n</tool_call>"));
+	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", "{ }}\n</tool_call>"));
 	static const char *const wrong[] = {
 		"send\", \"arguments\": {}}\n</tool_call>",                                 /* not offered */
 		"get_weather\", \"arguments\": {\"city\": \"P\"}}\n</tool_call>",          /* minLength 2 */
@@ -384,7 +389,7 @@ static void test_call_grammar(void **state)
 			fail_msg("the grammar takes %s", wrong[i]);
 	/* a named tool: the prefix holds the name and the separator */
 	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "get_weather", "{\"city\": \"Rome\"}}\n</tool_call>"));
-	assert_true(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", "{\"city\": \"Rome\"}}\n</tool_call>"));
+	assert_false(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "now", "{\"city\": \"Rome\"}}\n</tool_call>"));
 	assert_false(grammar_takes(NX_TOOLS_QWEN, NX_TOOL_NAMED, "get_weather", "{}}\n</tool_call>"));
 	/* Llama 3: "parameters", and the call is the whole answer */
 	assert_true(grammar_takes(NX_TOOLS_LLAMA3, NX_TOOL_REQUIRED, NULL,
