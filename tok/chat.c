@@ -636,7 +636,21 @@ int nx_chat_default_system(enum nx_chat_tmpl t, const char *jinja, char **out, s
 
 /* --- rendering ------------------------------------------------------------ */
 
-static int check_msgs(const struct nx_chat_msg *msgs, int n, struct nx_err *err)
+/* A system message after the first message, or a second one: the templates
+ * below render it where it stands, as Hugging Face's do (DeepSeek R1's keeps
+ * the last one's text, in front); Llama 2's and Mistral's v3 and Small 3.1
+ * templates raise, and so does nxd. Gemma's takes one where the turns'
+ * alternation allows (render_gemma). */
+int check_late_system(enum nx_chat_tmpl t, int i, struct nx_err *err)
+{
+	if (i == 0 || (t != NX_CHAT_LLAMA2 && t != NX_CHAT_MISTRAL_V3 && t != NX_CHAT_MISTRAL_V3_TEKKEN &&
+		       t != NX_CHAT_MISTRAL_V7_TEKKEN))
+		return 0;
+	return nx_errf(err, "chat: message %d has role \"system\"; the %s template takes a system message only first",
+		       i, nx_chat_tmpl_name(t));
+}
+
+static int check_msgs(enum nx_chat_tmpl t, const struct nx_chat_msg *msgs, int n, struct nx_err *err)
 {
 	if (n <= 0 || !msgs)
 		return nx_errf(err, "chat: no messages");
@@ -647,8 +661,8 @@ static int check_msgs(const struct nx_chat_msg *msgs, int n, struct nx_err *err)
 		if (!msgs[i].content)
 			return nx_errf(err, "chat: message %d (%.32s) has no content", i, r);
 		if (strcmp(r, "system") == 0) {
-			if (i != 0)
-				return nx_errf(err, "chat: message %d has role \"system\"; a system message may only come first", i);
+			if (check_late_system(t, i, err))
+				return -1;
 		} else if (strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0) {
 			return nx_errf(err, "chat: message %d has unknown role \"%.64s\"; expected system, user or assistant",
 				       i, r);
@@ -1095,12 +1109,15 @@ static void render_mistral_v7_tekken(struct nx_sbuf *b, const char *jinja, const
 static void render_deepseek_r1(struct nx_sbuf *b, const char *jinja, const struct nx_chat_msg *m, int n, bool gen)
 {
 	nx_sb_str(b, DS_BOS);
-	int first = 0;
-	if (strcmp(m[0].role, "system") == 0) {
-		nx_sb_str(b, m[0].content);
-		first = 1;
-	}
-	for (int i = first; i < n; i++) {
+	const char *sys = NULL; /* the template keeps the last system message's text, wherever it stood */
+	for (int i = 0; i < n; i++)
+		if (strcmp(m[i].role, "system") == 0)
+			sys = m[i].content;
+	if (sys)
+		nx_sb_str(b, sys);
+	for (int i = 0; i < n; i++) {
+		if (strcmp(m[i].role, "system") == 0)
+			continue;
 		if (strcmp(m[i].role, "user") == 0) {
 			nx_sb_str(b, DS_USER);
 			nx_sb_str(b, m[i].content);
@@ -1174,7 +1191,7 @@ int nx_chat_render_opts(enum nx_chat_tmpl t, const char *jinja, const struct nx_
 	if ((unsigned)t >= NX_CHAT_N_KNOWN)
 		return nx_errf(err, "chat: the model's chat template is not one nxd can render (it renders %s): start nxd "
 			       "with --chat-template NAME, or send a prompt with \"raw\": true", nx_chat_tmpl_names());
-	if (check_msgs(msgs, n, err) || check_thinking(t, opts->thinking, err))
+	if (check_msgs(t, msgs, n, err) || check_thinking(t, opts->thinking, err))
 		return -1;
 	struct find_default f;
 	if (find_default(t, jinja, &f, err))

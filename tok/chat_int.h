@@ -31,6 +31,8 @@ void strip_nl(const char **s, const char **e, bool lead, bool trail);
 void qwen3_split(const char *content, const char **r, const char **re, const char **c, const char **ce);
 /* A thinking option the template cannot follow is an error naming it. */
 int check_thinking(enum nx_chat_tmpl t, enum nx_chat_thinking th, struct nx_err *err);
+/* A system message at i > 0 where template t cannot take one: -1 with err set (chat.c). */
+int check_late_system(enum nx_chat_tmpl t, int i, struct nx_err *err);
 
 /* Whether a string literal of the template's tags decodes to exactly want. */
 bool has_literal(const char *jinja, const char *want);

@@ -266,7 +266,7 @@ static bool is_role(const struct nx_chat_turn *m, const char *role)
 
 /* Roles, content and calls as the tool conventions need them: a call list
  * only on assistant turns, content on every turn but those. */
-static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, struct nx_err *err)
+static int check_turns(enum nx_chat_tmpl t, const struct nx_chat_turn *m, int n, json_t **calls, struct nx_err *err)
 {
 	if (n <= 0 || !m)
 		return nx_errf(err, "chat: no messages");
@@ -277,8 +277,8 @@ static int check_turns(const struct nx_chat_turn *m, int n, json_t **calls, stru
 		    !is_role(&m[i], "tool"))
 			return nx_errf(err, "chat: message %d has unknown role \"%.64s\"; expected system, user, assistant "
 				       "or tool", i, m[i].role);
-		if (is_role(&m[i], "system") && i != 0)
-			return nx_errf(err, "chat: message %d has role \"system\"; a system message may only come first", i);
+		if (is_role(&m[i], "system") && check_late_system(t, i, err))
+			return -1;
 		if (m[i].calls && !is_role(&m[i], "assistant"))
 			return nx_errf(err, "chat: message %d (%s) carries tool calls; only assistant messages do", i,
 				       m[i].role);
@@ -735,7 +735,7 @@ int nx_chat_render_turns(enum nx_chat_tmpl t, const char *jinja, const struct nx
 		nx_errf(err, "chat: out of memory");
 		goto out;
 	}
-	if (check_turns(turns, n, calls, err) || check_thinking(t, opts->thinking, err))
+	if (check_turns(t, turns, n, calls, err) || check_thinking(t, opts->thinking, err))
 		goto out;
 	if (tools_json) {
 		json_error_t je;
