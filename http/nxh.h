@@ -200,6 +200,8 @@ struct nxh_req {
 
 	/* The answer: a JSON body with a status, or a stream. */
 	unsigned status;
+	const char *allow;       /* a 405's Allow header: the method the URL takes */
+	bool close;              /* the connection closes after the answer */
 	json_t *answer;
 	size_t answer_dump;      /* json_dumps flags for answer: JSON_COMPACT unless set (NXH_DUMP_LOGPROBS) */
 	bool stream;             /* an SSE / NDJSON stream follows the headers */

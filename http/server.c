@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -289,7 +290,8 @@ static enum MHD_Result queue_answer(struct nxh_req *r)
 		if (resp)
 			MHD_add_response_header(resp, "Content-Type", r->content_type);
 	} else {
-		if (r->route && (r->route->flags & NXH_R_OLLAMA) && r->status >= 400) {
+		bool ollama = r->route ? r->route->flags & NXH_R_OLLAMA : r->path && !strncmp(r->path, "/api/", 5);
+		if (ollama && r->status >= 400) {
 			/* ollama's clients read {"error": "..."} */
 			json_t *m = json_object_get(json_object_get(r->answer, "error"), "message");
 			if (m)
@@ -321,9 +323,11 @@ static enum MHD_Result queue_answer(struct nxh_req *r)
 		return MHD_NO;
 	if (r->status == 401)
 		MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
+	if (r->status == 405 && r->allow)
+		MHD_add_response_header(resp, "Allow", r->allow);
 	if (r->status == 503 || r->status == 429)
 		MHD_add_response_header(resp, "Retry-After", "1");
-	if (r->hc && r->hc->over_limit)
+	if ((r->hc && r->hc->over_limit) || r->close)
 		MHD_add_response_header(resp, "Connection", "close");
 	enum MHD_Result ret = MHD_queue_response(r->conn, r->status, resp);
 	MHD_destroy_response(resp);
@@ -332,9 +336,11 @@ static enum MHD_Result queue_answer(struct nxh_req *r)
 
 // --- routes
 
-static const struct nxh_route *find_route(const char *method, const char *url, bool *wrong_method)
+/* The route of method and url, or NULL; *allow is then the method the URL
+ * takes ("GET, HEAD" for GET), or NULL where no route has the URL. */
+static const struct nxh_route *find_route(const char *method, const char *url, const char **allow)
 {
-	*wrong_method = false;
+	*allow = NULL;
 	if (!strcmp(method, "HEAD"))
 		method = "GET";
 	for (size_t i = 0; i < nxh_n_routes; i++) {
@@ -345,9 +351,28 @@ static const struct nxh_route *find_route(const char *method, const char *url, b
 			continue;
 		if (!strcmp(rt->method, method))
 			return rt;
-		*wrong_method = true;
+		*allow = !strcmp(rt->method, "GET") ? "GET, HEAD" : rt->method;
 	}
 	return NULL;
+}
+
+struct header_walk {
+	size_t bytes;             /* the headers' names and values, as sent */
+	const char *length;       /* the first Content-Length */
+	bool lengths_differ;      /* a second one says otherwise (RFC 9112 6.3: an error) */
+};
+
+static enum MHD_Result header_walk(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+	(void)kind;
+	struct header_walk *w = cls;
+	w->bytes += strlen(key) + (value ? strlen(value) : 0) + 4; /* ": ", CRLF */
+	if (value && !strcasecmp(key, "Content-Length")) {
+		if (w->length && strcmp(w->length, value))
+			w->lengths_differ = true;
+		w->length = w->length ? w->length : value;
+	}
+	return MHD_YES;
 }
 
 static const char *header(struct nxh_req *r, const char *name)
@@ -363,12 +388,32 @@ static int check_headers(struct nxh_req *r, const char *method, const char *url)
 			     "too many connections (limit %u); try again later", nxh.o.max_connections);
 		return -1;
 	}
-	bool wrong_method;
-	r->route = find_route(method, url, &wrong_method);
+	/* The pool libmicrohttpd reads them into is larger (it holds its buffers too): the limit is this one. */
+	struct header_walk hw = { 0 };
+	MHD_get_connection_values(r->conn, MHD_HEADER_KIND, header_walk, &hw);
+	if (hw.lengths_differ) {
+		nxh_req_fail(r, 400, "invalid_request_error", NULL, "bad_request",
+			     "the request has Content-Length headers that differ");
+		r->close = true; /* where its body ends, and so the next request begins, is not known */
+		return -1;
+	}
+	if (strlen(url) > nxh.o.max_header) {
+		nxh_req_fail(r, 414, "invalid_request_error", NULL, "uri_too_long",
+			     "the request URL of %zu bytes is over the limit of %zu bytes (--max-header)", strlen(url),
+			     nxh.o.max_header);
+		return -1;
+	}
+	if (hw.bytes > nxh.o.max_header) {
+		nxh_req_fail(r, 431, "invalid_request_error", NULL, "headers_too_large",
+			     "the request headers of %zu bytes are over the limit of %zu bytes (--max-header)", hw.bytes,
+			     nxh.o.max_header);
+		return -1;
+	}
+	r->route = find_route(method, url, &r->allow);
 	if (!r->route) {
-		if (wrong_method)
+		if (r->allow)
 			nxh_req_fail(r, 405, "invalid_request_error", NULL, "method_not_allowed",
-				     "%s is not allowed on %s", method, url);
+				     "%s is not allowed on %s (it takes %s)", method, url, r->allow);
 		else
 			nxh_req_fail(r, 404, "invalid_request_error", NULL, "unknown_url", "Unknown request URL: %s %s",
 				     method, url);

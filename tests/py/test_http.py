@@ -324,7 +324,11 @@ def test_errors_are_openai_errors(client, model_id, stack):
     st, _, e = request(g, "POST", "/v1/nothing", {})
     assert st == 404 and e["error"]["type"] == "invalid_request_error"
     st, hd, e = request(g, "GET", "/v1/chat/completions")
-    assert st == 405
+    assert st == 405 and hd.get("allow") == "POST", hd
+    st, hd, e = request(g, "POST", "/health", {})
+    assert st == 405 and hd.get("allow") == "GET, HEAD", hd
+    st, _, e = request(g, "POST", "/api/show", {"model": model_id})  # ollama's clients read {"error": "..."}
+    assert st == 404 and isinstance(e["error"], str) and "/api/show" in e["error"], e
     st, _, e = request(g, "POST", "/v1/chat/completions", b"x" * ((1 << 20) + 1))
     assert st == 413 and e["error"]["code"] == "body_too_large"
     with pytest.raises(openai.APIStatusError) as ei:
@@ -403,6 +407,10 @@ def test_malformed_http(stack, model_id):
         (b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 40000 + b"\r\n\r\n", 431),
         (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1234567890\r\n" % i for i in range(2000)) + b"\r\n",
          431),
+        # --max-header (16 KiB) is the limit, not the larger pool libmicrohttpd reads them into
+        (b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 20000 + b"\r\n\r\n", 431),
+        (b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x", 400),
         (raw_request("POST", "/tokenize", b"x" * 2000000), 413),
         (raw_request("POST", "/tokenize", b"[1]"), 400),
     ]
@@ -411,6 +419,11 @@ def test_malformed_http(stack, model_id):
             c.send(data)
             st, hd, body = c.read_response()
             assert st == want, (data[:60], st, body[:200])
+    # Content-Length headers that differ: where the body ends is not known, so the connection closes
+    with Conn(g) as c:
+        c.send(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x")
+        st, hd, _ = c.read_response()
+        assert st == 400 and hd.get("connection") == "close" and c.closed_by_peer(5), hd
     # A request line libmicrohttpd cannot split into method, target and version closes the connection.
     for data in (b"GARBAGE\r\n\r\n", b"GET /a b HTTP/1.1\r\nHost: x\r\n\r\n"):
         with Conn(g) as c:
