@@ -168,7 +168,7 @@ struct nxh_gen {
 	struct nxh_buf text;     /* the whole text (non-streamed answers) */
 	struct nxh_buf sse_head; /* a streamed chunk's serialised start, up to its choices (sse_text) */
 	json_t *lp;              /* logprobs gathered (non-streamed answers) */
-	size_t text_offset;      /* completions' logprobs: bytes of text so far */
+	size_t text_offset;      /* completions' logprobs: characters (code points) of text so far */
 	int n_tokens;            /* token events seen */
 	json_t *tool_calls;      /* the calls nxd made of the answer (non-streamed answers), in the API's shape */
 	double t_last;           /* the previous token event, for the per-token latency */

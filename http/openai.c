@@ -746,7 +746,8 @@ static void on_token(struct nxh_req *r, json_t *ev)
 	json_t *e = NULL;
 	if (g->logprobs)
 		e = g->api == NXH_API_CHAT ? chat_lp_entry(g, ev) : completion_lp_entry(g, ev);
-	g->text_offset += strlen(text);
+	for (const char *c = text; *c; c++) /* characters, as OpenAI's offsets into the text count */
+		g->text_offset += ((unsigned char)*c & 0xc0) != 0x80;
 	if (g->stream) {
 		if (!*text && !e) /* held back: maybe the start of a stop string */
 			return;

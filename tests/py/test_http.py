@@ -240,6 +240,12 @@ def test_completions(client, model_id, stack):
                                    logprobs=2).choices[0].logprobs
     assert len(lp.tokens) == 4 and len(lp.top_logprobs[0]) == 2 and lp.text_offset[0] == 0
     assert lp.token_logprobs[0] == max(lp.top_logprobs[0].values())
+    # text_offset counts characters, as OpenAI's offsets into the text do: each token's text is found there
+    r = client.completions.create(model=model_id, prompt='The French word for coffee is "caf', max_tokens=8,
+                                  temperature=0, logprobs=1)
+    text, lp = r.choices[0].text, r.choices[0].logprobs
+    assert "".join(lp.tokens) == text and any(ord(ch) > 127 for ch in text), text
+    assert [text[o:o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens, (text, lp.text_offset)
 
 
 def test_tokenize_detokenize_models(stack, model_id):
