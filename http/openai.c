@@ -438,12 +438,13 @@ static int completion_prompt(struct nxh_req *r, const json_t *p, json_t *q)
 		json_object_set(q, "tokens", (json_t *)p); /* nxd checks every id */
 		return 0;
 	}
-	if (json_is_array(p) && json_array_size(p) > 1) {
+	const json_t *first = json_array_get(p, 0);
+	if (json_is_array(p) && json_array_size(p) > 1 && (json_is_string(first) || json_is_array(first))) {
 		nxh_req_bad(r, "prompt", "field 'prompt' holds %zu prompts; nxd-http serves one per request",
 			    json_array_size(p));
 		return -1;
 	}
-	nxh_req_bad(r, "prompt", "field 'prompt' must be a string or a non-empty array of token ids");
+	nxh_req_bad(r, "prompt", "field 'prompt' must be a string or a non-empty array of token ids (integers)");
 	return -1;
 }
 

@@ -310,6 +310,8 @@ def test_errors_are_openai_errors(client, model_id, stack):
     assert st == 400 and "format" in e["error"], e
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model_id, prompt=["a", "b"])
+    st, _, e = request(g, "POST", "/v1/completions", {"model": model_id, "prompt": [1.5, 2.0]})
+    assert st == 400 and "token ids (integers)" in e["error"]["message"], e
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=model_id, prompt="x", echo=True)
     # a prompt longer than the context (2048 tokens)
