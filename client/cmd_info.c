@@ -302,7 +302,8 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 		return NXC_EXIT_OK;
 	}
 	if (as_json) {
-		char *s = json_dumps(profile ? prof : ev, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		/* nxd writes status numbers with 9 digits; jansson's 17 would add the double's binary tail */
+		char *s = json_dumps(profile ? prof : ev, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9));
 		nxc_print_json(s ? s : "{}", s ? strlen(s) : 2);
 		free(s);
 		json_decref(ev);

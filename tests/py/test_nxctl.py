@@ -349,7 +349,7 @@ def test_tokenize_detokenize_status(nxd):
               "workers": [{"pid": 11, "cpu": 0, "state": "idle", "restarts": 0},
                           {"pid": 12, "cpu": 1, "state": "busy", "restarts": 2}],
               "slots": {"total": 8, "used": 3, "queued": 1}, "tokens_served": 12345,
-              "sequences_per_step": {"mean": 2.5, "max": 4}, "tokens_per_s": 42.25,
+              "sequences_per_step": {"mean": 2.5, "max": 4}, "tokens_per_s": 42.2,
               "uptime_s": 3725.0, "steps": 99, "steps_retried": 1,
               "speculate": {"default": "prompt", "k": 6, "drafted": 200, "accepted": 150, "acceptance": 0.75}}
     nxd.handlers["status"] = lambda req, send: send(dict(status, id=req["id"]))
@@ -365,6 +365,8 @@ def test_tokenize_detokenize_status(nxd):
     assert r.returncode == 0
     got = json.loads(r.stdout)
     assert got["workers"] == status["workers"] and got["slots"] == status["slots"]
+    # numbers as nxd wrote them (9 digits), not the double's 17
+    assert b'"tokens_per_s":%s,' % repr(status["tokens_per_s"]).encode() in r.stdout, r.stdout
 
 
 def test_status_profile(nxd):
