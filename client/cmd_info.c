@@ -313,6 +313,9 @@ int nxc_cmd_status(struct nxc_ctx *ctx, int argc, char **argv)
 	       sget(ev, "arch"), sget(ev, "type"), iget(ev, "n_ctx"), iget(ev, "n_vocab"), sget(ev, "activations"));
 	if (json_object_get(ev, "kv_type"))
 		nxc_printf("kv cache:  %s, %.1f MiB\n", sget(ev, "kv_type"), nget(ev, "kv_bytes") / 1048576);
+	if (json_object_get(ev, "chat_template"))
+		nxc_printf("chat:      template %s, %s\n", sget(ev, "chat_template"),
+			   json_is_true(json_object_get(ev, "tools")) ? "tool calls" : "no tool calls");
 	json_t *ks = json_object_get(ev, "kernels");
 	if (json_object_size(ks)) {
 		nxc_printf("kernels:  ");

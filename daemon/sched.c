@@ -1020,6 +1020,8 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.type = d->model.type,
 		.activations = nx_act_mode_name(d->o.act_one_part),
 		.kv_type = nx_kv_type_name(d->o.kv_type),
+		.chat_template = nx_chat_tmpl_name(d->model.tmpl),
+		.tools = nx_chat_tool_style(d->model.tmpl, d->model.jinja) != NX_TOOLS_NONE,
 		.kv_bytes = nx_kv_cache_bytes(&d->model.m.hp, &d->shm.cfg),
 		.n_ctx = d->o.n_ctx,
 		.n_vocab = d->model.n_vocab,

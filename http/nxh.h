@@ -316,6 +316,7 @@ const char *nxh_model_id(const json_t *hello);
 int nxh_ollama_chat_begin(struct nxh_req *r);
 int nxh_ollama_generate_begin(struct nxh_req *r);
 int nxh_ollama_plain_begin(struct nxh_req *r);
+int nxh_ollama_show_begin(struct nxh_req *r);
 json_t *nxh_ollama_info_build(struct nxh_req *r, const json_t *hello);
 void nxh_ollama_info_event(struct nxh_req *r, json_t *ev);
 void nxh_ollama_gen_event(struct nxh_req *r, json_t *ev);

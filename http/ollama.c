@@ -178,6 +178,33 @@ int nxh_ollama_plain_begin(struct nxh_req *r)
 	return 0;
 }
 
+/* /api/show {"model"} (or the older "name"): what ollama's clients ask of a
+ * model before they use it (`ollama run`, `ollama show`). Only the served
+ * model is there to show. */
+int nxh_ollama_show_begin(struct nxh_req *r)
+{
+	static const char *const known[] = { "model", "name", "verbose", NULL };
+	const char *m = NULL, *name = NULL;
+	bool has, verbose;
+	if (nxh_only_fields(r, r->json, NULL, known) || nxh_get_str(r, r->json, "model", NULL, &m, &has) ||
+	    nxh_get_str(r, r->json, "name", NULL, &name, &has) || nxh_get_bool(r, r->json, "verbose", NULL, &verbose, &has))
+		return -1;
+	m = m ? m : name;
+	if (!m) {
+		nxh_req_bad(r, "model", "field 'model' is required (GET /api/tags lists it)");
+		return -1;
+	}
+	const char *id = nxh.o.model_id ? nxh.o.model_id : nxh.model.name;
+	size_t n = strlen(m);
+	if (n > 7 && !strcmp(m + n - 7, ":latest")) /* ollama's default tag */
+		n -= 7;
+	if (!id || strlen(id) != n || strncmp(m, id, n)) {
+		nxh_req_fail(r, 404, "invalid_request_error", "model", "model_not_found", "model '%s' not found", m);
+		return -1;
+	}
+	return 0;
+}
+
 static void iso_now(char *buf, size_t cap)
 {
 	struct timespec ts;
@@ -210,6 +237,25 @@ void nxh_ollama_info_event(struct nxh_req *r, json_t *ev)
 	const char *id = nxh.o.model_id ? nxh.o.model_id : nxh.model.name;
 	const char *arch = json_string_value(json_object_get(ev, "arch"));
 	const char *type = json_string_value(json_object_get(ev, "type"));
+	if (!strcmp(r->path, "/api/show")) {
+		/* model_info as the GGUF names it: clients read <arch>.context_length for num_ctx (here the
+		 * context nxd serves); no Go template to give, and no system prompt or parameters of a Modelfile */
+		char ctx_key[96];
+		snprintf(ctx_key, sizeof(ctx_key), "%s.context_length", arch ? arch : "general");
+		json_t *caps = json_pack("[s]", "completion");
+		if (json_is_true(json_object_get(ev, "tools")))
+			json_array_append_new(caps, json_string("tools"));
+		json_t *show = json_pack("{s:s, s:s, s:s, s:{s:s, s:s, s:s, s:[s], s:s, s:s}, s:{s:s, s:O}, s:o, s:s}",
+					 "modelfile", "", "parameters", "", "template", "", "details", "parent_model", "",
+					 "format", "gguf", "family", arch ? arch : "", "families", arch ? arch : "",
+					 "parameter_size", "", "quantization_level", type ? type : "", "model_info",
+					 "general.architecture", arch ? arch : "", ctx_key,
+					 json_object_get(ev, "n_ctx") ? json_object_get(ev, "n_ctx") : json_null(),
+					 "capabilities", caps, "modified_at", now);
+		nxh_req_answer(r, 200, show);
+		nxh_req_wake(r);
+		return;
+	}
 	json_t *m = json_pack("{s:s, s:s, s:s, s:I, s:s, s:{s:s, s:s, s:[s], s:s, s:s}}", "name", id, "model", id,
 			      "modified_at", now, "size", (json_int_t)0, "digest", "", "details", "format", "gguf",
 			      "family", arch ? arch : "", "families", arch ? arch : "", "parameter_size", "",

@@ -20,6 +20,8 @@ const struct nxh_route nxh_routes[] = {
 	  nxh_ollama_info_event },
 	{ "GET", "/api/ps", false, NXH_R_OLLAMA, "ollama_ps", nxh_ollama_plain_begin, nxh_ollama_info_build,
 	  nxh_ollama_info_event },
+	{ "POST", "/api/show", false, NXH_R_JSON | NXH_R_OLLAMA, "ollama_show", nxh_ollama_show_begin,
+	  nxh_ollama_info_build, nxh_ollama_info_event },
 	{ "GET", "/api/version", false, NXH_R_OLLAMA, "ollama_version", nxh_ollama_plain_begin, nxh_ollama_info_build,
 	  nxh_ollama_info_event },
 	{ "POST", "/admin/", true, NXH_R_JSON | NXH_R_ADMIN, "admin", nxh_admin_begin, nxh_admin_build,

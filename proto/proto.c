@@ -440,6 +440,10 @@ size_t nxp_enc_status(char *buf, size_t cap, const char *id, const struct nxp_st
 	w_key_str(&w, "type", s->type);
 	w_key_str(&w, "activations", s->activations);
 	w_key_str(&w, "kv_type", s->kv_type);
+	if (s->chat_template) {
+		w_key_str(&w, "chat_template", s->chat_template);
+		w_fmt(&w, ",\"tools\":%s", s->tools ? "true" : "false");
+	}
 	w_fmt(&w, ",\"kv_bytes\":%llu", (unsigned long long)s->kv_bytes);
 	w_str(&w, ",\"kernels\":{");
 	for (int i = 0; i < s->n_kernels; i++) {

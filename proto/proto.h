@@ -301,6 +301,8 @@ struct nxp_status {
 	const char *type;      /* dominant weight type, e.g. "Q4_1" */
 	const char *activations; /* "precise" or "fast" (nxd --activations) */
 	const char *kv_type;   /* "f16" or "q8_0" (nxd --kv-type) */
+	const char *chat_template; /* the template's name (tok/chat.h), "unknown" where nxd renders none */
+	bool tools;            /* the template has a tool-call convention nxd renders */
 	/* the kernel set each family of kernels runs (kern/cpu.h): family[i] runs kset[i] */
 	const char *const *kernel_family, *const *kernel_set;
 	int n_kernels;

@@ -335,8 +335,8 @@ def test_errors_are_openai_errors(client, model_id, stack):
     assert st == 405 and hd.get("allow") == "POST", hd
     st, hd, e = request(g, "POST", "/health", {})
     assert st == 405 and hd.get("allow") == "GET, HEAD", hd
-    st, _, e = request(g, "POST", "/api/show", {"model": model_id})  # ollama's clients read {"error": "..."}
-    assert st == 404 and isinstance(e["error"], str) and "/api/show" in e["error"], e
+    st, _, e = request(g, "POST", "/api/pull", {"model": model_id})  # ollama's clients read {"error": "..."}
+    assert st == 404 and isinstance(e["error"], str) and "/api/pull" in e["error"], e
     st, _, e = request(g, "POST", "/v1/chat/completions", b"x" * ((1 << 20) + 1))
     assert st == 413 and e["error"]["code"] == "body_too_large"
     with pytest.raises(openai.APIStatusError) as ei:
@@ -819,6 +819,12 @@ def test_ollama_api(stack, client, model_id):
     assert st == 200 and tags["models"][0]["name"] == model_id and tags["models"][0]["details"]["format"] == "gguf"
     st, _, ps = request(g, "GET", "/api/ps")
     assert st == 200 and ps["models"][0]["model"] == model_id
+    # what `ollama run` and `ollama show` ask first: the served context, and no tools on SmolLM2's template
+    st, _, show = request(g, "POST", "/api/show", {"model": model_id + ":latest"})
+    assert st == 200 and show["model_info"] == {"general.architecture": "llama", "llama.context_length": 2048}, show
+    assert show["capabilities"] == ["completion"] and show["details"]["quantization_level"] == "Q4_1", show
+    st, _, e = request(g, "POST", "/api/show", {"model": "nope"})
+    assert st == 404 and e == {"error": "model 'nope' not found"}, e
     want = chat(client, model_id, max_tokens=24).choices[0].message.content
     opts = {"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0}  # ollama's default is 1.1
     msgs = [{"role": "user", "content": PROMPT}]

@@ -67,3 +67,13 @@ def test_ollamas_think_false_is_the_same_switch(qwen3_stack):
         # true asks for the thinking apart from the content, which the gateway does not do: refused by name
         st, _, r = request(g, "POST", "/api/chat" if "messages" in body else "/api/generate", dict(body, think=True))
         assert st == 400 and "think" in r["error"], r
+
+
+def test_ollamas_show_names_the_tools_of_a_template_with_them(qwen3_stack):
+    d, g = qwen3_stack
+    with Client(d.sock) as c:
+        st = c.request({"id": "s", "op": "status"})
+    assert st["chat_template"] == "qwen3" and st["tools"] is True, st
+    st, _, models = request(g, "GET", "/api/tags")
+    st, _, show = request(g, "POST", "/api/show", {"name": models["models"][0]["name"]})  # the older field
+    assert st == 200 and show["capabilities"] == ["completion", "tools"], show
