@@ -798,7 +798,8 @@ static void answer(struct nxh_req *r, const char *finish, json_t *usage)
 	json_t *text = json_stringn(g->text.p ? g->text.p : "", g->text.len);
 	if (g->api == NXH_API_CHAT) {
 		/* a message of calls alone has no content, as OpenAI's */
-		if (g->tool_calls && g->text.len == 0) {
+		/* calls and no text but the newlines between them: OpenAI's content is then null */
+		if (g->tool_calls && strspn(g->text.p ? g->text.p : "", " \t\r\n") == g->text.len) {
 			json_decref(text);
 			text = json_null();
 		}

@@ -572,6 +572,12 @@ def test_parallel_tool_calls_false_stops_at_the_first_call(tmp_path):
         _, _, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False, parallel_tool_calls=False)
         assert [json.loads(t["arguments"])["city"] for t in done["tool_calls"]] == ["Paris"]
         assert done["reason"] == "tool_calls" and done["usage"]["completion_tokens"] == 1
+    # over HTTP the newline between the two calls is no content: OpenAI's content is null beside calls
+    with serve(None, QWEN25, two, tmp_path, "h") as d, Gateway(d.sock, tmp_path) as g:
+        r = gateway_client(g).chat.completions.create(model=model_of(g), messages=ASK, tools=TOOLS, temperature=0)
+        m = r.choices[0].message
+        assert [json.loads(t.function.arguments)["city"] for t in m.tool_calls] == ["Paris", "Rome"]
+        assert m.content is None, m
 
 
 def test_llama_call_is_the_whole_answer(tmp_path):
