@@ -627,6 +627,25 @@ static const char *short_str(const char *s, char *buf, size_t cap)
 	return buf;
 }
 
+int nxp_only_fields(json_t *o, const char *where, const char *const *known, const char *what, struct nxp_error *e)
+{
+	const char *key;
+	json_t *v;
+	json_object_foreach(o, key, v) {
+		size_t i = 0;
+		while (known[i] && strcmp(known[i], key))
+			i++;
+		if (known[i] || json_is_null(v))
+			continue;
+		char list[320] = "";
+		for (size_t k = 0, n = 0; known[k] && n < sizeof(list); k++)
+			n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", k ? ", " : "", known[k]);
+		return fail(e, NXP_E_BAD_REQUEST, "field '%s%.64s' is not one %s takes (it takes %s)", where, key, what,
+			    list);
+	}
+	return 0;
+}
+
 /* A field that is missing or null counts as absent (optional fields keep
  * their defaults), so clients may send null for "not set". */
 static json_t *field(json_t *obj, const char *key)
@@ -893,6 +912,11 @@ static int parse_messages(json_t *v, struct nxp_generate *g, struct nxp_error *e
 		if (!json_is_object(m))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu]' must be an object, got %s",
 				    i, nxp_json_type(m));
+		static const char *const message_fields[] = { "role", "content", "tool_calls", "tool_call_id", NULL };
+		char where[40];
+		snprintf(where, sizeof(where), "messages[%zu].", i);
+		if (nxp_only_fields(m, where, message_fields, "a message", e))
+			return -1;
 		if (!role)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'messages[%zu].role' is required", i);
 		if (!json_is_string(role))
@@ -975,6 +999,11 @@ static int parse_lora(json_t *v, struct nxp_generate *g, struct nxp_error *e)
 		if (!json_is_object(a))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu]' must be an object, got %s", i,
 				    nxp_json_type(a));
+		static const char *const lora_fields[] = { "name", "scale", NULL };
+		char where[24];
+		snprintf(where, sizeof(where), "lora[%zu].", i);
+		if (nxp_only_fields(a, where, lora_fields, "an adapter entry", e))
+			return -1;
 		json_t *nm = field(a, "name");
 		if (!nm)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'lora[%zu].name' is required", i);
@@ -1383,25 +1412,46 @@ static int parse_lora_report(json_t *o, const struct nxp_limits *lim, struct nxp
 typedef int (*op_parse_fn)(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
 			   struct nxp_error *e);
 
+/* The fields each op takes (with id, op and version, which every op may
+ * carry): any other is refused by name (nxp_only_fields). */
+#define COMMON_FIELDS "id", "op", "version"
+static const char *const no_fields[] = { COMMON_FIELDS, NULL };
+static const char *const generate_fields[] = {
+	COMMON_FIELDS, "prompt", "messages", "tokens", "raw", "system", "think", "max_tokens", "temperature", "top_k",
+	"top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "logprobs", "seed",
+	"stop", "ignore_eos", "stream", "lora", "speculate", "tools", "tool_choice", "parallel_tool_calls", "format",
+	"grammar", NULL
+};
+static const char *const tokenize_fields[] = { COMMON_FIELDS, "text", "special", "add_bos", NULL };
+static const char *const detokenize_fields[] = { COMMON_FIELDS, "tokens", NULL };
+static const char *const cancel_fields[] = { COMMON_FIELDS, "target", NULL };
+static const char *const lora_load_fields[] = { COMMON_FIELDS, "name", "path", "scale", NULL };
+static const char *const lora_list_fields[] = { COMMON_FIELDS, "checksum", NULL };
+static const char *const lora_name_fields[] = { COMMON_FIELDS, "name", NULL };
+static const char *const lora_fold_fields[] = { COMMON_FIELDS, "name", "scale", "dry_run", "type", "prompt", "layers",
+						NULL };
+static const char *const lora_report_fields[] = { COMMON_FIELDS, "name", "scale", "prompt", "layers", "types", NULL };
+
 static const struct {
 	const char *name;
 	enum nxp_op op;
 	bool id_required;
 	op_parse_fn parse;
+	const char *const *fields;
 } op_table[] = {
-	{"hello", NXP_OP_HELLO, false, parse_hello},
-	{"generate", NXP_OP_GENERATE, true, parse_generate},
-	{"tokenize", NXP_OP_TOKENIZE, true, parse_tokenize},
-	{"detokenize", NXP_OP_DETOKENIZE, true, parse_detokenize},
-	{"status", NXP_OP_STATUS, true, parse_status},
-	{"cancel", NXP_OP_CANCEL, true, parse_cancel},
-	{"lora_load", NXP_OP_LORA_LOAD, true, parse_lora_load},
-	{"lora_list", NXP_OP_LORA_LIST, true, parse_lora_list},
-	{"lora_unload", NXP_OP_LORA_UNLOAD, true, parse_lora_unload},
-	{"lora_fold", NXP_OP_LORA_FOLD, true, parse_lora_fold},
-	{"lora_unfold", NXP_OP_LORA_UNFOLD, true, parse_lora_unfold},
-	{"lora_report", NXP_OP_LORA_REPORT, true, parse_lora_report},
-	{"shutdown", NXP_OP_SHUTDOWN, true, parse_status}, /* no fields either */
+	{"hello", NXP_OP_HELLO, false, parse_hello, no_fields},
+	{"generate", NXP_OP_GENERATE, true, parse_generate, generate_fields},
+	{"tokenize", NXP_OP_TOKENIZE, true, parse_tokenize, tokenize_fields},
+	{"detokenize", NXP_OP_DETOKENIZE, true, parse_detokenize, detokenize_fields},
+	{"status", NXP_OP_STATUS, true, parse_status, no_fields},
+	{"cancel", NXP_OP_CANCEL, true, parse_cancel, cancel_fields},
+	{"lora_load", NXP_OP_LORA_LOAD, true, parse_lora_load, lora_load_fields},
+	{"lora_list", NXP_OP_LORA_LIST, true, parse_lora_list, lora_list_fields},
+	{"lora_unload", NXP_OP_LORA_UNLOAD, true, parse_lora_unload, lora_name_fields},
+	{"lora_fold", NXP_OP_LORA_FOLD, true, parse_lora_fold, lora_fold_fields},
+	{"lora_unfold", NXP_OP_LORA_UNFOLD, true, parse_lora_unfold, lora_name_fields},
+	{"lora_report", NXP_OP_LORA_REPORT, true, parse_lora_report, lora_report_fields},
+	{"shutdown", NXP_OP_SHUTDOWN, true, parse_status, no_fields},
 };
 
 static int parse_obj(json_t *o, const struct nxp_limits *lim, struct nxp_request *r,
@@ -1438,6 +1488,10 @@ static int parse_obj(json_t *o, const struct nxp_limits *lim, struct nxp_request
 		if (op_table[i].id_required && !r->has_id)
 			return fail(e, NXP_E_BAD_REQUEST, "field 'id' is required for op '%s'", name);
 		r->op = op_table[i].op;
+		char what[48];
+		snprintf(what, sizeof(what), "op '%s'", name);
+		if (nxp_only_fields(o, "", op_table[i].fields, what, e))
+			return -1;
 		return op_table[i].parse(o, lim, r, e);
 	}
 	char sb[64];

@@ -379,6 +379,11 @@ char *nxp_utf8_scrub(char *s);
 struct json_t; /* jansson's */
 /* "string", "integer"... of a JSON value for messages; "nothing" for NULL. */
 const char *nxp_json_type(const struct json_t *v);
+/* Every key of object o that is not null must be one of known (NULL-ended):
+ * a field nxd does not implement is refused, naming it (where prefixes it:
+ * "messages[2].") and what takes which fields, never ignored. 0 or -1. */
+int nxp_only_fields(struct json_t *o, const char *where, const char *const *known, const char *what,
+		    struct nxp_error *e);
 struct json_error_t; /* jansson's */
 /* What jansson's parse error je says, for a client: its own text, but for
  * the few that name jansson's flags (\u0000 in a string). */

@@ -80,13 +80,20 @@ static int parse_tool_list(json_t *tools, struct nxp_generate *g, struct nxp_err
 		snprintf(where, sizeof(where), "tools[%zu]", i);
 		if (!json_is_object(t))
 			return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an object, got %s", where, nxp_json_type(t));
-		if (function_type(t, where, e))
+		static const char *const tool_fields[] = { "type", "function", NULL };
+		static const char *const function_fields[] = { "name", "description", "parameters", "strict", NULL };
+		char dot[56];
+		snprintf(dot, sizeof(dot), "%s.", where);
+		if (nxp_only_fields(t, dot, tool_fields, "a tool", e) || function_type(t, where, e))
 			return -1;
 		json_t *fn = field(t, "function");
 		if (!json_is_object(fn))
 			return fail(e, NXP_E_BAD_REQUEST, "field '%s.function' must be an object {\"name\", \"description\", "
 				    "\"parameters\"}", where);
 		snprintf(where, sizeof(where), "tools[%zu].function", i);
+		snprintf(dot, sizeof(dot), "%s.", where);
+		if (nxp_only_fields(fn, dot, function_fields, "a tool's function", e))
+			return -1;
 		const char *name;
 		if (name_field(fn, where, &name, e))
 			return -1;
@@ -170,11 +177,15 @@ int nxp_parse_tools(json_t *o, struct nxp_generate *g, struct nxp_error *e)
 				    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 	} else if (json_is_object(choice)) {
 		const char *name;
+		static const char *const choice_fields[] = { "type", "function", NULL }, *const name_only[] = { "name", NULL };
 		json_t *fn = field(choice, "function");
-		if (function_type(choice, "tool_choice", e))
+		if (nxp_only_fields(choice, "tool_choice.", choice_fields, "tool_choice", e) ||
+		    function_type(choice, "tool_choice", e))
 			return -1;
 		if (!json_is_object(fn))
 			return fail(e, NXP_E_BAD_REQUEST, "field 'tool_choice.function' must be an object {\"name\": ...}");
+		if (nxp_only_fields(fn, "tool_choice.function.", name_only, "tool_choice's function", e))
+			return -1;
 		if (name_field(fn, "tool_choice.function", &name, e))
 			return -1;
 		if (!g->tools || !offered(g->tools, name))
@@ -197,7 +208,12 @@ static json_t *one_call(json_t *c, const char *where, struct nxp_error *e)
 	char fw[96];
 	if (!json_is_object(c))
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s' must be an object", where), NULL;
-	if (function_type(c, where, e))
+	/* index: the place a streamed call had, which a client may send back; the array's order is the calls' */
+	static const char *const call_fields[] = { "id", "type", "function", "index", NULL };
+	static const char *const function_fields[] = { "name", "arguments", "index", NULL };
+	char dot[104];
+	snprintf(dot, sizeof(dot), "%s.", where);
+	if (nxp_only_fields(c, dot, call_fields, "a tool call", e) || function_type(c, where, e))
 		return NULL;
 	json_t *id = field(c, "id"), *fn = field(c, "function");
 	if (id && !json_is_string(id))
@@ -206,6 +222,9 @@ static json_t *one_call(json_t *c, const char *where, struct nxp_error *e)
 		return fail(e, NXP_E_BAD_REQUEST, "field '%s.function' must be an object {\"name\", \"arguments\"}", where),
 		       NULL;
 	snprintf(fw, sizeof(fw), "%s.function", where);
+	snprintf(dot, sizeof(dot), "%s.", fw);
+	if (nxp_only_fields(fn, dot, function_fields, "a tool call's function", e))
+		return NULL;
 	const char *name;
 	if (name_field(fn, fw, &name, e))
 		return NULL;
