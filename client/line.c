@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <histedit.h>
+#include <langinfo.h>
 #include <limits.h>
 #include <locale.h>
 #include <signal.h>
@@ -106,7 +107,13 @@ static void history_path(struct nxc_line *l)
 
 static int editor_open(struct nxc_line *l)
 {
-	setlocale(LC_CTYPE, ""); /* libedit edits characters, not bytes */
+	/* libedit edits characters, not bytes, by the locale's encoding: in the C
+	 * locale (no LANG, or a LANG that is not installed) it drops or repeats
+	 * the bytes of every non-ASCII character. nxd speaks UTF-8: fall back to it. */
+	const char *loc = setlocale(LC_CTYPE, "");
+	if (!loc || strcmp(nl_langinfo(CODESET), "UTF-8"))
+		if (!setlocale(LC_CTYPE, "C.UTF-8"))
+			setlocale(LC_CTYPE, "C.utf8");
 	l->el = el_init("nxctl", stdin, stdout, stderr);
 	l->hist = history_init();
 	if (!l->el || !l->hist)

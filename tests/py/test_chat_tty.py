@@ -29,11 +29,12 @@ def daemon(model_path, tmp_path_factory):
 class Pane:
     """One tmux server of its own (never the user's), one pane running cmd."""
 
-    def __init__(self, tmp_path, cmd, env):
+    def __init__(self, tmp_path, cmd, env, lang="C.UTF-8"):
         self.sock = str(tmp_path / f"tmux{time.monotonic_ns()}.sock")
         envs = " ".join(f"{k}={v}" for k, v in env.items())
+        locale = f"LANG={lang}" if lang else "-u LANG -u LC_ALL -u LC_CTYPE"
         # the exit status stays on the screen; sleep keeps the pane open to read it
-        shell = f"env LANG=C.UTF-8 {envs} {cmd}; echo EXIT=$?; sleep 60"
+        shell = f"env {locale} {envs} {cmd}; echo EXIT=$?; sleep 60"
         assert self.tmux("new-session", "-d", "-x", "120", "-y", "40", "-s", "t", shell).returncode == 0
 
     def tmux(self, *args):
@@ -75,9 +76,9 @@ class Pane:
 def chat(daemon, tmp_path):
     panes = []
 
-    def start(*args, state=None):
+    def start(*args, state=None, lang="C.UTF-8"):
         env = {"XDG_STATE_HOME": state or tmp_path / "state", "NXD_SOCKET": daemon.sock}
-        p = Pane(tmp_path, shlex.join([str(build_dir() / "nxctl"), "chat"] + list(args)), env)
+        p = Pane(tmp_path, shlex.join([str(build_dir() / "nxctl"), "chat"] + list(args)), env, lang)
         panes.append(p)
         p.prompts(1, timeout=15)
         return p
@@ -116,6 +117,20 @@ def test_history_and_editing(chat, tmp_path):
     p.keys("C-d")
     p.wait_for("EXIT=0")
     assert "Please\\040Name\\040a\\040colours!" in (tmp_path / "state" / "nxctl" / "history").read_text()
+
+
+@pytest.mark.parametrize("lang", [None, "C", "xx_XX.UTF-8"])  # none, the C locale, one not installed
+def test_non_ascii_input_without_a_utf8_locale(chat, lang):
+    """In a terminal without a UTF-8 locale (a container, an ssh session) the line is still edited as
+    UTF-8 characters: libedit in the C locale dropped or repeated the bytes of every non-ASCII one."""
+    p = chat("-t", "0", "-n", "4", lang=lang)
+    p.type("Straße café 東京")
+    p.keys("Left", "BSpace")  # one character, not one byte
+    p.keys("Enter")
+    s = p.prompts(2)
+    assert "> Straße café 京" in s, s
+    p.keys("C-d")
+    p.wait_for("EXIT=0")
 
 
 def test_multiline_and_commands(chat):
