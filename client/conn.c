@@ -111,7 +111,8 @@ int nxc_read_line(struct nxc_reader *r, char **line, size_t *len)
 	}
 }
 
-int nxc_send(struct nxc_conn *c, json_t *req)
+/* quiet: a failure is left for the caller to tell (errno kept). */
+static int send_req(struct nxc_conn *c, json_t *req, bool quiet)
 {
 	char *s = req ? json_dumps(req, JSON_COMPACT) : NULL;
 	json_decref(req);
@@ -129,15 +130,23 @@ int nxc_send(struct nxc_conn *c, json_t *req)
 		if (k < 0) {
 			if (errno == EINTR)
 				continue;
-			nxc_msg("cannot send to %s: %s", c->path, strerror(errno));
+			if (!quiet)
+				nxc_msg("cannot send to %s: %s", c->path, strerror(errno));
 			c->broken = true;
 			rc = -1;
 			break;
 		}
 		off += (size_t)k;
 	}
+	int e = errno;
 	free(line);
+	errno = e;
 	return rc;
+}
+
+int nxc_send(struct nxc_conn *c, json_t *req)
+{
+	return send_req(c, req, false);
 }
 
 int nxc_next_event(struct nxc_conn *c, json_t **ev, const char **raw)
@@ -250,8 +259,19 @@ int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out)
 		return rc;
 	nxc_reader_init(&c->rd, c->fd, NXC_MAX_EVENT);
 
-	if (nxc_send(c, json_pack("{s:s, s:i}", "op", "hello", "version", NXP_VERSION)))
+	if (send_req(c, json_pack("{s:s, s:i}", "op", "hello", "version", NXP_VERSION), true)) {
+		/* A daemon at its limit of clients writes why and closes at once:
+		 * that line, when it came, says more than the broken pipe. */
+		int e = errno;
+		json_t *ev = NULL;
+		const char *raw;
+		if (nxc_next_event(c, &ev, &raw) > 0 && !strcmp(nxc_ev_name(ev), "error"))
+			nxc_print_error(ev);
+		else
+			nxc_msg("cannot send to %s: %s", c->path, strerror(e));
+		json_decref(ev);
 		goto err;
+	}
 	for (;;) {
 		json_t *ev;
 		const char *raw;

@@ -121,6 +121,17 @@ int nxc_parse_double(const char *cmd, const char *flag, const char *s, double *o
 	return 0;
 }
 
+/* An answer that could not be written (a full disk, a closed file) is no
+ * answer: said on stderr, and the exit status is not 0. */
+static int output_checked(int rc)
+{
+	errno = 0;
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return rc;
+	fprintf(stderr, "nxctl: cannot write the output%s%s\n", errno ? ": " : "", errno ? strerror(errno) : "");
+	return rc == NXC_EXIT_OK ? NXC_EXIT_ERROR : rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct nxc_ctx ctx;
@@ -154,6 +165,6 @@ int main(int argc, char **argv)
 	}
 	for (size_t k = 0; k < sizeof(commands) / sizeof(commands[0]); k++)
 		if (!strcmp(argv[i], commands[k].name))
-			return commands[k].run(&ctx, argc - i, argv + i);
+			return output_checked(commands[k].run(&ctx, argc - i, argv + i));
 	return nxc_usage_err(NULL, "unknown command '%s'", argv[i]);
 }

@@ -397,6 +397,10 @@ def test_connection_limit(daemon):
         assert ev["event"] == "error" and ev["code"] == "busy" and "too many connections" in ev["message"]
         assert extra.recv() is None  # closed right after
         extra.close()
+        # nxctl says so too, not "Broken pipe" from the hello it sent into the closed socket
+        r = subprocess.run([str(build_dir() / "nxctl"), "--socket", daemon.sock, "status"], capture_output=True,
+                           timeout=10)
+        assert r.returncode == 1 and b"too many connections" in r.stderr and b"(busy)" in r.stderr, r
     finally:
         for c in held:
             c.close()

@@ -181,6 +181,19 @@ def test_generate_streams(nxd):
     assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in nxd.raw)
 
 
+def test_output_that_cannot_be_written_is_an_error(nxd):
+    """An answer written to a full disk is no answer: an error on stderr and exit 1, not 0."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    nxd.handlers["generate"] = stream_pieces(["Hel", "lo"])
+    nxd.handlers["tokenize"] = lambda req, send: send({"id": req["id"], "event": "tokens", "tokens": [1, 2]})
+    for args in (["generate", "hi"], ["generate", "--json", "hi"], ["tokenize", "hi"]):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([NXCTL, "--socket", nxd.path] + args, stdout=full, stderr=subprocess.PIPE,
+                               timeout=10)
+        assert r.returncode == 1 and b"nxctl: cannot write the output" in r.stderr, (args, r)
+
+
 def test_generate_speculate(nxd):
     nxd.handlers["generate"] = stream_pieces(["ok"])
     r = run(["generate", "--speculate", "prompt:6", "hi"], sock=nxd.path)
