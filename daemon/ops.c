@@ -266,13 +266,14 @@ static void prep_detokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p
 	const struct nxp_detokenize *dt = &p->q.u.detok;
 	struct nx_err err = {{0}};
 	size_t cap = (size_t)dt->n_tokens * 16 + 16, n = 0;
+	const unsigned flags = NX_DETOK_STRIP | (dt->special ? NX_DETOK_SPECIAL : 0);
 	char *text = malloc(cap);
 	if (!text) {
 		nx_errf(&err, "out of memory");
 		prep_fail(p, NXP_E_INTERNAL, "detokenize", &err);
 		return;
 	}
-	if (nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap, &n, &err) < 0) {
+	if (nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, flags, text, cap, &n, &err) < 0) {
 		if (n > cap) {
 			char *q = realloc(text, n);
 			if (q) {
@@ -281,7 +282,7 @@ static void prep_detokenize(const struct nxd_prep_ctx *x, struct nxd_prepared *p
 			}
 		}
 		if (n > cap ||
-		    nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, NX_DETOK_STRIP, text, cap, &n, &err) < 0) {
+		    nx_tok_decode(x->tok, dt->tokens, (size_t)dt->n_tokens, flags, text, cap, &n, &err) < 0) {
 			free(text);
 			prep_fail(p, NXP_E_BAD_REQUEST, "detokenize", &err);
 			return;

@@ -889,6 +889,9 @@ static int parse_detokenize(json_t *o, const struct nxp_limits *lim, struct nxp_
 	json_t *v = field(o, "tokens");
 	if (!v)
 		return fail(e, NXP_E_BAD_REQUEST, "field 'tokens' is required for op 'detokenize'");
+	r->u.detok.special = true;
+	if (opt_bool(o, "special", &r->u.detok.special, NULL, e))
+		return -1;
 	return token_array(v, "tokens", lim, &r->u.detok.tokens, &r->u.detok.n_tokens, e);
 }
 
@@ -1423,7 +1426,7 @@ static const char *const generate_fields[] = {
 	"grammar", NULL
 };
 static const char *const tokenize_fields[] = { COMMON_FIELDS, "text", "special", "add_bos", NULL };
-static const char *const detokenize_fields[] = { COMMON_FIELDS, "tokens", NULL };
+static const char *const detokenize_fields[] = { COMMON_FIELDS, "tokens", "special", NULL };
 static const char *const cancel_fields[] = { COMMON_FIELDS, "target", NULL };
 static const char *const lora_load_fields[] = { COMMON_FIELDS, "name", "path", "scale", NULL };
 static const char *const lora_list_fields[] = { COMMON_FIELDS, "checksum", NULL };

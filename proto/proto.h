@@ -177,6 +177,7 @@ struct nxp_tokenize {
 struct nxp_detokenize {
 	int32_t *tokens; /* (n_tokens) owned, each in [0, n_vocab) */
 	int n_tokens;
+	bool special;    /* control tokens as their text (default), or dropped */
 };
 
 struct nxp_cancel {

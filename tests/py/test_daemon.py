@@ -228,6 +228,11 @@ def test_tokenize_roundtrip(daemon):
         assert back["event"] == "text" and back["text"] == text
         t = c.request({"op": "tokenize", "id": 3, "text": "<|im_start|>user", "special": True})
         assert t["tokens"][0] == 1  # <|im_start|> is one special token
+        # and back: control tokens as their text (as docs/protocol.md's example), or dropped with special false
+        back = c.request({"op": "detokenize", "id": 4, "tokens": t["tokens"]})
+        assert back["text"] == "<|im_start|>user", back
+        back = c.request({"op": "detokenize", "id": 5, "tokens": t["tokens"], "special": False})
+        assert back["text"] == "user", back
 
 
 def test_cancel(daemon):
