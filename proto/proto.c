@@ -1252,6 +1252,9 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	if (opt_bool(o, "ignore_eos", &g->ignore_eos, NULL, e) ||
 	    opt_bool(o, "stream", &g->stream, NULL, e))
 		return -1;
+	if (!g->stream && sp->n_logprobs > 0) /* they come in token events; a done event carries none */
+		return fail(e, NXP_E_BAD_REQUEST, "field 'logprobs' needs 'stream' true: the log-probabilities come in "
+			    "the token events, and a non-streamed answer has none");
 	if (lora && parse_lora(lora, g, e))
 		return -1;
 	json_t *spec = field(o, "speculate");

@@ -330,6 +330,8 @@ static void test_unknown_fields_are_refused(void **st)
 {
 	check_err("{\"id\":1,\"op\":\"generate\",\"prompt\":\"x\",\"temprature\":0}", NXP_E_BAD_REQUEST,
 		  "field 'temprature' is not one op 'generate' takes", "temperature");
+	check_err("{\"id\":1,\"op\":\"generate\",\"prompt\":\"x\",\"logprobs\":2,\"stream\":false}", NXP_E_BAD_REQUEST,
+		  "field 'logprobs' needs 'stream' true", NULL);
 	check_err("{\"id\":1,\"op\":\"status\",\"verbose\":true}", NXP_E_BAD_REQUEST,
 		  "field 'verbose' is not one op 'status' takes", NULL);
 	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"a\",\"add_eos\":true}", NXP_E_BAD_REQUEST, "'add_eos'",
@@ -395,7 +397,7 @@ static void test_generate_full(void **st)
 	parse_ok("{\"id\":\"g1\",\"op\":\"generate\",\"prompt\":\"Hello \\\"world\\\"\",\"system\":\"Be brief.\","
 		 "\"max_tokens\":20,\"temperature\":0,\"top_k\":5,\"top_p\":0.5,\"min_p\":0.1,"
 		 "\"repeat_penalty\":1.1,\"repeat_last_n\":32,\"seed\":9007199254740993,"
-		 "\"stop\":[\"\\n\\n\",\"User:\"],\"ignore_eos\":true,\"stream\":false,\"logprobs\":3,"
+		 "\"stop\":[\"\\n\\n\",\"User:\"],\"ignore_eos\":true,\"stream\":true,\"logprobs\":3,"
 		 "\"lora\":[{\"name\":\"style\",\"scale\":0.5},{\"name\":\"b\"}]}\r\n",
 		 &r);
 	assert_int_equal(r.op, NXP_OP_GENERATE);
@@ -418,7 +420,7 @@ static void test_generate_full(void **st)
 	assert_string_equal(g->stop[0], "\n\n");
 	assert_string_equal(g->stop[1], "User:");
 	assert_true(g->ignore_eos);
-	assert_false(g->stream);
+	assert_true(g->stream); /* logprobs come in token events: they need it (stream false below) */
 	assert_int_equal(g->sampling.n_logprobs, 3);
 	assert_int_equal(g->n_lora, 2);
 	assert_string_equal(g->lora[0].name, "style");
@@ -434,6 +436,9 @@ static void test_generate_full(void **st)
 	nxp_request_free(&r);
 	parse_ok(GEN "\"speculate\":{\"mode\":\"off\"}}", &r);
 	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_OFF);
+	nxp_request_free(&r);
+	parse_ok(GEN "\"stream\":false}", &r);
+	assert_false(r.u.gen.stream);
 	nxp_request_free(&r);
 	parse_ok(GEN "\"speculate\":{\"mode\":\"draft\",\"k\":3}}", &r);
 	assert_int_equal(r.u.gen.spec_mode, NXP_SPEC_DRAFT);
