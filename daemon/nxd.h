@@ -296,6 +296,7 @@ struct nxd_slot {
 };
 
 #define NXD_STATS_WINDOW 256
+#define NXD_STATS_SECONDS 10.0 /* status's "recent": the steps that began in the last this many seconds */
 
 /* The draft steps before a main step (draft.c): none begun, running, done
  * (the drafts are made; the main step verifies them). */
@@ -323,10 +324,10 @@ struct nxd_stats {
 	 * own (acc_w[0], seen_w[0]): where a new request's p of them starts */
 	double draft_acc_w, draft_seen_w;
 	uint64_t draft_steps;
-	/* recent steps: sequences in the step, completion tokens, end time */
+	/* recent steps: sequences in the step, completion tokens, start time */
 	int seqs[NXD_STATS_WINDOW];
 	int ntok[NXD_STATS_WINDOW];
-	double t[NXD_STATS_WINDOW];
+	double t0[NXD_STATS_WINDOW];
 	unsigned head, count;
 };
 

@@ -158,8 +158,8 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.completion_tokens = r->n_gen,
 			.prefill_ms = prefill * 1e3,
 			.decode_ms = decode * 1e3,
-			/* docs/protocol.md: completion tokens / decode seconds */
-			.tokens_per_s = decode > 0 ? r->n_gen / decode : NAN,
+			/* docs/protocol.md: the tokens after the first (which came from the prefill) / decode seconds */
+			.tokens_per_s = decode > 0 && r->n_gen > 1 ? (r->n_gen - 1) / decode : NAN,
 			.has_seed = true,
 			.seed = r->sp.seed,
 			.speculated = r->spec_k > 0,
@@ -689,7 +689,7 @@ static void stats_step(struct nxd *d, int seqs, int ntok, int n_prompt, double t
 	unsigned i = st->head;
 	st->seqs[i] = seqs;
 	st->ntok[i] = ntok;
-	st->t[i] = t1 - t0;
+	st->t0[i] = t0;
 	st->head = (i + 1) % NXD_STATS_WINDOW;
 	if (st->count < NXD_STATS_WINDOW)
 		st->count++;
@@ -992,16 +992,24 @@ static void kernels_status(struct nxp_status *st)
 
 void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_status *ws)
 {
+	/* Over wall time, from the first recent step to now: the gaps between
+	 * steps count, and an idle daemon's rate falls to 0. */
 	const struct nxd_stats *s = &d->stats;
-	double sum = 0, dt = 0;
-	int mx = 0, ntok = 0;
+	const double now = nxd_now();
+	double sum = 0, first = now;
+	int mx = 0, ntok = 0, n = 0;
 	for (unsigned k = 0; k < s->count; k++) {
+		if (s->t0[k] < now - NXD_STATS_SECONDS)
+			continue;
+		n++;
 		sum += s->seqs[k];
 		if (s->seqs[k] > mx)
 			mx = s->seqs[k];
 		ntok += s->ntok[k];
-		dt += s->t[k];
+		if (s->t0[k] < first)
+			first = s->t0[k];
 	}
+	const double dt = now - first;
 	for (int i = 0; i < d->n_workers; i++) {
 		const struct nxd_proc *p = &d->procs[i];
 		static const char *const names[] = {
@@ -1032,7 +1040,7 @@ void nxd_sched_status(struct nxd *d, struct nxp_status *st, struct nxp_worker_st
 		.queued = d->n_queued,
 		.tokens_served = s->tokens_served,
 		.prompt_tokens_cached = s->prompt_cached,
-		.seqs_per_step_mean = s->count ? sum / s->count : 0,
+		.seqs_per_step_mean = n ? sum / n : 0,
 		.seqs_per_step_max = mx,
 		.tokens_per_s = dt > 0 ? ntok / dt : 0,
 		.uptime_s = nxd_now() - d->t_start,

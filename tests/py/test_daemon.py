@@ -143,6 +143,18 @@ def test_hello_status_socket_mode(daemon):
     assert f"(pid {os.getpid()}, uid {os.getuid()})" in daemon.log()
 
 
+def test_status_rates_are_recent(daemon):
+    """tokens_per_s and sequences_per_step are those of the last 10 s of wall time: an idle daemon's fall
+    to 0 (they used to stay at the last busy steps' rate for ever)."""
+    with Client(daemon.sock) as c:
+        c.generate(rid="r", prompt=PROMPTS[0], **GREEDY)
+        st = c.request({"op": "status", "id": "s"})
+        assert st["tokens_per_s"] > 0 and st["sequences_per_step"]["mean"] >= 1, st
+        time.sleep(10.5)
+        st = c.request({"op": "status", "id": "s2"})
+        assert st["tokens_per_s"] == 0 and st["sequences_per_step"] == {"mean": 0, "max": 0}, st
+
+
 def test_generate_stream_and_not(daemon, reference):
     p = PROMPTS[0]
     with Client(daemon.sock) as c:
@@ -150,7 +162,10 @@ def test_generate_stream_and_not(daemon, reference):
         assert (toks, text) == reference[p]
         u = done["usage"]
         assert (u["prompt_tokens"], u["completion_tokens"]) == (5, 12) and 0 <= u["cached_tokens"] <= 4, u
-        assert done["timing"]["tokens_per_s"] > 0
+        t = done["timing"]  # the 11 tokens after the first (which came from the prefill) over the decode time
+        assert t["tokens_per_s"] == pytest.approx(11 / (t["decode_ms"] / 1e3), rel=1e-3), t
+        _, _, one = c.generate(rid="1", prompt=p, **dict(GREEDY, max_tokens=1))
+        assert one["timing"]["tokens_per_s"] is None, one  # one token: no decode to take a rate of
         toks2, text2, done2 = c.generate(rid="n", prompt=p, stream=False, **GREEDY)
         assert done2["event"] == "done" and done2["reason"] == "length"
         assert (toks2, text2) == reference[p]
