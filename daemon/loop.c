@@ -564,6 +564,20 @@ static void on_recv(struct nxd *d, struct nxd_conn *c, int res)
 	c->recv_armed = false;
 	if (c->linger > 0)
 		return; /* on its way out: input is not read any more */
+	if (res == 0 && c->in_len > 0 && !c->skipping) {
+		/* A last request without its '\n': the end of the input ends the line. */
+		char *p = c->in_len < c->in_cap ? c->in : realloc(c->in, c->in_len + 1);
+		if (p) {
+			if (p != c->in) {
+				c->in = p;
+				c->in_cap = c->in_len + 1;
+			}
+			c->in[c->in_len++] = '\n';
+			conn_lines(d, c, c->in_len - 1, PREP_INLINE_BUDGET);
+			if (c->closing || c->linger > 0)
+				return;
+		}
+	}
 	if (res <= 0) {
 		if (res < 0 && res != -ECONNRESET && res != -ECANCELED)
 			nxd_debug("client %d: recv failed: %s", c->idx, strerror(-res));

@@ -335,6 +335,16 @@ def test_bad_requests(daemon):
         # Blank lines are ignored, several requests in one write all answered.
         c.send(b'\n\r\n{"op":"status","id":"a"}\n{"op":"status","id":"b"}\n')
         assert c.recv()["id"] == "a" and c.recv()["id"] == "b"
+    # A last request without its newline, then the end of input: the end ends the line, and it is answered.
+    for tail in (b'{"op":"status","id":"last"}', b'{"op":"generate","id":"last","prompt":"Hi","max_tokens":2}'):
+        with Client(daemon.sock) as c:
+            c.send(b'{"op":"status","id":"first"}\n' + tail)
+            c.s.shutdown(socket.SHUT_WR)
+            assert c.recv()["id"] == "first"
+            evs = []
+            while (ev := c.recv()) is not None:
+                evs.append(ev)
+            assert evs and all(e["id"] == "last" for e in evs) and evs[-1]["event"] in ("status", "done"), evs
     assert daemon.proc.poll() is None
 
 
