@@ -252,7 +252,8 @@ static const struct set_opt {
 	{"repeat_penalty", NULL, true, 0, HUGE_VAL, true, "1.0", "a number > 0 (1 is off)"},
 	{"repeat_last_n", NULL, false, 0, INT32_MAX, false, "64", "an integer >= 0"},
 	{"seed", NULL, false, 0, (double)INT64_MAX, false, "a fresh one per answer", "an integer in 0..2^63-1"},
-	{"max_tokens", "num_predict", false, 1, INT32_MAX, false, "256", "an integer >= 1"},
+	{"max_tokens", "num_predict", false, 1, (double)INT64_MAX, false, "256",
+	 "an integer >= 1 (more than nxd allows is its limit)"},
 };
 
 static const struct set_opt *find_opt(char *name)

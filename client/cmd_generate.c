@@ -139,7 +139,7 @@ int nxc_gen_parse(const char *cmd, bool is_chat, int argc, char **argv, struct n
 		case '?':
 			return nxc_usage_err(cmd, "unknown option '%s'", argv[optind - 1]);
 		case 'n':
-			if (set_num_int(ga->params, cmd, "max_tokens", flag, optarg, 1, INT32_MAX))
+			if (set_num_int(ga->params, cmd, "max_tokens", flag, optarg, 1, INT64_MAX))
 				return -1;
 			break;
 		case 't':

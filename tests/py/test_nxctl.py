@@ -179,6 +179,9 @@ def test_generate_streams(nxd):
     assert "raw" not in g and "tokens" not in g and "messages" not in g
     # each request is one line of compact JSON
     assert all(line.endswith(b"\n") and line.count(b"\n") == 1 for line in nxd.raw)
+    # more tokens than nxd allows is nxd's limit (docs/nxctl.1), not a usage error
+    r = run(["generate", "-n", "99999999999", "hi"], sock=nxd.path)
+    assert r.returncode == 0 and nxd.requests[-1]["max_tokens"] == 99999999999, r.stderr
 
 
 def test_output_that_cannot_be_written_is_an_error(nxd):
