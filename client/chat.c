@@ -474,6 +474,7 @@ static bool ends_with(const char *s, size_t n, const char *tail)
 /* The lines after a first one that opened a """ block or ended in '\'. */
 static int continuation(struct chat *ch, struct nxc_text *msg, bool block)
 {
+	bool first = block && msg->len == 0; /* a """ of its own opened the block: its line adds no newline */
 	for (;;) {
 		char *line;
 		size_t len;
@@ -486,7 +487,9 @@ static int continuation(struct chat *ch, struct nxc_text *msg, bool block)
 			return k;
 		if (block && len == 3 && !strcmp(line, "\"\"\""))
 			return 1; /* a closing line of its own adds no newline */
-		nxc_text_add(msg, "\n", 1);
+		if (!first)
+			nxc_text_add(msg, "\n", 1);
+		first = false;
 		if (block && ends_with(line, len, "\"\"\"")) {
 			nxc_text_add(msg, line, len - 3);
 			return 1;

@@ -433,6 +433,16 @@ def test_chat(nxd):
     assert nxd.ops().count("hello") == 1  # one connection for the session
 
 
+def test_chat_blocks(nxd):
+    """A \"\"\" of its own opens a block whose message starts with the next line, not a newline."""
+    nxd.handlers["generate"] = stream_pieces(["ok"])
+    script = '"""\n/not a command\nline two\n"""\n"""inline\nnext"""\n'
+    r = run(["chat"], sock=nxd.path, stdin=script.encode())
+    assert r.returncode == 0, r.stderr
+    sent = [q["messages"][-1]["content"] for q in nxd.requests if q["op"] == "generate"]
+    assert sent == ["/not a command\nline two", "inline\nnext"], sent
+
+
 def test_chat_error_keeps_going(nxd):
     calls = []
 
