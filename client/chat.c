@@ -176,14 +176,14 @@ static int turn(struct chat *ch, const char *text)
 	}
 	json_t *before = json_copy(ch->messages);
 	json_array_append_new(ch->messages, message("user", content));
-	int dropped = make_room(ch, strlen(text)), late = 0;
-	note_dropped(ch, dropped);
+	int dropped = make_room(ch, strlen(text));
 	struct nxc_answer ans = {0};
-	int rc = send_turn(ch, &ans, &late);
+	int rc = send_turn(ch, &ans, &dropped);
 	if (rc == NXC_EXIT_OK || (rc == NXC_EXIT_INTR && !ans.hard)) {
-		/* what was said stays, even a cancelled partial answer */
+		/* what was said stays, even a cancelled partial answer; only now
+		 * are the turns dropped for it gone (an answer refused gets them back) */
 		json_array_append_new(ch->messages, message("assistant", json_string(ans.text.p ? ans.text.p : "")));
-		note_dropped(ch, late);
+		note_dropped(ch, dropped);
 		if (ans.done)
 			measure(ch, ans.done);
 	} else if (ans.error && is_code(ans.error, "context_overflow")) {
@@ -192,6 +192,7 @@ static int turn(struct chat *ch, const char *text)
 		forget_all(ch);
 	} else {
 		json_array_remove(ch->messages, json_array_size(ch->messages) - 1);
+		note_dropped(ch, dropped); /* they are gone all the same */
 	}
 	if (ans.error)
 		nxc_print_error(ans.error);

@@ -662,8 +662,26 @@ def test_chat_drops_oldest_turns(nxd):
     # user messages, loses q2 in turn)
     assert gens[-1] == ["S", "q3", "a3", "q4", "a3", "q5"]
     err = r.stderr.decode()
-    assert "(1 oldest turn dropped to fit the context of 2048 tokens)" in err
+    # q1 for q4, q2 for q5; none for the long message, whose conversation came back whole
+    assert err.count("oldest turn") == 2 and "(1 oldest turn dropped to fit the context of 2048 tokens)" in err, err
     assert "context_overflow" in err  # the message too long alone
+
+
+def test_chat_no_note_for_turns_given_back(nxd):
+    """Turns dropped to make room for a message that then fits not even alone come back with the
+    conversation: no note says they were dropped."""
+    def gen(req, send):
+        if len(req["messages"][-1]["content"]) > 1000:
+            send({"id": req["id"], "event": "error", "code": "context_overflow",
+                  "message": "the prompt is 3000 tokens; the context holds 2048"})
+            return
+        answer("a", prompt_tokens=1000, completion=20)(req, send)
+    nxd.handlers["generate"] = gen
+    r = run(["chat"], sock=nxd.path, stdin=("q1\n" + "z" * 3000 + "\nq2\n").encode())
+    gens = [[m["content"] for m in q["messages"]] for q in nxd.requests if q["op"] == "generate"]
+    assert gens[1] == ["z" * 3000] and gens[2] == ["q1", "a", "q2"], gens  # q1 dropped for it, then back
+    err = r.stderr.decode()
+    assert "context_overflow" in err and "oldest turn" not in err, err
 
 
 def test_chat_makes_room_before_sending(nxd):
