@@ -1,6 +1,7 @@
 /* nxctl.c - nxd's command-line client: global options, the command table, argument helpers. */
 #define _GNU_SOURCE /* vasprintf */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -86,8 +87,12 @@ int nxc_parse_int(const char *cmd, const char *flag, const char *s, long long lo
 	char *end;
 	errno = 0;
 	long long v = strtoll(s, &end, 10);
-	if (!*s || *end || errno)
+	/* no upper bound (hi LLONG_MAX): a number past it is the largest, as nxd takes it */
+	bool open_ended = hi == LLONG_MAX, over = errno == ERANGE && v == LLONG_MAX;
+	if (!*s || *end || (errno && !(open_ended && over)))
 		return nxc_usage_err(cmd, "%s wants an integer, got '%s'", flag, s);
+	if (open_ended && v < lo)
+		return nxc_usage_err(cmd, "%s must be at least %lld, got %lld", flag, lo, v);
 	if (v < lo || v > hi)
 		return nxc_usage_err(cmd, "%s must be in %lld..%lld, got %lld", flag, lo, hi, v);
 	*out = v;
