@@ -36,6 +36,7 @@ const char nxc_usage_chat[] =
 	"      --system TEXT      system message at the start of the conversation\n";
 
 struct chat {
+	struct nxc_ctx *ctx;    /* to connect again when nxd restarted */
 	struct nxc_conn c;
 	struct nxc_line in;
 	struct nxc_gen_args ga; /* ga.params: the sampling options, changed by /set and /lora */
@@ -149,15 +150,43 @@ static void after_answer(struct chat *ch, int rc, struct nxc_answer *ans)
 	}
 }
 
+/* A new connection after nxd went away (restarted, say): the conversation
+ * is nxctl's, so it goes on there. */
+static int reconnect(struct chat *ch)
+{
+	nxc_close(&ch->c);
+	json_t *hello = NULL;
+	int rc = nxc_open(ch->ctx, &ch->c, &hello);
+	if (rc)
+		return rc;
+	ch->n_ctx = (int)json_integer_value(json_object_get(hello, "n_ctx"));
+	json_decref(hello);
+	if (ch->in.tty)
+		nxc_note("(connected to nxd again)");
+	return 0;
+}
+
 /* Sends req and streams the answer; a prompt over the context loses the
- * oldest turns until it fits (*dropped counts them). */
+ * oldest turns until it fits (*dropped counts them). A connection found
+ * broken before anything came back is made again, once. */
 static int send_turn(struct chat *ch, struct nxc_answer *ans, int *dropped)
 {
+	bool retried = false;
 	for (;;) {
+		if (nxc_peer_gone(&ch->c)) {
+			int rc = reconnect(ch);
+			if (rc)
+				return rc;
+		}
 		json_t *req = json_deep_copy(ch->ga.params);
 		json_object_set(req, "messages", ch->messages);
 		ans->keep_error = true;
 		int rc = nxc_stream_answer(&ch->c, req, false, ans);
+		if (rc != NXC_EXIT_OK && ch->c.broken && !retried && !ans->done && !ans->error && !ans->text.len) {
+			retried = true; /* the daemon was gone before this turn: try the new one */
+			nxc_answer_free(ans);
+			continue;
+		}
 		if (!(ans->error && is_code(ans->error, "context_overflow") && drop_oldest(ch)))
 			return rc;
 		++*dropped;
@@ -544,6 +573,7 @@ static int read_message(struct chat *ch, struct nxc_text *msg)
 static int chat_open(struct nxc_ctx *ctx, struct chat *ch)
 {
 	json_t *hello = NULL;
+	ch->ctx = ctx;
 	int rc = nxc_open(ctx, &ch->c, &hello);
 	if (rc)
 		return rc;
@@ -588,8 +618,10 @@ static int chat_loop(struct chat *ch)
 			nxc_note("(cancelled)");
 		}
 		nxc_interrupts = 0;
-		if (ch->c.broken) /* the daemon went away */
+		if (ch->c.broken && !ch->in.tty) /* the daemon went away: a script stops there */
 			return NXC_EXIT_ERROR;
+		if (ch->c.broken) /* a person may start it again: the next message connects anew */
+			nxc_note("(the connection to nxd broke; the next message connects again)");
 	}
 }
 

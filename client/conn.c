@@ -323,6 +323,14 @@ err:
 	return NXC_EXIT_ERROR;
 }
 
+bool nxc_peer_gone(struct nxc_conn *c)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLRDHUP };
+	if (!c->broken && c->fd >= 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+		c->broken = true;
+	return c->broken;
+}
+
 void nxc_close(struct nxc_conn *c)
 {
 	if (c->fd >= 0)

@@ -208,6 +208,9 @@ int nxc_read_line(struct nxc_reader *r, char **line, size_t *len);
  * On failure prints the reason and returns NXC_EXIT_NOCONN or NXC_EXIT_ERROR;
  * 0 on success. hello_out (may be NULL) gets the hello event (caller decrefs). */
 int nxc_open(struct nxc_ctx *ctx, struct nxc_conn *c, json_t **hello_out);
+/* Whether the daemon closed the connection (or it broke): asked without
+ * waiting, before a request that would otherwise go into a dead socket. */
+bool nxc_peer_gone(struct nxc_conn *c);
 void nxc_close(struct nxc_conn *c);
 
 /* Sends one request (compact JSON + '\n'); steals req. 0 or -1 (message printed). */

@@ -200,3 +200,31 @@ def test_conversation_longer_than_the_context_goes_on(chat):
     assert prompt_tokens + 24 <= CTX
     p.keys("C-d")
     p.wait_for("EXIT=0")
+
+
+def test_chat_lives_through_a_daemon_restart(model_path, tmp_path):
+    """nxd restarted between two turns: the next message connects again and the conversation, which
+    nxctl holds, goes on (it used to end the chat with 'Broken pipe')."""
+    d = Daemon(model_path, tmp_path, workers=1, args=["--ctx", str(CTX), "--slots", "1"]).start()
+    p = Pane(tmp_path, shlex.join([str(build_dir() / "nxctl"), "chat", "-t", "0", "-n", "4"]),
+             {"XDG_STATE_HOME": tmp_path / "state", "NXD_SOCKET": d.sock})
+    try:
+        p.prompts(1, timeout=15)
+        p.type("Name a colour.")
+        p.keys("Enter")
+        p.prompts(2)
+        d.stop()
+        d = Daemon(model_path, tmp_path, workers=1, args=["--ctx", str(CTX), "--slots", "1"]).start()
+        p.type("And another.")
+        p.keys("Enter")
+        s = p.prompts(3)
+        assert "(connected to nxd again)" in s and "cannot send" not in s, s
+        # the second turn carried the first: its prompt holds both questions and the first answer
+        p.type("/stats")
+        p.keys("Enter")
+        s = p.wait_for("tokens/s")
+        p.keys("C-d")
+        p.wait_for("EXIT=0")
+    finally:
+        p.close()
+        d.stop()
