@@ -80,6 +80,69 @@ static int think_field(struct nxh_req *r, const json_t *b, struct nxh_gen *g)
 	return 0;
 }
 
+static void iso_now(char *buf, size_t cap);
+
+/* keep_alive: how long ollama keeps a model loaded after a request. nxd
+ * serves its model for its whole life, which any duration but zero keeps
+ * to; zero (unload now) it cannot do: refused by name. A Go duration
+ * ("10m", "1h30m", "-1") or seconds. */
+static int keep_alive_field(struct nxh_req *r, const json_t *b)
+{
+	const json_t *k = json_object_get(b, "keep_alive");
+	if (!k || json_is_null(k))
+		return 0;
+	bool zero = json_is_number(k) && json_number_value(k) == 0, ok = json_is_number(k);
+	if (json_is_string(k)) {
+		const char *s = json_string_value(k);
+		zero = ok = *s != '\0';
+		while (ok && *s) {
+			char *end;
+			double v = strtod(s, &end);
+			ok = end != s;
+			zero = zero && v == 0;
+			for (s = end; ok && *s && strchr("nsum\xc2\xb5h", *s); s++) /* ns us µs ms s m h */
+				;
+		}
+	}
+	if (!ok) {
+		nxh_req_bad(r, "keep_alive", "field 'keep_alive' must be a duration (\"10m\", \"1h\", -1) or seconds");
+		return -1;
+	}
+	if (zero) {
+		nxh_req_bad(r, "keep_alive", "field 'keep_alive' is 0 (unload the model now): nxd serves its model for its "
+					    "whole life and cannot unload it");
+		return -1;
+	}
+	return 0;
+}
+
+/* A generate without a prompt, or a chat without messages: ollama's way of
+ * loading a model before use (ollama run does it). The model is loaded. */
+static bool load_only(struct nxh_req *r, struct nxh_gen *g)
+{
+	const json_t *b = r->json;
+	const json_t *p = json_object_get(b, "prompt"), *m = json_object_get(b, "messages");
+	bool empty = g->api == NXH_API_OLLAMA_GENERATE ? !json_string_length(p) && !json_object_get(b, "system")
+						       : !m || json_is_null(m) || (json_is_array(m) && !json_array_size(m));
+	if (!empty)
+		return false;
+	const char *id = nxh.o.model_id ? nxh.o.model_id : nxh.model.name;
+	if (!id || strcmp(g->model, id)) {
+		nxh_model_not_found(r);
+		return true;
+	}
+	char now[64];
+	iso_now(now, sizeof(now));
+	json_t *o = json_pack("{s:s, s:s, s:b, s:s}", "model", g->model, "created_at", now, "done", 1, "done_reason",
+			      "load");
+	if (g->api == NXH_API_OLLAMA_GENERATE)
+		json_object_set_new(o, "response", json_string(""));
+	else
+		json_object_set_new(o, "message", json_pack("{s:s, s:s}", "role", "assistant", "content", ""));
+	nxh_req_answer(r, 200, o);
+	return true;
+}
+
 static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known)
 {
 	const json_t *b = r->json;
@@ -94,7 +157,7 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 		nxh_req_bad(r, "model", "field 'model' is required (GET /api/tags lists it)");
 		return -1;
 	}
-	if (nxh_ollama_format(r, b, g->req) || think_field(r, b, g))
+	if (nxh_ollama_format(r, b, g->req) || think_field(r, b, g) || keep_alive_field(r, b))
 		return -1;
 	size_t n = strlen(m);
 	if (n > 7 && !strcmp(m + n - 7, ":latest")) /* ollama's default tag */
@@ -105,11 +168,14 @@ static int common(struct nxh_req *r, struct nxh_gen *g, const char *const *known
 
 int nxh_ollama_chat_begin(struct nxh_req *r)
 {
-	static const char *const known[] = { "model", "messages", "stream", "options", "format", "tools", "think", NULL };
+	static const char *const known[] = { "model", "messages", "stream", "options", "format", "tools", "think",
+					     "keep_alive", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_CHAT;
 	if (common(r, g, known))
 		return -1;
+	if (load_only(r, g))
+		return r->status == 200 ? 0 : -1;
 	json_t *msgs = json_object_get(r->json, "messages");
 	if (!json_is_array(msgs) || !json_array_size(msgs)) {
 		nxh_req_bad(r, "messages", "field 'messages' must be a non-empty array of messages");
@@ -143,11 +209,13 @@ int nxh_ollama_chat_begin(struct nxh_req *r)
 int nxh_ollama_generate_begin(struct nxh_req *r)
 {
 	static const char *const known[] = { "model", "prompt", "system", "raw", "stream", "options", "format", "think",
-					     NULL };
+					     "keep_alive", NULL };
 	struct nxh_gen *g = &r->gen;
 	g->api = NXH_API_OLLAMA_GENERATE;
 	if (common(r, g, known))
 		return -1;
+	if (load_only(r, g))
+		return r->status == 200 ? 0 : -1;
 	const char *p = NULL, *sys = NULL;
 	bool has, raw = false;
 	if (nxh_get_str(r, r->json, "prompt", NULL, &p, &has) || nxh_get_str(r, r->json, "system", NULL, &sys, &has) ||

@@ -825,6 +825,20 @@ def test_ollama_api(stack, client, model_id):
     assert show["capabilities"] == ["completion"] and show["details"]["quantization_level"] == "Q4_1", show
     st, _, e = request(g, "POST", "/api/show", {"model": "nope"})
     assert st == 404 and e == {"error": "model 'nope' not found"}, e
+    # ollama's load: a generate without a prompt, a chat without messages (ollama run sends one first);
+    # keep_alive is kept to (the model never unloads) but for 0, an unload nxd cannot do
+    for path, body in (("/api/generate", {"prompt": "", "keep_alive": "10m"}), ("/api/generate", {}),
+                       ("/api/chat", {"messages": [], "keep_alive": -1})):
+        st, _, ld = request(g, "POST", path, dict(body, model=model_id + ":latest"))
+        assert st == 200 and ld["done"] is True and ld["done_reason"] == "load" and ld["model"] == model_id, ld
+        assert (ld["response"] if path == "/api/generate" else ld["message"]["content"]) == "", ld
+    st, _, e = request(g, "POST", "/api/generate", {"model": "nope", "prompt": ""})
+    assert st == 404 and "not found" in e["error"], e
+    for ka in (0, "0s", "0m"):
+        st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "", "keep_alive": ka})
+        assert st == 400 and "keep_alive" in e["error"] and "unload" in e["error"], (ka, e)
+    st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "", "keep_alive": "soon"})
+    assert st == 400 and "keep_alive" in e["error"], e
     want = chat(client, model_id, max_tokens=24).choices[0].message.content
     opts = {"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0}  # ollama's default is 1.1
     msgs = [{"role": "user", "content": PROMPT}]
