@@ -17,9 +17,11 @@ const char nxc_usage_tokenize[] =
 	"  --no-bos    do not add it (default: what the model asks for)\n";
 
 const char nxc_usage_detokenize[] =
-	"usage: nxctl detokenize [--raw-output] ID...\n\n"
-	"Prints the text of the token ids (separated by spaces or commas). On a terminal,\n"
-	"control characters in it are shown (ESC as ^[, U+009B as <U+009B>), not obeyed.\n\n"
+	"usage: nxctl detokenize [--no-special] [--raw-output] [--] ID...\n\n"
+	"Prints the text of the token ids (separated by spaces or commas), control tokens\n"
+	"such as <|im_end|> as their text. On a terminal, control characters in it are\n"
+	"shown (ESC as ^[, U+009B as <U+009B>), not obeyed.\n\n"
+	"  --no-special  leave control tokens out\n"
 	"  --raw-output  write the text to a terminal as it is\n";
 
 const char nxc_usage_shutdown[] =
@@ -184,12 +186,21 @@ int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv)
 	if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
 		return nxc_help(nxc_usage_detokenize);
 	json_t *toks = json_array();
+	bool special = true, options = true;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--raw-output")) {
+		if (options && !strcmp(argv[i], "--")) {
+			options = false; /* what follows are ids, "-1" among them */
+			continue;
+		}
+		if (options && !strcmp(argv[i], "--raw-output")) {
 			nxc_term_raw(&nxc_stdout);
 			continue;
 		}
-		if (argv[i][0] == '-' && argv[i][1] && (argv[i][1] < '0' || argv[i][1] > '9')) {
+		if (options && !strcmp(argv[i], "--no-special")) {
+			special = false;
+			continue;
+		}
+		if (options && argv[i][0] == '-' && argv[i][1] && (argv[i][1] < '0' || argv[i][1] > '9')) {
 			json_decref(toks);
 			return nxc_usage_err("detokenize", "unknown option '%s'", argv[i]);
 		}
@@ -211,7 +222,8 @@ int nxc_cmd_detokenize(struct nxc_ctx *ctx, int argc, char **argv)
 		return nxc_usage_err("detokenize", "wants at least one token ID");
 	}
 	int rc;
-	json_t *ev = one_shot(ctx, json_pack("{s:s, s:o}", "op", "detokenize", "tokens", toks), &rc);
+	json_t *ev = one_shot(ctx, json_pack("{s:s, s:o, s:b}", "op", "detokenize", "tokens", toks, "special", special),
+			      &rc);
 	if (!ev)
 		return rc;
 	json_t *text = json_object_get(ev, "text");

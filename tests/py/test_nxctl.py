@@ -358,7 +358,10 @@ def test_tokenize_detokenize_status(nxd):
     r = run(["detokenize", "5", "6,7"], sock=nxd.path)
     assert r.returncode == 0
     assert r.stdout.decode() == "caf\u00e9 \U0001F600\n"
-    assert nxd.requests[-1]["tokens"] == [5, 6, 7]
+    assert nxd.requests[-1]["tokens"] == [5, 6, 7] and nxd.requests[-1]["special"] is True
+    r = run(["detokenize", "--no-special", "--", "-1", "2"], sock=nxd.path)  # after --, ids; nxd checks them
+    assert r.returncode == 0, r.stderr
+    assert nxd.requests[-1]["tokens"] == [-1, 2] and nxd.requests[-1]["special"] is False
 
     status = {"event": "status", "model": "SmolLM2", "arch": "llama", "type": "Q4_1",
               "n_ctx": 8192, "n_vocab": 49152, "kernels": {"dot": "avx512", "pack": "amx"},
