@@ -382,6 +382,9 @@ static size_t to_come(const struct nxd *d, const struct plan *p)
  * refused, naming both: the kernel would kill a worker as the contexts fill. */
 static int check_available(const struct nxd *d, const struct plan *p, uint64_t avail, struct nx_err *err)
 {
+	if (avail == NX_NO_LIMIT) /* a /proc without meminfo (systemd's ProcSubset=pid): the check cannot be made */
+		nxd_warn("memory: /proc/meminfo gives no MemAvailable; the KV cache (%.1f MiB) is not checked against "
+			 "what the system has free", MIB(p->kv));
 	if (avail == NX_NO_LIMIT || to_come(d, p) <= avail)
 		return 0;
 	return nx_errf(err,

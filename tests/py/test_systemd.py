@@ -468,3 +468,35 @@ def test_socket_activation(tmp_path, sandbox):
             proc.kill()
             proc.wait()
         notify.close()
+
+
+def test_memory_check_says_when_meminfo_is_hidden(tmp_path):
+    """nxd.service leaves /proc/meminfo readable (no ProcSubset=pid): nxd checks its KV cache against
+    MemAvailable there. Where a /proc hides it, nxd says the check was not made (it used to pass in silence)."""
+    unit = (REPO / "systemd" / "nxd.service").read_text()
+    assert not re.search(r"^ProcSubset=pid", unit, re.M), "nxd reads /proc/meminfo: ProcSubset=pid hides it"
+    model = os.environ.get("NXD_MODEL")
+    if not model or not Path(model).is_file():
+        pytest.skip("NXD_MODEL is not set to a model file (scripts/fetch-model prints it)")
+    need("unshare")
+    sock = tmp_path / "nxd.sock"
+    script = f"mount -t proc -o subset=pid proc /proc && exec {NXD} --model {model} --socket {sock} --workers 1 --slots 1 --ctx 256"
+    log = tmp_path / "nxd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGTERM", "--propagation",
+                                 "private", "sh", "-c", script], stdout=out, stderr=out)
+        try:
+            end = time.time() + 60
+            while time.time() < end and proc.poll() is None and "ready:" not in log.read_text(errors="replace"):
+                time.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGTERM)  # unshare passes it on to nxd (--kill-child)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    text = log.read_text(errors="replace")
+    if "ready:" not in text and ("unshare:" in text or "mount:" in text):
+        pytest.skip(f"no mount namespace here to hide /proc/meminfo in: {text.strip()[:200]}")
+    assert "/proc/meminfo gives no MemAvailable" in text, text[-2000:]
