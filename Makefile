@@ -49,6 +49,10 @@ $(B)/nxd-http: $(patsubst %.c,$(B)/obj/%.o,$(wildcard http/*.c)) $(B)/libnx.a
 
 $(B)/%: $(B)/obj/tools/%.o $(B)/libnx.a
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+# Made through a pattern, the tools' and C tests' objects would be deleted as intermediates, and built again
+# by the next make.
+.SECONDARY: $(patsubst tools/%.c,$(B)/obj/tools/%.o,$(wildcard tools/*.c)) \
+	$(patsubst tests/c/%.c,$(B)/obj/tests/c/%.o,$(wildcard tests/c/*.c))
 
 $(B)/tests/%: $(B)/obj/tests/c/%.o $(B)/libnx.a
 	@mkdir -p $(dir $@)
@@ -65,7 +69,7 @@ model: venv
 
 run: deps venv
 	@$(MAKE) --no-print-directory all
-	@scripts/demo "$(PROMPT)"
+	@scripts/demo "$$PROMPT" # from the environment, where make puts PROMPT=...: quotes and $ kept as typed
 
 # C unit tests run from the repo root (they find fixtures relative to it).
 test-c: all $(CTESTS)
@@ -142,6 +146,7 @@ uninstall:
 #   make bench [CASES=decode,prefill,concurrent,memory,qwen,moe,chat,http,depth] [REPS=5] [BENCH_ARGS="--wait-idle 600"]
 .PHONY: bench
 bench: deps
+	@scripts/deps bench
 	@scripts/bench-venv
 	@$(MAKE) --no-print-directory all $(B)/bench/bw
 	.venv-bench/bin/python bench/run.py --build $(B) $(if $(CASES),--cases $(CASES)) $(if $(REPS),--reps $(REPS)) $(BENCH_ARGS)
