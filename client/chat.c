@@ -12,8 +12,8 @@
 
 #define CHAT_COMMANDS                                                                              \
 	"  /help               these commands\n"                                                  \
-	"  /bye                leave (so does Ctrl-D on an empty line)\n"                        \
-	"  /reset              forget the conversation (the system message stays)\n"            \
+	"  /bye, /exit, /quit  leave (so does Ctrl-D on an empty line)\n"                        \
+	"  /reset, /clear      forget the conversation (the system message stays)\n"            \
 	"  /system [TEXT]      show the system message, or set it to TEXT\n"                    \
 	"  /set [NAME VALUE]   show the sampling options, or set one: temperature, top_k,\n"    \
 	"                      top_p, min_p, repeat_penalty, repeat_last_n, seed, max_tokens,\n" \

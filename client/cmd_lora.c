@@ -30,7 +30,8 @@ const char nxc_usage_lora_unload[] =
 	"requests use it.\n";
 
 const char nxc_usage_lora_fold[] =
-	"usage: nxctl lora-fold NAME [--scale S] [--type auto|keep|f16|q8_0|...] [--dry-run [--prompt TEXT]] [--json]\n\n"
+	"usage: nxctl lora-fold NAME [--scale S] [--type auto|keep|f16|q8_0|...] [--dry-run [--prompt TEXT]\n"
+	"                        [--layers L,..]] [--json]\n\n"
 	"Folds the adapter into the served model: every adapted matrix becomes\n"
 	"quant(dequant(W) + scale * alpha/r * B@A), for every client, with no per-token\n"
 	"cost. The base is kept: lora-unfold restores it bit for bit. Folds stack: only\n"

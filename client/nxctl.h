@@ -112,7 +112,7 @@ void nxc_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The sampling flags' help, for generate and chat. */
 #define NXC_SAMPLING_HELP                                                                              \
 	"  -n, --max-tokens N     at most N tokens (default 256; past nxd's limit, its limit)\n"   \
-	"  -t, --temp T           temperature, 0 = greedy (default 0.8)\n"                       \
+	"  -t, --temp T           temperature (also --temperature), 0 = greedy (default 0.8)\n"                       \
 	"      --top-k K          keep the K most likely tokens, 0 = off (default 40)\n"         \
 	"      --top-p P          nucleus sampling mass in (0, 1] (default 0.95)\n"              \
 	"      --min-p P          drop tokens below P x the best one's probability (default 0.05)\n" \

@@ -92,7 +92,8 @@ static int parse_args(int argc, char **argv, struct nxh_opts *o)
 				.upstream_timeout = 5 };
 	int c;
 	unsigned long long v;
-	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+	opterr = 0; /* named below, with the hint nxd and nxctl give */
+	while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
 		int rc = 0;
 		switch (c) {
 		case O_SOCKET: o->socket = optarg; break;
@@ -125,7 +126,12 @@ static int parse_args(int argc, char **argv, struct nxh_opts *o)
 		case O_NOSANDBOX: o->no_sandbox = true; break;
 		case O_VERSION: printf("nxd-http %s (protocol %d)\n", NXH_VERSION, NXP_VERSION); exit(0);
 		case O_HELP: fputs(usage, stdout); exit(0);
-		default: return 2;
+		case ':':
+			fprintf(stderr, "nxd-http: %s needs a value\nTry 'nxd-http --help'.\n", argv[optind - 1]);
+			return 2;
+		default:
+			fprintf(stderr, "nxd-http: unknown option '%s'\nTry 'nxd-http --help'.\n", argv[optind - 1]);
+			return 2;
 		}
 		if (rc)
 			return rc;
