@@ -77,6 +77,13 @@ int nx_tool_grammar(enum nx_tool_style style, const json_t *tools, enum nx_tool_
 			continue;
 		char prefix[NX_SCHEMA_PREFIX_MAX + 1], *args_rules = NULL, *args_root = NULL;
 		snprintf(prefix, sizeof(prefix), "t%d-", (int)i); /* i < NXP_MAX_TOOLS */
+		const json_t *ptype = json_object_get(params, "type");
+		if (json_is_string(ptype) && strcmp(json_string_value(ptype), "object")) {
+			rc = nx_errf(err, "tool '%s' (tools[%zu].function.parameters): its type is '%.32s', but a call's "
+				     "arguments are an object, so tool_choice could never get a call of it", tn, i,
+				     json_string_value(ptype));
+			break;
+		}
 		{
 			char *schema = params && !json_is_null(params) ? json_dumps(params, JSON_COMPACT)
 								       : strdup(NX_TOOL_NO_PARAMS);

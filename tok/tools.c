@@ -154,6 +154,15 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 	/* nor, as Mistral's history writes calls, an "id" (nxd gives the call its own) */
 	keys += mistral(p->style) && json_is_string(json_object_get(o, "id"));
 	bool ok = json_is_object(o) && fn && json_is_object(args) && json_object_size(o) == keys;
+	if (!ok && p->choice != NX_TOOL_AUTO) {
+		/* the call's grammar let it through, so it is the reader that cannot take it (a number past
+		 * what jansson holds, 1e400 or 2^64): say so, rather than only that no call came */
+		if (!o)
+			fail(p, "the model's call could not be read: %.200s%s", je.text, "");
+		else
+			fail(p, "%s%s", "the model's call is not an object of a tool's name and an object of arguments", "");
+		p->invalid |= !p->finishing; /* a whole block, not what the end of the answer left unfinished */
+	}
 	if (ok && p->choice != NX_TOOL_AUTO) {
 		/* the call's grammar (tool_grammar.c) held the arguments to the
 		 * tool's parameters as they were sampled; checked once complete
@@ -163,6 +172,7 @@ static bool take_call(struct nx_toolp *p, const char *s, size_t n, const char *a
 		if (schema && nx_tool_schema_validate(schema, args, &ve) < 0) {
 			fail(p, "the model's call of '%.64s' has arguments that do not match its parameters: %.300s",
 			     json_string_value(name), ve.msg);
+			p->invalid |= !p->finishing;
 			ok = false;
 		}
 	}
@@ -424,11 +434,14 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 		mistral_scan(p, false);
 	else
 		llama_scan(p, false);
+	if (p->choice != NX_TOOL_AUTO)
+		p->out_len = 0; /* a call that must be made is a call or nothing: a block it rejects is no text */
 }
 
 void nx_toolp_finish(struct nx_toolp *p)
 {
 	const size_t released = p->out_len;
+	p->finishing = true;
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, true);
 	else if (mistral(p->style))
@@ -436,10 +449,12 @@ void nx_toolp_finish(struct nx_toolp *p)
 	else
 		llama_scan(p, true);
 	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0) {
+		p->cut = !p->invalid; /* no call was whole when the answer ended */
 		fail(p, "%s%s", "tool_choice asks for a call and the model's answer is not a valid one",
 		     p->oom ? " (out of memory)" : "");
-		p->out_len = released; /* the answer was all call: what was held is no plain text either */
 	}
+	if (p->choice != NX_TOOL_AUTO)
+		p->out_len = released; /* an answer tool_choice makes a call is a call or nothing: no text */
 }
 
 bool nx_toolp_done(const struct nx_toolp *p)

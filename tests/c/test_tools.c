@@ -177,6 +177,7 @@ static void test_forced_calls_are_checked(void **state)
 	read_answer(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, "x\", \"arguments\": {}}\n</tool_call>", 0, &r);
 	assert_true(r.failed);
 	assert_int_equal(r.n_calls, 0);
+	assert_string_equal(r.text, ""); /* a call that must be made is a call or nothing: the block is no text */
 	/* cut before it is whole (max_tokens): no call, and none of it given back as text */
 	for (size_t step = 0; step <= 5; step++) {
 		read_answer(NX_TOOLS_QWEN, NX_TOOL_REQUIRED, NULL, true, "get_weather\", \"arguments\": {\"city\": \"Pa", step,

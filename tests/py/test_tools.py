@@ -413,6 +413,33 @@ def test_a_malformed_call_is_plain_text_never_a_call(tmp_path, bad):
             assert got == "" and "tool_calls" not in done and len(toks) == 8, (got, done)
 
 
+STORE = {"type": "function", "function": {"name": "store", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}
+# A call the grammar lets through and the reader cannot take: an integer past 64 bits, in two tokens.
+BIG = {QUOTE: ['store", "arguments": {"n": 18446744073709551616}}', '\n</tool_call>']}
+
+
+def test_a_required_call_the_reader_cannot_take_is_an_error_and_no_text(tmp_path):
+    """A whole call that cannot be taken ends the request with invalid_tool_call saying why, and none of
+    it is ever text: not in the token events, not at max_tokens (the call whole on the last token allowed)."""
+    with serve(None, QWEN25, BIG, tmp_path, "s") as d, Client(d.sock) as c:
+        for max_tokens in (40, 2):
+            req = dict(op="generate", messages=ASK, tools=[STORE], tool_choice="required", temperature=0,
+                       max_tokens=max_tokens)
+            c.send(dict(req, id=f"s{max_tokens}"))
+            evs = list(c.events(f"s{max_tokens}"))
+            assert all(e["text"] == "" for e in evs if e["event"] == "token"), evs
+            err = evs[-1]
+            assert err["event"] == "error" and err["code"] == "invalid_tool_call", err
+            assert "could not be read" in err["message"], err
+            _, text, err = c.generate(**{k: v for k, v in req.items() if k != "op"}, stream=False)
+            assert err["event"] == "error" and err["code"] == "invalid_tool_call", err
+        # a tool whose arguments could never be an object cannot be the call tool_choice asks for
+        odd = {"type": "function", "function": {"name": "say", "parameters": {"type": "string"}}}
+        _, _, err = c.generate(messages=ASK, tools=[odd], tool_choice="required", temperature=0)
+        assert err["code"] == "bad_request" and "tool 'say'" in err["message"] and "'string'" in err["message"], err
+
+
 # --- a call tool_choice asks for is held to its tool's schema as it is sampled (tok/tool_grammar.c)
 #
 # Tools whose schemas bound every string, number and array, so that even a model that writes anything the
