@@ -185,8 +185,9 @@ void nxd_lora_report_run(struct nxd_lora_job *j)
 	const struct nx_lora *l = j->ent->own;
 	struct nx_lora_probe_run pr;
 	struct nx_err err = {{0}};
+	/* what fails here but memory is the request's: layers the adapter leaves alone, a type the rows do not fit */
 	if (nx_lora_probe_run(r->run, l, r->ro.user_scale, r->probe, r->n_probe, PROBE_TIMING, &pr, &err)) {
-		nxd_lora_job_fail(j, NXP_E_INTERNAL, "%s", err.msg);
+		nxd_lora_job_fail(j, strstr(err.msg, "out of memory") ? NXP_E_INTERNAL : NXP_E_BAD_REQUEST, "%s", err.msg);
 		return;
 	}
 	r->ro.cap = pr.cap;
@@ -194,7 +195,7 @@ void nxd_lora_report_run(struct nxd_lora_job *j)
 	double tg = nxd_now();
 	r->result = nx_lora_report_json(r->base, l, &r->ro, &err);
 	if (!r->result)
-		nxd_lora_job_fail(j, NXP_E_INTERNAL, "%s", err.msg);
+		nxd_lora_job_fail(j, strstr(err.msg, "out of memory") ? NXP_E_INTERNAL : NXP_E_BAD_REQUEST, "%s", err.msg);
 	else
 		r->cost = (struct nxp_lora_cost){.base_ms_per_token = pr.base_ms_per_tok,
 						 .delta_ms_per_token = pr.delta_ms_per_tok,

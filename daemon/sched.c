@@ -881,8 +881,10 @@ static int32_t sample_row(struct nxd *d, struct nxd_slot *s, int row, int *n_top
 		int n_allowed = 0;
 		const uint64_t *allowed = nx_gmatch_mask(r->gm, &n_allowed, &err);
 		if (!allowed || n_allowed == 0) {
+			/* a state past the matcher's bounds is the request's grammar's (an ambiguous one) */
+			bool oom = !allowed && strstr(err.msg, "out of memory");
 			slot_release(d, s, false);
-			fail_req(d, r, allowed ? NXP_E_BAD_REQUEST : NXP_E_INTERNAL,
+			fail_req(d, r, oom ? NXP_E_INTERNAL : NXP_E_BAD_REQUEST,
 				 allowed ? "the grammar allows no token of this model's vocabulary here" : err.msg);
 			return -1;
 		}

@@ -782,6 +782,9 @@ def test_smol_report_and_nxctl(model_path, smol, tmp_path, report):
             numbers[name] = (tot, r["cost"])
         out, _ = run("lora-report", "r8", "--layers", "29")
         assert "total (7 matrices)" in out and "runtime delta:" in out and "fold keep" in out
+        # a type SmolLM2's rows of 576 do not fit is the request's error, not the daemon's
+        _, e = run("lora-report", "r8", "--layers", "29", "--types", "q6_k", rc=1)
+        assert "do not fit" in e and "(bad_request)" in e, e
         out, _ = run("lora-fold", "r8", "--dry-run", "--type", "f16", "--layers", "29", "--json")
         dry = json.loads(out)
         assert dry["event"] == "lora_report" and dry["dry_run"] and [t.lower() for t in dry["report"]["types"]] == ["f16"]
