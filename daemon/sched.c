@@ -710,7 +710,9 @@ static void read_tool_calls(struct nxd_req *r, const char *s, size_t n, bool *en
 	}
 	if (*end) {
 		nx_toolp_finish(tp);
-		if (tp->n_calls > 0 && (*reason == NXP_DONE_EOS || *reason == NXP_DONE_STOP))
+		/* the length limit on the token that completed the answer's last call: it ended for the calls */
+		if (tp->n_calls > 0 && (*reason == NXP_DONE_EOS || *reason == NXP_DONE_STOP ||
+					(*reason == NXP_DONE_LENGTH && nx_toolp_done(tp))))
 			*reason = NXP_DONE_TOOL_CALLS;
 	}
 }

@@ -459,5 +459,7 @@ void nx_toolp_finish(struct nx_toolp *p)
 
 bool nx_toolp_done(const struct nx_toolp *p)
 {
-	return (!p->parallel && p->n_calls > 0) || p->n_calls >= NX_TOOL_MAX_CALLS || p->failed;
+	/* REQUIRED / NAMED: the call's grammar allows one call, then only the end */
+	return ((!p->parallel || p->choice != NX_TOOL_AUTO) && p->n_calls > 0) || p->n_calls >= NX_TOOL_MAX_CALLS ||
+	       p->failed;
 }

@@ -164,8 +164,9 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n);
  * call was made. REQUIRED / NAMED release no text, from feed or finish: such
  * an answer is a call or nothing. */
 void nx_toolp_finish(struct nx_toolp *p);
-/* Whether the answer ends here: a call completed and parallel is false, the
- * answer made NX_TOOL_MAX_CALLS calls, or a required call failed. */
+/* Whether the answer ends here: a call completed and parallel is false or
+ * tool_choice asked for it, the answer made NX_TOOL_MAX_CALLS calls, or a
+ * required call failed. */
 bool nx_toolp_done(const struct nx_toolp *p);
 
 // --- the grammar of a call tool_choice asks for (tok/tool_grammar.c)

@@ -318,6 +318,12 @@ def test_protocol_tool_choice_named_and_required(tmp_path):
         _, text, done = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False)
         assert [(t["name"], json.loads(t["arguments"])) for t in done["tool_calls"]] == [("local_time", {"offset": 1.5})]
         assert done["incomplete"] is False
+        # the call whole on the last token max_tokens allows: the answer ended for the call, not the length
+        _, _, at = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False,
+                              max_tokens=2)
+        assert at["reason"] == "tool_calls" and at["usage"]["completion_tokens"] == 2, at
+        assert [(t["name"], t["arguments"]) for t in at["tool_calls"]] == \
+            [(t["name"], t["arguments"]) for t in done["tool_calls"]], at
         # auto: the model answers in text, no call
         _, text, done = c.generate(messages=ASK, tools=TOOLS, temperature=0, stream=False)
         assert text == ANSWER and done["reason"] == "eos" and "tool_calls" not in done
