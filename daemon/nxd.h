@@ -219,6 +219,9 @@ struct nxd_req {
 	int n_cached;             /* prompt tokens whose K/V came from the prompt cache */
 	/* non-streamed results */
 	int32_t *gen_toks;        /* (max_tokens) */
+	struct nxp_logprob *lp_self, *lp_alts; /* with logprobs: per token, as proto.h's nxp_done has them */
+	int *lp_off;              /* (max_tokens + 1) */
+	int lp_alts_cap;
 	char *text;
 	size_t text_len, text_cap;
 	int n_gen;                /* completion tokens (end-of-generation tokens not counted) */

@@ -435,6 +435,14 @@ static void op_generate(struct nxd *d, struct nxd_conn *c, struct nxd_prepared *
 	}
 	if (!r->stream) {
 		r->gen_toks = malloc((size_t)r->max_tokens * sizeof(int32_t));
+		if (r->gen_toks && r->sp.n_logprobs > 0) {
+			r->lp_self = malloc((size_t)r->max_tokens * sizeof(*r->lp_self));
+			r->lp_off = calloc((size_t)r->max_tokens + 1, sizeof(*r->lp_off));
+			if (!r->lp_self || !r->lp_off) {
+				free(r->gen_toks);
+				r->gen_toks = NULL;
+			}
+		}
 		if (!r->gen_toks) {
 			nxd_send_error(d, c, q->id, NXP_E_INTERNAL, "out of memory for %d tokens", r->max_tokens);
 			nxd_req_free(r);

@@ -47,6 +47,9 @@ void nxd_req_free(struct nxd_req *r)
 	for (int i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->gen_toks);
+	free(r->lp_self);
+	free(r->lp_alts);
+	free(r->lp_off);
 	free(r->text);
 	nx_gmatch_free(r->gm);
 	if (r->tools)
@@ -153,6 +156,9 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 			.text_len = r->stream ? 0 : r->text_len,
 			.tokens = r->stream ? NULL : r->gen_toks,
 			.n_tokens = r->stream ? 0 : r->n_gen,
+			.lp_self = r->stream ? NULL : r->lp_self,
+			.lp_alts = r->lp_alts,
+			.lp_off = r->lp_off,
 			.prompt_tokens = r->n_prompt,
 			.cached_tokens = r->n_cached,
 			.completion_tokens = r->n_gen,
@@ -731,6 +737,30 @@ static void send_tool_calls(struct nxd *d, struct nxd_conn *c, struct nxd_req *r
 	}
 }
 
+/* A non-streamed request's logprobs of its n_gen-th token (counted already),
+ * as the token's event would have carried them: kept for the done event.
+ * Out of memory, the token keeps its own and loses its alternatives. */
+static void keep_logprobs(struct nxd_req *r, const struct nxp_logprob *self, const struct nxp_logprob *alts, int n)
+{
+	const int i = r->n_gen - 1, at = r->lp_off[i];
+	r->lp_self[i] = *self;
+	if (at + n > r->lp_alts_cap) {
+		int cap = r->lp_alts_cap ? 2 * r->lp_alts_cap : 64 * (n > 0 ? n : 1);
+		while (cap < at + n)
+			cap *= 2;
+		struct nxp_logprob *p = realloc(r->lp_alts, (size_t)cap * sizeof(*p));
+		if (p) {
+			r->lp_alts = p;
+			r->lp_alts_cap = cap;
+		} else {
+			n = 0;
+		}
+	}
+	if (n)
+		memcpy(r->lp_alts + at, alts, (size_t)n * sizeof(*alts));
+	r->lp_off[i + 1] = at + n;
+}
+
 /* d->lp for a token event: the n_top most likely tokens, then the chosen one
  * when a draw took it from outside them, so its own logprob is always there. */
 /* Streams one sampled token and decides whether the sequence ends (false:
@@ -787,22 +817,24 @@ static bool on_token(struct nxd *d, struct nxd_slot *s, int32_t tok, int n_top)
 		txt = r->tools->out;
 		tlen = r->tools->out_len;
 	}
+	/* The alternatives (d->lp, n_lp) and the drawn token's own piece and
+	 * log-probability, for clients that report per-token logprobs (an
+	 * end-of-generation token carries only held-back text, so it gets none). */
+	int n_lp = 0;
+	for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
+		size_t len = 0;
+		const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
+		d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
+	}
+	struct nxp_logprob self = { tok, NULL, 0, nx_sampler_last_logprob(&s->smp) };
+	if (r->sp.n_logprobs > 0 && !eog)
+		self.text = nx_tok_piece(tk, tok, true, &self.text_len);
+	if (!r->stream && r->lp_self && !eog)
+		keep_logprobs(r, &self, d->lp, n_lp);
 	if (r->stream) {
 		/* An end-of-generation token gets an event only to carry text that
 		 * was held back (rare: a stop-string prefix, a cut UTF-8 sequence). */
 		if (c && (!eog || tlen > 0)) {
-			int n_lp = 0;
-			for (int k = 0; k < n_top && k < NX_SAMPLE_MAX_LOGPROBS; k++) {
-				size_t len = 0;
-				const char *p = nx_tok_piece(tk, d->top[k].id, true, &len);
-				d->lp[n_lp++] = (struct nxp_logprob){ d->top[k].id, p, p ? len : 0, d->top[k].logprob };
-			}
-			/* The drawn token's own piece and log-probability, for clients
-			 * that report per-token logprobs (an end-of-generation token
-			 * carries only held-back text, so it gets none). */
-			struct nxp_logprob self = { tok, NULL, 0, nx_sampler_last_logprob(&s->smp) };
-			if (r->sp.n_logprobs > 0 && !eog)
-				self.text = nx_tok_piece(tk, tok, true, &self.text_len);
 			size_t n = nxp_enc_token_lp(d->line, d->line_cap, r->id, tok, txt, tlen,
 						    r->sp.n_logprobs > 0 && !eog ? &self : NULL, d->lp, n_lp);
 			char *big = NULL;

@@ -379,6 +379,27 @@ size_t nxp_enc_done(char *buf, size_t cap, const char *id, const struct nxp_done
 		w_str(&w, ",\"tokens\":");
 		w_ids(&w, d->tokens, d->n_tokens);
 	}
+	if (d->tokens && d->lp_self) {
+		w_str(&w, ",\"logprobs\":[");
+		for (int i = 0; i < d->n_tokens; i++) {
+			const struct nxp_logprob *s = &d->lp_self[i];
+			w_fmt(&w, "%s{\"token\":%" PRId32 ",\"piece\":", i ? "," : "", s->token);
+			w_jstr(&w, s->text ? s->text : "", s->text ? s->text_len : 0);
+			w_str(&w, ",\"logprob\":");
+			w_num(&w, s->logprob);
+			w_str(&w, ",\"logprobs\":[");
+			for (int k = d->lp_off[i]; k < d->lp_off[i + 1]; k++) {
+				const struct nxp_logprob *a = &d->lp_alts[k];
+				w_fmt(&w, "%s{\"token\":%" PRId32 ",\"text\":", k > d->lp_off[i] ? "," : "", a->token);
+				w_jstr(&w, a->text ? a->text : "", a->text ? a->text_len : 0);
+				w_str(&w, ",\"logprob\":");
+				w_num(&w, a->logprob);
+				w_ch(&w, '}');
+			}
+			w_str(&w, "]}");
+		}
+		w_ch(&w, ']');
+	}
 	if (d->constrained)
 		w_str(&w, d->incomplete ? ",\"incomplete\":true" : ",\"incomplete\":false");
 	if (d->has_seed)
@@ -1252,9 +1273,6 @@ static int parse_generate(json_t *o, const struct nxp_limits *lim, struct nxp_re
 	if (opt_bool(o, "ignore_eos", &g->ignore_eos, NULL, e) ||
 	    opt_bool(o, "stream", &g->stream, NULL, e))
 		return -1;
-	if (!g->stream && sp->n_logprobs > 0) /* they come in token events; a done event carries none */
-		return fail(e, NXP_E_BAD_REQUEST, "field 'logprobs' needs 'stream' true: the log-probabilities come in "
-			    "the token events, and a non-streamed answer has none");
 	if (lora && parse_lora(lora, g, e))
 		return -1;
 	json_t *spec = field(o, "speculate");

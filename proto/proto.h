@@ -272,6 +272,10 @@ struct nxp_done {
 	size_t text_len;
 	const int32_t *tokens;  /* (n_tokens) generated ids, only for non-streamed requests; NULL to omit */
 	int n_tokens;
+	/* non-streamed requests that ask for logprobs, per token as its event would carry them: the
+	 * token's own (lp_self[i]), then its alternatives lp_alts[lp_off[i] .. lp_off[i + 1]); NULL to omit */
+	const struct nxp_logprob *lp_self, *lp_alts;
+	const int *lp_off;      /* (n_tokens + 1) */
 	int prompt_tokens;
 	int cached_tokens;      /* of prompt_tokens, those whose K/V came from the prompt cache */
 	int completion_tokens;

@@ -330,8 +330,6 @@ static void test_unknown_fields_are_refused(void **st)
 {
 	check_err("{\"id\":1,\"op\":\"generate\",\"prompt\":\"x\",\"temprature\":0}", NXP_E_BAD_REQUEST,
 		  "field 'temprature' is not one op 'generate' takes", "temperature");
-	check_err("{\"id\":1,\"op\":\"generate\",\"prompt\":\"x\",\"logprobs\":2,\"stream\":false}", NXP_E_BAD_REQUEST,
-		  "field 'logprobs' needs 'stream' true", NULL);
 	check_err("{\"id\":1,\"op\":\"status\",\"verbose\":true}", NXP_E_BAD_REQUEST,
 		  "field 'verbose' is not one op 'status' takes", NULL);
 	check_err("{\"id\":1,\"op\":\"tokenize\",\"text\":\"a\",\"add_eos\":true}", NXP_E_BAD_REQUEST, "'add_eos'",
@@ -420,7 +418,7 @@ static void test_generate_full(void **st)
 	assert_string_equal(g->stop[0], "\n\n");
 	assert_string_equal(g->stop[1], "User:");
 	assert_true(g->ignore_eos);
-	assert_true(g->stream); /* logprobs come in token events: they need it (stream false below) */
+	assert_true(g->stream); /* stream false below */
 	assert_int_equal(g->sampling.n_logprobs, 3);
 	assert_int_equal(g->n_lora, 2);
 	assert_string_equal(g->lora[0].name, "style");
@@ -765,6 +763,25 @@ static void test_enc_done(void **st)
 	assert_true(json_number_value(json_object_get(tm, "prefill_ms")) == 12.5);
 	assert_true(json_number_value(json_object_get(tm, "decode_ms")) == 30);
 	assert_true(json_number_value(json_object_get(tm, "tokens_per_s")) == 100);
+	assert_null(json_object_get(j, "logprobs"));
+	json_decref(j);
+
+	/* With logprobs: per token, its own and its alternatives (the second token has none) */
+	const struct nxp_logprob self[3] = {{1, "a", 1, -0.5f}, {2, "b", 1, -1.0f}, {3, "c", 1, -0.25f}};
+	const struct nxp_logprob alts[3] = {{1, "a", 1, -0.5f}, {9, "z", 1, -2.0f}, {3, "c", 1, -0.25f}};
+	const int off[4] = {0, 2, 2, 3};
+	d.lp_self = self;
+	d.lp_alts = alts;
+	d.lp_off = off;
+	n = nxp_enc_done(buf, sizeof(buf), "\"x\"", &d);
+	j = load_line(buf, n);
+	json_t *lp = json_object_get(j, "logprobs");
+	assert_int_equal(json_array_size(lp), 3);
+	assert_string_equal(jstr(json_array_get(lp, 1), "piece"), "b");
+	assert_true(json_number_value(json_object_get(json_array_get(lp, 1), "logprob")) == -1.0);
+	assert_int_equal(json_array_size(json_object_get(json_array_get(lp, 0), "logprobs")), 2);
+	assert_int_equal(json_array_size(json_object_get(json_array_get(lp, 1), "logprobs")), 0);
+	assert_int_equal(jint(json_array_get(json_object_get(json_array_get(lp, 0), "logprobs"), 1), "token"), 9);
 	json_decref(j);
 
 	/* Streamed: no text, no tokens; every reason has its name. */

@@ -143,6 +143,20 @@ def test_hello_status_socket_mode(daemon):
     assert f"(pid {os.getpid()}, uid {os.getuid()})" in daemon.log()
 
 
+def test_logprobs_not_streamed_are_the_streamed_ones(daemon):
+    """stream false with logprobs: the done event holds, per token, what its token event would have carried
+    (they used to be dropped in silence), greedy and seeded alike."""
+    for sampling in (dict(temperature=0), dict(temperature=0.9, seed=7)):
+        req = dict(op="generate", prompt=PROMPTS[0], raw=True, max_tokens=12, ignore_eos=True, logprobs=3, **sampling)
+        with Client(daemon.sock) as c:
+            toks, lps, _ = c.generate_logprobs("s", req)
+            c.send(dict(req, id="n", stream=False))
+            done = next(e for e in c.events("n") if e["event"] in ("done", "error"))
+        assert done["event"] == "done" and done["tokens"] == toks, done
+        got = [(e["logprob"], [(a["token"], a["logprob"]) for a in e["logprobs"]]) for e in done["logprobs"]]
+        assert [e["token"] for e in done["logprobs"]] == toks and got == lps, (got, lps)
+
+
 def test_status_rates_are_recent(daemon):
     """tokens_per_s and sequences_per_step are those of the last 10 s of wall time: an idle daemon's fall
     to 0 (they used to stay at the last busy steps' rate for ever)."""
