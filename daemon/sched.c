@@ -130,10 +130,11 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 	struct nxd_conn *c = live_conn(r);
 	r->t_end = nxd_now();
 	bool ended = reason != NXP_DONE_CANCELLED && reason != NXP_DONE_SHUTDOWN;
-	if (c && ended && r->tools && r->tools->failed && !(reason == NXP_DONE_LENGTH && r->tools->cut)) {
+	bool cut_short = reason == NXP_DONE_LENGTH || reason == NXP_DONE_STOP;
+	if (c && ended && r->tools && r->tools->failed && !(cut_short && r->tools->cut)) {
 		/* tool_choice asked for a call and the answer is not a valid one; one
-		 * the length limit cut before a call was whole is done with reason
-		 * length and incomplete, as a format's document is */
+		 * the length limit or a stop string cut before a call was whole is
+		 * done with that reason and incomplete, as a format's document is */
 		nxd_send_error(d, c, r->id, NXP_E_INVALID_TOOL_CALL, "%s", r->tools->why);
 		c = NULL;
 	}

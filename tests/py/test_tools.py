@@ -318,6 +318,11 @@ def test_protocol_tool_choice_named_and_required(tmp_path):
         _, text, done = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False)
         assert [(t["name"], json.loads(t["arguments"])) for t in done["tool_calls"]] == [("local_time", {"offset": 1.5})]
         assert done["incomplete"] is False
+        # a stop string inside the call cuts it as max_tokens would: done, incomplete, no call and no text
+        _, text, cut = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False,
+                                  stop=["offset"])
+        assert cut["event"] == "done" and cut["reason"] == "stop" and cut["incomplete"] is True, cut
+        assert text == "" and "tool_calls" not in cut, cut
         # the call whole on the last token max_tokens allows: the answer ended for the call, not the length
         _, _, at = c.generate(messages=ASK, tools=HELD, tool_choice="required", temperature=0, stream=False,
                               max_tokens=2)
