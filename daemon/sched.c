@@ -131,7 +131,7 @@ static void finish(struct nxd *d, struct nxd_req *r, enum nxp_reason reason)
 	r->t_end = nxd_now();
 	bool ended = reason != NXP_DONE_CANCELLED && reason != NXP_DONE_SHUTDOWN;
 	bool cut_short = reason == NXP_DONE_LENGTH || reason == NXP_DONE_STOP;
-	if (c && ended && r->tools && r->tools->failed && !(cut_short && r->tools->cut)) {
+	if (c && ended && r->tools && r->tools->failed && !(cut_short && !r->tools->invalid)) {
 		/* tool_choice asked for a call and the answer is not a valid one; one
 		 * the length limit or a stop string cut before a call was whole is
 		 * done with that reason and incomplete, as a format's document is */

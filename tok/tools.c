@@ -440,7 +440,6 @@ void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n)
 
 void nx_toolp_finish(struct nx_toolp *p)
 {
-	const size_t released = p->out_len;
 	p->finishing = true;
 	if (p->style == NX_TOOLS_QWEN)
 		qwen_scan(p, true);
@@ -448,13 +447,11 @@ void nx_toolp_finish(struct nx_toolp *p)
 		mistral_scan(p, true);
 	else
 		llama_scan(p, true);
-	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0) {
-		p->cut = !p->invalid; /* no call was whole when the answer ended */
+	if (p->choice != NX_TOOL_AUTO && p->n_calls == 0)
 		fail(p, "%s%s", "tool_choice asks for a call and the model's answer is not a valid one",
 		     p->oom ? " (out of memory)" : "");
-	}
 	if (p->choice != NX_TOOL_AUTO)
-		p->out_len = released; /* an answer tool_choice makes a call is a call or nothing: no text */
+		p->out_len = 0; /* an answer tool_choice makes a call is a call or nothing: no text */
 }
 
 bool nx_toolp_done(const struct nx_toolp *p)

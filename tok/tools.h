@@ -143,8 +143,8 @@ struct nx_toolp {
 	bool in_str, esc;         /* inside a JSON string there, after a backslash */
 	uint64_t id_state;        /* call ids: a splitmix64 stream */
 	bool failed;              /* REQUIRED / NAMED: the answer is not a valid call (why) */
-	bool cut;                 /* ... because it ended before a call was whole (max_tokens) */
-	bool invalid;             /* a whole call was refused (it is not cut, then) */
+	bool invalid;             /* ... because a whole call was refused; failed without it: the
+				   * answer ended before a call was whole (max_tokens, a stop string) */
 	bool finishing;           /* in nx_toolp_finish: what is read is what the end left */
 	char why[512];
 	bool oom;
@@ -160,8 +160,7 @@ void nx_toolp_free(struct nx_toolp *p);
  * text it releases (may be empty), and p->n_calls may have grown. */
 void nx_toolp_feed(struct nx_toolp *p, const char *s, size_t n);
 /* The answer ended: releases what was held back (added to p->out) and, for
- * REQUIRED / NAMED, sets failed (and cut, if no call was whole) when no valid
- * call was made. REQUIRED / NAMED release no text, from feed or finish: such
+ * REQUIRED / NAMED, sets failed when no valid call was made. REQUIRED / NAMED release no text, from feed or finish: such
  * an answer is a call or nothing. */
 void nx_toolp_finish(struct nx_toolp *p);
 /* Whether the answer ends here: a call completed and parallel is false or
