@@ -121,9 +121,13 @@ static int keep_alive_field(struct nxh_req *r, const json_t *b)
 static bool load_only(struct nxh_req *r, struct nxh_gen *g)
 {
 	const json_t *b = r->json;
-	const json_t *p = json_object_get(b, "prompt"), *m = json_object_get(b, "messages");
-	bool empty = g->api == NXH_API_OLLAMA_GENERATE ? !json_string_length(p) && !json_object_get(b, "system")
-						       : !m || json_is_null(m) || (json_is_array(m) && !json_array_size(m));
+	const json_t *p = json_object_get(b, "prompt"), *m = json_object_get(b, "messages"),
+		     *sys = json_object_get(b, "system");
+	/* a prompt, messages or system of the wrong type is no load: the request's own checks name it */
+	bool empty = g->api == NXH_API_OLLAMA_GENERATE
+			     ? (!p || json_is_null(p) || (json_is_string(p) && !json_string_length(p))) &&
+				       (!sys || json_is_null(sys))
+			     : !m || json_is_null(m) || (json_is_array(m) && !json_array_size(m));
 	if (!empty)
 		return false;
 	const char *id = nxh.o.model_id ? nxh.o.model_id : nxh.model.name;

@@ -834,6 +834,8 @@ def test_ollama_api(stack, client, model_id):
         assert (ld["response"] if path == "/api/generate" else ld["message"]["content"]) == "", ld
     st, _, e = request(g, "POST", "/api/generate", {"model": "nope", "prompt": ""})
     assert st == 404 and "not found" in e["error"], e
+    st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": 5})  # not a load: refused
+    assert st == 400 and "prompt" in e["error"], e
     for ka in (0, "0s", "0m"):
         st, _, e = request(g, "POST", "/api/generate", {"model": model_id, "prompt": "", "keep_alive": ka})
         assert st == 400 and "keep_alive" in e["error"] and "unload" in e["error"], (ka, e)
